@@ -1,0 +1,21 @@
+# chord-pipeline: animate static multi-object 3D scenes from a text prompt (CHORD).
+# Stages in DAG order; all logic lives in the `chord` package (rules/ and workflow/scripts/ are glue).
+from snakemake.utils import min_version
+
+min_version("8.20")
+
+
+configfile: "config/config.yaml"
+
+
+include: "rules/common.smk"
+include: "rules/demo.smk"
+include: "rules/ingest.smk"
+include: "rules/gaussians.smk"
+include: "rules/voxelize.smk"
+
+
+rule all:
+    default_target: True
+    input:
+        all_targets(),

@@ -1,0 +1,306 @@
+"""Configuration: schema validation with defaults, then typed, frozen objects.
+
+The JSON schemas in ``chord/schemas/`` are the single source of truth for every key, type and
+default (METHOD.md's defaults under ``method:``). Snakemake validates the same files at
+workflow start; the ``chord`` CLI and the stages call :func:`load` here. Code below this edge
+never sees a raw dict.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+SCHEMA_DIR = Path(__file__).parent / "schemas"
+CONFIG_SCHEMA = SCHEMA_DIR / "config.schema.yaml"
+SCENES_SCHEMA = SCHEMA_DIR / "scenes.schema.yaml"
+SCENE_ID = re.compile(r"^[A-Za-z0-9_-]+$")
+SHEET_COLUMNS = ("scene", "data", "prompt", "n_prompt", "gaussians", "tier")
+
+# Which method keys change each stage's result: these (and only these) are a stage's params.
+STAGE_KEYS: dict[str, tuple[str, ...]] = {
+    "ingest": ("obj_num", "static_id", "additional_static_objs", "avoid_objs"),
+    "gaussians": ("gs_init_num", "gs_init_nums", "gs_init_scale", "sh_degree", "ply_space"),
+    "voxelize": (
+        "init_voxel_size",
+        "br_range",
+        "surface_target_num",
+        "cp_num",
+        "cp_nums",
+        "n_cp_num",
+        "cp_surface_only_objs",
+    ),
+}
+
+
+class ConfigError(ValueError):
+    """A configuration or scene-sheet value is invalid; the message names where and why."""
+
+
+def read_schema(path: Path) -> dict:
+    with open(path) as f:
+        return yaml.safe_load(f)
+
+
+def _with_defaults(validator_class):
+    """A validator that fills ``default`` values in place, as ``snakemake.utils.validate`` does."""
+    validate_props = validator_class.VALIDATORS["properties"]
+
+    def set_defaults(validator, properties, instance, schema):
+        if isinstance(instance, dict):
+            for key, sub in properties.items():
+                if "default" in sub and key not in instance:
+                    instance[key] = _copy(sub["default"])
+        yield from validate_props(validator, properties, instance, schema)
+
+    return jsonschema.validators.extend(validator_class, {"properties": set_defaults})
+
+
+def _copy(value):
+    return copy.deepcopy(value)
+
+
+def _path_of(error: jsonschema.ValidationError) -> str:
+    return ".".join(str(p) for p in error.absolute_path) or "<top level>"
+
+
+def validate(instance: dict, schema: dict, *, where: str, set_default: bool = True) -> dict:
+    """Validate ``instance`` against ``schema`` (filling defaults); raise ConfigError naming
+    ``where``, the key path and what is wrong."""
+    cls = jsonschema.validators.validator_for(schema)
+    if set_default:
+        cls = _with_defaults(cls)
+    errors = sorted(cls(schema).iter_errors(instance), key=lambda e: list(e.absolute_path))
+    if errors:
+        lines = [f"{where}: {_path_of(e)}: {e.message}" for e in errors[:10]]
+        raise ConfigError("invalid configuration\n  " + "\n  ".join(lines))
+    return instance
+
+
+def method_schema() -> dict:
+    return read_schema(CONFIG_SCHEMA)["properties"]["method"]
+
+
+def _method_fields() -> list[str]:
+    return list(method_schema()["properties"])
+
+
+# One frozen dataclass whose fields are exactly the schema's method keys (no second copy of the
+# defaults: values always come from a validated, defaulted mapping).
+MethodConfig = dataclasses.make_dataclass(
+    "MethodConfig", [(name, Any) for name in _method_fields()], frozen=True
+)
+MethodConfig.__doc__ = "CHORD method parameters (METHOD.md), keyed by the release's flag names."
+
+
+def method_from_mapping(values: dict, *, where: str = "method") -> Any:
+    """Validate a (partial) method mapping, fill defaults and check cross-field rules."""
+    schema = read_schema(CONFIG_SCHEMA)
+    sub = {"$defs": schema["$defs"], **schema["properties"]["method"]}
+    values = validate(_copy(values), sub, where=where)
+    _check_method(values, where)
+    return MethodConfig(**values)
+
+
+def _check_method(m: dict, where: str) -> None:
+    t = m["frame_num"]
+    if (t - 1) % 4 != 0:
+        raise ConfigError(f"{where}: frame_num: {t} is not 4k+1 (both VAEs need (T-1) mod 4 = 0)")
+    w, h = parse_size(m["size"], where=f"{where}: size")
+    del w, h
+    for key in ("azim_segments", "elev_segments"):
+        if len(m[key]) % 2:
+            raise ConfigError(f"{where}: {key}: needs [start end] pairs, got {len(m[key])} values")
+
+
+def parse_size(size: str, *, where: str = "size") -> tuple[int, int]:
+    """METHOD §9: "W*H" or "WxH", each divisible by 16 -> (W, H)."""
+    match = re.fullmatch(r"(\d+)[*x](\d+)", str(size))
+    if not match:
+        raise ConfigError(f"{where}: {size!r} is not 'W*H'")
+    w, h = int(match[1]), int(match[2])
+    if w % 16 or h % 16 or w == 0 or h == 0:
+        raise ConfigError(f"{where}: {size!r}: width and height must be positive multiples of 16")
+    return w, h
+
+
+@dataclass(frozen=True)
+class GuidanceConfig:
+    backend: str
+    ckpt_dir: str | None
+    tiny_vae_path: str | None
+
+
+@dataclass(frozen=True)
+class SceneSpec:
+    """One row of the scene sheet with its effective method parameters."""
+
+    scene: str
+    data: Path
+    prompt: str
+    n_prompt: str
+    gaussians: Path | None
+    tier: str
+    method: Any  # MethodConfig
+
+
+@dataclass(frozen=True)
+class Config:
+    scenes: dict[str, SceneSpec]
+    results: Path
+    demo_dir: Path
+    guidance: GuidanceConfig
+    tiers: dict[str, dict] = field(default_factory=dict)
+
+
+def validate_config(config: dict) -> dict:
+    """Validate the workflow config mapping in place (defaults filled)."""
+    return validate(config, read_schema(CONFIG_SCHEMA), where="config")
+
+
+def read_sheet(path: Path) -> list[dict]:
+    """Read the scene sheet (TSV): every cell a string, empty optional cells as None."""
+    import pandas as pd
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"scene sheet {path}: file not found")
+    try:
+        df = pd.read_csv(path, sep="\t", dtype=str, keep_default_na=False, comment="#")
+    except (pd.errors.ParserError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"scene sheet {path}: not a readable TSV ({exc})") from exc
+    df.columns = [c.strip() for c in df.columns]
+    rows = []
+    for i, rec in enumerate(df.to_dict("records"), start=2):  # line 1 is the header
+        row = {k: (v.strip() if isinstance(v, str) else v) for k, v in rec.items()}
+        for key in SHEET_COLUMNS[3:]:
+            if row.get(key) == "":
+                row[key] = None
+        row["_line"] = i
+        rows.append(row)
+    return rows
+
+
+def validate_sheet(rows: list[dict], *, path: Path | str = "scenes.tsv") -> list[dict]:
+    """Validate each row against the sheet schema; scene ids unique and path-safe."""
+    schema = read_schema(SCENES_SCHEMA)
+    seen: dict[str, int] = {}
+    for row in rows:
+        line = row.get("_line", "?")
+        clean = {k: v for k, v in row.items() if k != "_line"}
+        if clean.get("prompt") in (None, ""):
+            name = clean.get("scene", "?")
+            raise ConfigError(f"scene sheet {path}, line {line}: scene {name!r}: prompt is missing")
+        validate(clean, schema, where=f"scene sheet {path}, line {line}", set_default=False)
+        name = clean["scene"]
+        if name in seen:
+            raise ConfigError(
+                f"scene sheet {path}, line {line}: scene {name!r} duplicates line {seen[name]}"
+            )
+        seen[name] = line
+    return rows
+
+
+def load(config: dict, *, base: Path | None = None) -> Config:
+    """Validate a workflow config mapping and its scene sheet; return typed objects.
+
+    ``base`` resolves relative paths (default: the current directory, as Snakemake does).
+    """
+    config = validate_config(_copy(config))
+    base = Path(base or ".")
+    sheet_path = base / config["scenes"]
+    rows = validate_sheet(read_sheet(sheet_path), path=config["scenes"])
+    names = [r["scene"] for r in rows]
+    unknown = sorted(set(config["scene_overrides"]) - set(names))
+    if unknown:
+        raise ConfigError(f"config: scene_overrides: unknown scene(s) {unknown}; sheet has {names}")
+    tiers = config["tiers"]
+    scenes = {}
+    for row in rows:
+        name = row["scene"]
+        over = config["scene_overrides"].get(name, {})
+        method = method_from_mapping(
+            {**config["method"], **over},
+            where=f"config: scene_overrides.{name}" if over else "config: method",
+        )
+        tier = row.get("tier") or "auto"
+        if tier != "auto" and tier not in tiers:
+            raise ConfigError(
+                f"scene sheet {config['scenes']}: scene {name!r}: tier {tier!r} is not one of "
+                f"{['auto', *tiers]}"
+            )
+        n_prompt = row.get("n_prompt")
+        scenes[name] = SceneSpec(
+            scene=name,
+            data=base / row["data"],
+            prompt=row["prompt"],
+            n_prompt=method.n_prompt if n_prompt is None else n_prompt,
+            gaussians=None if row.get("gaussians") is None else base / row["gaussians"],
+            tier=tier,
+            method=method,
+        )
+    return Config(
+        scenes=scenes,
+        results=base / config["results"],
+        demo_dir=base / config["demo_dir"],
+        guidance=GuidanceConfig(**config["guidance"]),
+        tiers=tiers,
+    )
+
+
+def load_file(path: Path) -> Config:
+    """Load ``config.yaml`` (relative paths in it resolve against the current directory)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path}: not found")
+    with open(path) as f:
+        try:
+            data = yaml.safe_load(f) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {path}: not valid YAML ({exc})") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path}: top level must be a mapping")
+    return load(data)
+
+
+def stage_params(method: Any, stage: str) -> dict:
+    """The method values that change ``stage``'s result (Snakemake ``params:``)."""
+    return {k: getattr(method, k) for k in STAGE_KEYS[stage]}
+
+
+def object_roles(method: Any, n: int) -> dict[str, str]:
+    """METHOD §1 roles for ids 0..n-1: 'static', 'dynamic' or 'avoided'."""
+    if not 0 <= method.static_id < n:
+        raise ConfigError(f"method: static_id: {method.static_id} is outside [0, {n}) objects")
+    for key in (
+        "additional_static_objs",
+        "avoid_objs",
+        "add_cp_objs",
+        "cp_surface_only_objs",
+        "gl_objects",
+    ):
+        for name in getattr(method, key):
+            if int(name.split("_")[1]) >= n:
+                raise ConfigError(
+                    f"method: {key}: {name} does not exist (the scene has {n} objects)"
+                )
+    roles = {}
+    for i in range(n):
+        name = f"obj_{i}"
+        if name in method.avoid_objs:
+            roles[name] = "avoided"
+        elif i == method.static_id or name in method.additional_static_objs:
+            roles[name] = "static"
+        else:
+            roles[name] = "dynamic"
+    for name in method.add_cp_objs:
+        if roles[name] != "dynamic":
+            raise ConfigError(f"method: add_cp_objs: {name} is {roles[name]}, not dynamic")
+    return roles

@@ -1,0 +1,820 @@
+"""Procedural demo scenes with scripted ground-truth motion.
+
+Each demo scene is a small, textured multi-object scene in CHORD's input layout::
+
+    <outdir>/<name>/scene.glb     all objects together (used only to normalise the scene)
+    <outdir>/<name>/obj_0.glb     dynamic object (textured)
+    <outdir>/<name>/obj_1.glb     the static ground slab (static_id = 1)
+    <outdir>/<name>/obj_2.glb     optional second dynamic object
+    <outdir>/<name>/motion.json   scripted ground-truth motion of the dynamic objects
+
+Every ``obj_<i>.glb`` holds one object in its world placement (world units of roughly metres,
+Y up, glTF convention). Some placements live in node transforms rather than in the vertices, so
+loaders must apply node world transforms (``trimesh.load(path, force="scene")`` does).
+The ground slab's top face is the plane ``y = SLAB_TOP_Y``; dynamic objects rest on it.
+
+``motion.json`` (format ``chord-scripted-motion/1``) describes, per dynamic object and frame
+``t``, a world-space map of the object's rest-pose points ``p``:
+
+1. deformation: ``twist`` rotates ``p`` about the line through ``pivot`` along ``up`` by
+   ``angles[t] * clip((p - pivot) . up / height, 0, 1)``; ``bend`` rotates ``p`` about the line
+   through ``pivot`` along the horizontal ``axis`` by the same height-weighted angle; ``none`` is
+   the identity.
+2. rigid: ``p <- R(rotations[t]) (p - pivot) + pivot + translations[t]`` with quaternions
+   ``[w, x, y, z]``.
+
+Frame 0 is the rest pose exactly. :func:`apply_motion` implements these semantics; the scripted
+motion is what an oracle teacher renders and what training should recover.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import trimesh
+from PIL import Image, ImageDraw
+
+logger = logging.getLogger(__name__)
+
+MOTION_FORMAT = "chord-scripted-motion/1"
+DEFAULT_FRAME_NUM = 41
+DEFAULT_FPS = 10
+STATIC_ID = 1
+SLAB_TOP_Y = 0.0
+UP = (0.0, 1.0, 0.0)
+DEFORMATION_KINDS = ("none", "bend", "twist")
+
+DEMO_SCENES: dict[str, dict] = {
+    "hop": {
+        "objects": 2,
+        "prompt": (
+            "a toy block with a painted face hops twice to the right along a gentle curve "
+            "across a grey table, turning to face the way it hops and leaning into each hop"
+        ),
+        "description": (
+            "obj_0: a striped toy block (0.30 x 0.50 x 0.30) with a face on its front that makes "
+            "two hops along a short arc (0.3 along +x, bulging 0.1 towards +z, 0.15 high), "
+            "yawing 70 degrees about +y to face +x and leaning towards +x while airborne "
+            "(rigid motion); "
+            "obj_1: a static grey table slab (2.0 x 1.4, factor colour only)."
+        ),
+    },
+    "sway": {
+        "objects": 3,
+        "prompt": (
+            "a green plant stalk sways from side to side in the wind while a colourful block "
+            "next to it twists back and forth and slides a little backward and back on a "
+            "checkered table"
+        ),
+        "description": (
+            "obj_0: a tapered, banded green column (0.9 tall) that bends sideways and back "
+            "(height-weighted bend about the z axis through its base: 0.35 sin(2 pi s) rad, "
+            "top towards -x first); obj_1: a static checkered slab (2.0 x 1.4); obj_2: a "
+            "vertex-coloured square block (0.6 tall) that twists about its vertical axis "
+            "(0.7 sin(3 pi s) sin(pi s) rad at the top) while sliding 0.15 towards -z and back."
+        ),
+    },
+}
+
+_SLAB_EXTENTS = (2.0, 0.08, 1.4)
+_ROUND = 9  # decimals kept in motion.json
+
+
+# --------------------------------------------------------------------------------------------
+# Public API
+# --------------------------------------------------------------------------------------------
+
+
+def demo_files(name: str) -> list[str]:
+    """Relative file names of scene ``name``: ``scene.glb``, ``obj_<i>.glb``.., ``motion.json``."""
+    spec = _scene_spec(name)
+    return ["scene.glb", *[f"obj_{i}.glb" for i in range(spec["objects"])], "motion.json"]
+
+
+def write_demo_scene(name: str, outdir: Path, *, frame_num: int = DEFAULT_FRAME_NUM) -> Path:
+    """Write demo scene ``name`` to ``<outdir>/<name>/`` and return that folder.
+
+    Writes the files listed by :func:`demo_files`, each to a temporary name in the same folder
+    followed by ``os.replace``. The bytes are deterministic for the same ``name`` and
+    ``frame_num``. ``frame_num`` must be >= 5 with ``(frame_num - 1) % 4 == 0``.
+    """
+    _scene_spec(name)
+    _check_frame_num(frame_num)
+    objects, motion = _BUILDERS[name](frame_num)
+    _validate_motion(motion, f"<generated motion of {name!r}>")
+    folder = Path(outdir) / name
+    folder.mkdir(parents=True, exist_ok=True)
+
+    blobs: dict[str, bytes] = {"scene.glb": _export_glb(objects)}
+    for obj in objects:
+        blobs[f"{obj.name}.glb"] = _export_glb([obj])
+    blobs["motion.json"] = (json.dumps(motion, indent=1) + "\n").encode("utf-8")
+    if sorted(blobs) != sorted(demo_files(name)):
+        raise RuntimeError(
+            f"demo scene {name!r} produced {sorted(blobs)}, expected {sorted(demo_files(name))}"
+        )
+    for fname in demo_files(name):
+        _write_atomic(folder / fname, blobs[fname])
+    logger.info(
+        "wrote demo scene %r (%d objects, %d frames) to %s", name, len(objects), frame_num, folder
+    )
+    return folder
+
+
+def write_demo_scenes(
+    outdir: Path, names: list[str] | None = None, *, frame_num: int = DEFAULT_FRAME_NUM
+) -> list[Path]:
+    """Write several demo scenes (all of :data:`DEMO_SCENES` by default); return their folders."""
+    if names is None:
+        names = list(DEMO_SCENES)
+    if isinstance(names, str):
+        raise ValueError(f"names must be a list of scene names, got the string {names!r}")
+    for n in names:
+        _scene_spec(n)
+    return [write_demo_scene(n, outdir, frame_num=frame_num) for n in names]
+
+
+def load_motion(path: Path) -> dict:
+    """Load and validate a ``motion.json`` file.
+
+    Returns the parsed dict with numeric fields as float64 arrays: ``up`` ``[3]``; per object
+    ``deformation.pivot`` ``[3]``, ``deformation.axis`` ``[3]``, ``deformation.angles``
+    ``[T]``, ``rigid.pivot`` ``[3]``, ``rigid.rotations`` ``[T, 4]`` (``w, x, y, z``),
+    ``rigid.translations`` ``[T, 3]`` with ``T = frame_num``.
+    Raises ValueError naming the file and the offending field.
+    """
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ValueError(f"{path}: motion file does not exist") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: not valid JSON: {exc}") from None
+    return _validate_motion(data, str(path))
+
+
+def apply_motion(
+    points: np.ndarray,
+    obj_motion: Mapping[str, Any],
+    frame: int,
+    up: Sequence[float] = UP,
+) -> np.ndarray:
+    """Move rest-pose world points ``[N, 3]`` of one object to ``frame``; returns ``[N, 3]``.
+
+    ``obj_motion`` is one entry of ``motion["objects"]`` (as written or as returned by
+    :func:`load_motion`). Applies the deformation (``none`` / ``bend`` / ``twist``) and then the
+    rigid transform, as specified in the module docstring. At a frame whose angle is zero and
+    whose rotation/translation are the identity, the input is returned unchanged (bit-exact).
+    Floating inputs keep their dtype; others are returned as float64.
+    """
+    pts = np.asarray(points)
+    if pts.ndim != 2 or pts.shape[1] != 3:
+        raise ValueError(f"points must have shape [N, 3], got {pts.shape}")
+    out_dtype = pts.dtype if np.issubdtype(pts.dtype, np.floating) else np.float64
+    p = pts.astype(np.float64)
+    up_v = _unit(np.asarray(up, dtype=np.float64), "up")
+    try:
+        deform = obj_motion["deformation"]
+        rigid = obj_motion["rigid"]
+        kind = deform["kind"]
+        rotations = np.asarray(rigid["rotations"], dtype=np.float64)
+        translations = np.asarray(rigid["translations"], dtype=np.float64)
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"obj_motion is missing field {exc}") from None
+    if kind not in DEFORMATION_KINDS:
+        raise ValueError(f"deformation.kind must be one of {DEFORMATION_KINDS}, got {kind!r}")
+    n_frames = len(rotations)
+    if isinstance(frame, bool) or not isinstance(frame, (int, np.integer)):
+        raise ValueError(f"frame must be an int, got {frame!r}")
+    if not 0 <= frame < n_frames:
+        raise ValueError(f"frame {frame} out of range [0, {n_frames})")
+
+    if kind != "none":
+        angle = float(np.asarray(deform["angles"], dtype=np.float64)[frame])
+        pivot = np.asarray(deform["pivot"], dtype=np.float64)
+        height = float(deform["height"])
+        if height <= 0:
+            raise ValueError(f"deformation.height must be > 0, got {height}")
+        axis = up_v if kind == "twist" else _unit(np.asarray(deform["axis"], float), "axis")
+        rel = p - pivot
+        weight = np.clip(rel @ up_v / height, 0.0, 1.0)
+        phi = angle * weight  # [N]
+        k_x_r = np.cross(axis, rel)
+        k_x_k_x_r = np.cross(axis, k_x_r)
+        p = p + np.sin(phi)[:, None] * k_x_r + (1.0 - np.cos(phi))[:, None] * k_x_k_x_r
+
+    rot_minus_i = _quat_minus_identity(rotations[frame])
+    r_pivot = np.asarray(rigid["pivot"], dtype=np.float64)
+    p = p + (p - r_pivot) @ rot_minus_i.T + translations[frame]
+    return p.astype(out_dtype, copy=False)
+
+
+# --------------------------------------------------------------------------------------------
+# Validation
+# --------------------------------------------------------------------------------------------
+
+
+def _scene_spec(name: str) -> dict:
+    if name not in DEMO_SCENES:
+        raise ValueError(f"unknown demo scene name {name!r}; known: {sorted(DEMO_SCENES)}")
+    return DEMO_SCENES[name]
+
+
+def _check_frame_num(frame_num: int) -> None:
+    if isinstance(frame_num, bool) or not isinstance(frame_num, (int, np.integer)):
+        raise ValueError(f"frame_num must be an int, got {frame_num!r}")
+    if frame_num < 5 or (frame_num - 1) % 4 != 0:
+        raise ValueError(f"frame_num must be >= 5 with (frame_num - 1) % 4 == 0, got {frame_num}")
+
+
+def _field(obj: Any, key: str, where: str, src: str) -> Any:
+    if not isinstance(obj, Mapping):
+        raise ValueError(f"{src}: field {where!r} must be an object")
+    if key not in obj:
+        full = f"{where}.{key}" if where else key
+        raise ValueError(f"{src}: missing field {full!r}")
+    return obj[key]
+
+
+def _array(value: Any, shape: tuple[int, ...], where: str, src: str) -> np.ndarray:
+    try:
+        arr = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"{src}: field {where!r} must be numeric with shape {shape}") from None
+    if arr.shape != shape:
+        raise ValueError(f"{src}: field {where!r} must have shape {shape}, got {arr.shape}")
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"{src}: field {where!r} contains non-finite values")
+    return arr
+
+
+def _validate_motion(data: Any, src: str) -> dict:
+    """Validate a motion dict; return a copy with float64 arrays (see :func:`load_motion`)."""
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{src}: motion must be a JSON object")
+    fmt = _field(data, "format", "", src)
+    if fmt != MOTION_FORMAT:
+        raise ValueError(f"{src}: field 'format' must be {MOTION_FORMAT!r}, got {fmt!r}")
+    frame_num = _field(data, "frame_num", "", src)
+    if isinstance(frame_num, bool) or not isinstance(frame_num, int) or frame_num < 1:
+        raise ValueError(f"{src}: field 'frame_num' must be a positive int, got {frame_num!r}")
+    fps = _field(data, "fps", "", src)
+    if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not fps > 0:
+        raise ValueError(f"{src}: field 'fps' must be a positive number, got {fps!r}")
+    space = _field(data, "space", "", src)
+    if space != "world":
+        raise ValueError(f"{src}: field 'space' must be 'world', got {space!r}")
+    up = _array(_field(data, "up", "", src), (3,), "up", src)
+    if np.linalg.norm(up) < 1e-9:
+        raise ValueError(f"{src}: field 'up' must be non-zero")
+    objects = _field(data, "objects", "", src)
+    if not isinstance(objects, Mapping) or not objects:
+        raise ValueError(f"{src}: field 'objects' must be a non-empty object")
+
+    t = frame_num
+    out_objects: dict[str, dict] = {}
+    for key, obj in objects.items():
+        if not isinstance(key, str) or not re.fullmatch(r"obj_\d+", key):
+            raise ValueError(f"{src}: field 'objects' has key {key!r}, expected 'obj_<i>'")
+        w = f"objects.{key}"
+        deform = _field(obj, "deformation", w, src)
+        rigid = _field(obj, "rigid", w, src)
+        kind = _field(deform, "kind", f"{w}.deformation", src)
+        if kind not in DEFORMATION_KINDS:
+            raise ValueError(
+                f"{src}: field '{w}.deformation.kind' must be one of "
+                f"{DEFORMATION_KINDS}, got {kind!r}"
+            )
+        d_out: dict[str, Any] = {"kind": kind}
+        wd = f"{w}.deformation"
+        for name, shape in (("pivot", (3,)), ("axis", (3,)), ("height", ()), ("angles", (t,))):
+            if name not in deform:
+                if kind == "none":
+                    continue
+                raise ValueError(f"{src}: missing field '{wd}.{name}'")
+            d_out[name] = _array(deform[name], shape, f"{wd}.{name}", src)
+        if kind != "none":
+            if float(d_out["height"]) <= 0:
+                raise ValueError(f"{src}: field '{wd}.height' must be > 0")
+            if np.linalg.norm(d_out["axis"]) < 1e-9:
+                raise ValueError(f"{src}: field '{wd}.axis' must be non-zero")
+        if "height" in d_out:
+            d_out["height"] = float(d_out["height"])
+        if "angles" in d_out and abs(d_out["angles"][0]) > 1e-9:
+            raise ValueError(f"{src}: field '{wd}.angles' must start at 0 (frame 0 = rest pose)")
+
+        wr = f"{w}.rigid"
+        pivot = _array(_field(rigid, "pivot", wr, src), (3,), f"{wr}.pivot", src)
+        rots = _array(_field(rigid, "rotations", wr, src), (t, 4), f"{wr}.rotations", src)
+        trans = _array(_field(rigid, "translations", wr, src), (t, 3), f"{wr}.translations", src)
+        norms = np.linalg.norm(rots, axis=1)
+        if np.any(np.abs(norms - 1.0) > 1e-4):
+            raise ValueError(
+                f"{src}: field '{wr}.rotations' must hold unit quaternions "
+                f"[w, x, y, z] (norms {norms.min():.4g}..{norms.max():.4g})"
+            )
+        if np.max(np.abs(rots[0] - [1.0, 0.0, 0.0, 0.0])) > 1e-9 or np.max(np.abs(trans[0])) > 1e-9:
+            raise ValueError(f"{src}: field '{wr}' must be the identity at frame 0 (rest pose)")
+        out_objects[key] = {
+            "deformation": d_out,
+            "rigid": {"pivot": pivot, "rotations": rots, "translations": trans},
+        }
+    return {
+        "format": fmt,
+        "frame_num": frame_num,
+        "fps": fps,
+        "space": space,
+        "up": up,
+        "objects": out_objects,
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Rotation helpers
+# --------------------------------------------------------------------------------------------
+
+
+def _unit(v: np.ndarray, name: str) -> np.ndarray:
+    v = np.asarray(v, dtype=np.float64).reshape(-1)
+    n = float(np.linalg.norm(v))
+    if v.shape != (3,) or not np.isfinite(n) or n < 1e-12:
+        raise ValueError(f"{name} must be a finite non-zero 3-vector, got {v.tolist()}")
+    return v / n
+
+
+def _cross_matrix(v: np.ndarray) -> np.ndarray:
+    """Skew matrix ``[3, 3]`` with ``K @ x == cross(v, x)``."""
+    x, y, z = v
+    return np.array([[0.0, -z, y], [z, 0.0, -x], [-y, x, 0.0]])
+
+
+def _quat_minus_identity(q: np.ndarray) -> np.ndarray:
+    """``R(q) - I`` ``[3, 3]`` for a quaternion ``[w, x, y, z]`` (exactly 0 for the identity)."""
+    q = np.asarray(q, dtype=np.float64)
+    n = float(np.linalg.norm(q))
+    if q.shape != (4,) or not np.isfinite(n) or n < 1e-12:
+        raise ValueError(f"rotation must be a non-zero quaternion [w, x, y, z], got {q.tolist()}")
+    q = q / n
+    k = _cross_matrix(q[1:])
+    return 2.0 * q[0] * k + 2.0 * (k @ k)
+
+
+def _quat_axis_angle(axis: Sequence[float], angle: float) -> np.ndarray:
+    a = _unit(np.asarray(axis, dtype=np.float64), "axis")
+    return np.concatenate([[math.cos(angle / 2.0)], math.sin(angle / 2.0) * a])
+
+
+def _quat_mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Hamilton product ``a * b`` of ``[w, x, y, z]`` quaternions (apply ``b`` first)."""
+    w1, x1, y1, z1 = a
+    w2, x2, y2, z2 = b
+    return np.array(
+        [
+            w1 * w2 - x1 * x2 - y1 * y2 - z1 * z2,
+            w1 * x2 + x1 * w2 + y1 * z2 - z1 * y2,
+            w1 * y2 - x1 * z2 + y1 * w2 + z1 * x2,
+            w1 * z2 + x1 * y2 - y1 * x2 + z1 * w2,
+        ]
+    )
+
+
+def _yaw_matrix(angle: float, translation: Sequence[float]) -> np.ndarray:
+    """Homogeneous ``[4, 4]`` transform: rotation about +Y by ``angle``, then ``translation``."""
+    m = np.eye(4)
+    c, s = math.cos(angle), math.sin(angle)
+    m[:3, :3] = [[c, 0.0, s], [0.0, 1.0, 0.0], [-s, 0.0, c]]
+    m[:3, 3] = translation
+    return m
+
+
+# --------------------------------------------------------------------------------------------
+# Geometry and textures
+# --------------------------------------------------------------------------------------------
+
+# Box faces: (origin, u edge, v edge) in units of the extents, with u x v pointing outward.
+_BOX_FACES: dict[str, tuple[tuple[float, ...], ...]] = {
+    "+z": ((-0.5, 0.0, 0.5), (1.0, 0.0, 0.0), (0.0, 1.0, 0.0)),
+    "-z": ((0.5, 0.0, -0.5), (-1.0, 0.0, 0.0), (0.0, 1.0, 0.0)),
+    "+x": ((0.5, 0.0, 0.5), (0.0, 0.0, -1.0), (0.0, 1.0, 0.0)),
+    "-x": ((-0.5, 0.0, -0.5), (0.0, 0.0, 1.0), (0.0, 1.0, 0.0)),
+    "+y": ((-0.5, 1.0, 0.5), (1.0, 0.0, 0.0), (0.0, 0.0, -1.0)),
+    "-y": ((-0.5, 0.0, -0.5), (1.0, 0.0, 0.0), (0.0, 0.0, 1.0)),
+}
+
+
+@dataclass
+class _Part:
+    """Triangle soup with per-vertex data: vertices ``[V, 3]``, faces ``[F, 3]``, uv ``[V, 2]``."""
+
+    vertices: np.ndarray
+    faces: np.ndarray
+    uv: np.ndarray
+    tag: np.ndarray  # [V] int, which face/part each vertex belongs to
+
+
+def _grid(origin, du, dv, nu: int, nv: int, rect) -> tuple[np.ndarray, ...]:
+    """Quad grid over ``origin + a du + b dv`` (a, b in [0, 1]); uv mapped into ``rect``."""
+    a = np.linspace(0.0, 1.0, nu + 1)
+    b = np.linspace(0.0, 1.0, nv + 1)
+    aa, bb = np.meshgrid(a, b, indexing="xy")  # [nv+1, nu+1]
+    verts = (
+        np.asarray(origin)[None, None]
+        + aa[..., None] * np.asarray(du)
+        + bb[..., None] * np.asarray(dv)
+    ).reshape(-1, 3)
+    u0, v0, u1, v1 = rect
+    uv = np.stack([u0 + (u1 - u0) * aa, v0 + (v1 - v0) * bb], axis=-1).reshape(-1, 2)
+    idx = np.arange((nu + 1) * (nv + 1)).reshape(nv + 1, nu + 1)
+    a00, a10 = idx[:-1, :-1].ravel(), idx[:-1, 1:].ravel()
+    a01, a11 = idx[1:, :-1].ravel(), idx[1:, 1:].ravel()
+    faces = np.concatenate([np.stack([a00, a10, a11], 1), np.stack([a00, a11, a01], 1)])
+    return verts, faces, uv
+
+
+def _concat(parts: list[tuple[np.ndarray, ...]]) -> _Part:
+    verts, faces, uvs, tags = [], [], [], []
+    offset = 0
+    for i, (v, f, uv) in enumerate(parts):
+        verts.append(v)
+        faces.append(f + offset)
+        uvs.append(uv)
+        tags.append(np.full(len(v), i))
+        offset += len(v)
+    return _Part(
+        np.concatenate(verts),
+        np.concatenate(faces).astype(np.int64),
+        np.concatenate(uvs),
+        np.concatenate(tags),
+    )
+
+
+def _box(extents, subdiv: Mapping[str, tuple[int, int]], rects: Mapping[str, tuple]) -> _Part:
+    """Box ``extents`` ``(w, h, d)`` centred in x/z with its base at y = 0; faces in
+    :data:`_BOX_FACES` order, each a subdivided grid with its own uv rectangle."""
+    ext = np.asarray(extents, dtype=np.float64)
+    parts = []
+    for face, (o, du, dv) in _BOX_FACES.items():
+        nu, nv = subdiv[face]
+        parts.append(
+            _grid(
+                np.multiply(o, ext), np.multiply(du, ext), np.multiply(dv, ext), nu, nv, rects[face]
+            )
+        )
+    return _concat(parts)
+
+
+def _column(height: float, r_base: float, r_top: float, n_around: int, n_rings: int) -> _Part:
+    """Tapered closed cylinder with its base centre at the origin, axis +Y.
+
+    uv layout: side in ``u in [0, 1], v in [0.25, 1]``; top cap disk centred at
+    ``(0.125, 0.125)``, bottom cap disk at ``(0.375, 0.125)`` (radius 0.11).
+    """
+    theta = np.linspace(0.0, 2.0 * np.pi, n_around + 1)
+    frac = np.linspace(0.0, 1.0, n_rings + 1)
+    tt, ff = np.meshgrid(theta, frac, indexing="xy")
+    rr = r_base + (r_top - r_base) * ff
+    side_v = np.stack([rr * np.cos(tt), height * ff, -rr * np.sin(tt)], -1).reshape(-1, 3)
+    side_uv = np.stack([tt / (2 * np.pi), 0.25 + 0.75 * ff], -1).reshape(-1, 2)
+    idx = np.arange(side_v.shape[0]).reshape(n_rings + 1, n_around + 1)
+    a00, a10 = idx[:-1, :-1].ravel(), idx[:-1, 1:].ravel()
+    a01, a11 = idx[1:, :-1].ravel(), idx[1:, 1:].ravel()
+    side_f = np.concatenate([np.stack([a00, a10, a11], 1), np.stack([a00, a11, a01], 1)])
+    parts = [(side_v, side_f, side_uv)]
+    ring = theta[:-1]
+    k = np.arange(n_around)
+    for y, r, centre, top in ((height, r_top, 0.125, True), (0.0, r_base, 0.375, False)):
+        v = np.concatenate(
+            [
+                [[0.0, y, 0.0]],
+                np.stack([r * np.cos(ring), np.full_like(ring, y), -r * np.sin(ring)], -1),
+            ]
+        )
+        uv = np.concatenate(
+            [
+                [[centre, 0.125]],
+                np.stack([centre + 0.11 * np.cos(ring), 0.125 + 0.11 * np.sin(ring)], -1),
+            ]
+        )
+        nxt = (k + 1) % n_around + 1
+        f = (
+            np.stack([np.zeros_like(k), k + 1, nxt], 1)
+            if top
+            else np.stack([np.zeros_like(k), nxt, k + 1], 1)
+        )
+        parts.append((v, f, uv))
+    return _concat(parts)
+
+
+def _uv_to_px(u: float, v: float, size: tuple[int, int]) -> tuple[float, float]:
+    """trimesh uv (v up) to PIL pixel coordinates (row 0 at the top)."""
+    return u * size[0], (1.0 - v) * size[1]
+
+
+def _block_texture() -> tuple[Image.Image, dict[str, tuple]]:
+    """3 x 2 atlas for the toy block: a distinct striped colour per face, a face on +Z."""
+    cell = 64
+    size = (3 * cell, 2 * cell)
+    img = Image.new("RGB", size, (0, 0, 0))
+    draw = ImageDraw.Draw(img)
+    colours = {
+        "+z": ((235, 170, 40), (250, 215, 120)),  # front: orange, with the face
+        "-z": ((60, 110, 210), (140, 180, 245)),  # back: blue
+        "+x": ((200, 50, 60), (245, 140, 140)),  # right: red
+        "-x": ((60, 160, 80), (150, 220, 150)),  # left: green
+        "+y": ((240, 240, 235), (190, 190, 185)),  # top: white
+        "-y": ((90, 70, 60), (130, 110, 95)),  # bottom: brown
+    }
+    rects: dict[str, tuple] = {}
+    inset = 2.0 / cell
+    for i, face in enumerate(_BOX_FACES):
+        cx, cy = i % 3, i // 3  # cy = 0 is the top row of the image
+        x0, y0 = cx * cell, cy * cell
+        base, stripe = colours[face]
+        draw.rectangle([x0, y0, x0 + cell - 1, y0 + cell - 1], fill=base)
+        for s in range(0, cell, 16):  # horizontal stripes
+            draw.rectangle([x0, y0 + s + 10, x0 + cell - 1, y0 + s + 14], fill=stripe)
+        u0, u1 = cx / 3 + inset / 3, (cx + 1) / 3 - inset / 3
+        v1, v0 = 1 - cy / 2 - inset / 2, 1 - (cy + 1) / 2 + inset / 2
+        rects[face] = (u0, v0, u1, v1)
+    # a face on the front (+z) cell: two eyes and a mouth (eyes near the top, v up)
+    x0, y0 = 0, 0
+    for ex in (18, 46):
+        draw.ellipse([x0 + ex - 6, y0 + 12, x0 + ex + 6, y0 + 24], fill=(255, 255, 255))
+        draw.ellipse([x0 + ex - 3, y0 + 15, x0 + ex + 3, y0 + 21], fill=(20, 20, 20))
+    draw.rectangle([x0 + 20, y0 + 34, x0 + 44, y0 + 38], fill=(120, 20, 20))
+    return img, rects
+
+
+def _column_texture() -> Image.Image:
+    """Plant-stalk texture: green bands, light vertical veins, a red band near the top."""
+    size = (128, 128)
+    img = Image.new("RGB", size, (40, 120, 50))
+    draw = ImageDraw.Draw(img)
+    side_top = 0
+    side_bottom = int(round(0.75 * size[1]))  # rows [0, 96) hold the side (v in [0.25, 1])
+    for i, row in enumerate(range(side_top, side_bottom, 8)):
+        colour = (50, 140, 60) if i % 2 == 0 else (30, 95, 45)
+        draw.rectangle([0, row, size[0] - 1, row + 7], fill=colour)
+    for col in range(0, size[0], 16):  # veins around the stalk
+        draw.rectangle([col, side_top, col + 2, side_bottom - 1], fill=(200, 230, 110))
+    draw.rectangle([0, 6, size[0] - 1, 13], fill=(210, 40, 60))  # red band near the top
+    # caps: top flower-pink, bottom brown
+    for centre, colour in ((0.125, (235, 110, 170)), (0.375, (110, 80, 50))):
+        cx, cy = _uv_to_px(centre, 0.125, size)
+        r = 0.12 * size[0]
+        draw.ellipse([cx - r, cy - r, cx + r, cy + r], fill=colour)
+    return img
+
+
+def _checker_texture(n: int = 8, px: int = 16) -> Image.Image:
+    """Checkerboard ``n x n`` squares of ``px`` pixels in two warm greys, blue border."""
+    size = n * px
+    img = Image.new("RGB", (size, size), (0, 0, 0))
+    draw = ImageDraw.Draw(img)
+    for i in range(n):
+        for j in range(n):
+            colour = (205, 195, 175) if (i + j) % 2 == 0 else (120, 110, 100)
+            draw.rectangle([i * px, j * px, (i + 1) * px - 1, (j + 1) * px - 1], fill=colour)
+    draw.rectangle([0, 0, size - 1, size - 1], outline=(50, 70, 140), width=2)
+    return img
+
+
+def _textured_mesh(part: _Part, image: Image.Image, name: str) -> trimesh.Trimesh:
+    material = trimesh.visual.material.PBRMaterial(
+        name=f"{name}_material", baseColorTexture=image, metallicFactor=0.0, roughnessFactor=0.9
+    )
+    visual = trimesh.visual.TextureVisuals(uv=part.uv, material=material)
+    return trimesh.Trimesh(part.vertices, part.faces, visual=visual, process=False)
+
+
+def _slab_part() -> _Part:
+    """Ground slab ``_SLAB_EXTENTS`` with its top face at y = SLAB_TOP_Y (vertices baked)."""
+    small = (0.0, 0.0, 0.06, 0.06)  # sides and bottom: a corner of the texture (border colour)
+    rects = {f: small for f in _BOX_FACES}
+    rects["+y"] = (0.0, 0.0, 1.0, 1.0)
+    subdiv = {f: (1, 1) for f in _BOX_FACES}
+    subdiv["+y"] = (14, 10)
+    part = _box(_SLAB_EXTENTS, subdiv, rects)
+    part.vertices = part.vertices + [0.0, SLAB_TOP_Y - _SLAB_EXTENTS[1], 0.0]
+    return part
+
+
+# --------------------------------------------------------------------------------------------
+# Scenes
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _DemoObject:
+    name: str
+    mesh: trimesh.Trimesh  # local vertices
+    transform: np.ndarray  # [4, 4] node transform (local -> world)
+
+
+def _r(x: Any) -> Any:
+    """Round floats for JSON (also maps -0.0 to 0.0)."""
+    return (np.round(np.asarray(x, dtype=np.float64), _ROUND) + 0.0).tolist()
+
+
+def _motion_doc(frame_num: int, objects: dict[str, dict]) -> dict:
+    return {
+        "format": MOTION_FORMAT,
+        "frame_num": frame_num,
+        "fps": DEFAULT_FPS,
+        "space": "world",
+        "up": list(UP),
+        "objects": objects,
+    }
+
+
+def _ease(s: np.ndarray) -> np.ndarray:
+    """Smooth 0 -> 1 ramp with zero velocity at both ends."""
+    return s - np.sin(2.0 * np.pi * s) / (2.0 * np.pi)
+
+
+def _build_hop(frame_num: int) -> tuple[list[_DemoObject], dict]:
+    ext = (0.30, 0.50, 0.30)
+    image, rects = _block_texture()
+    subdiv = {
+        "+z": (6, 10),
+        "-z": (6, 10),
+        "+x": (6, 10),
+        "-x": (6, 10),
+        "+y": (6, 6),
+        "-y": (6, 6),
+    }
+    block = _textured_mesh(_box(ext, subdiv, rects), image, "block")
+    base = np.array([-0.35, SLAB_TOP_Y, 0.05])
+    block_tf = _yaw_matrix(math.radians(20.0), base)  # placement lives in the node transform
+
+    slab_part = _slab_part()
+    slab = trimesh.Trimesh(slab_part.vertices, slab_part.faces, process=False)
+    slab.visual = trimesh.visual.TextureVisuals(
+        material=trimesh.visual.material.PBRMaterial(
+            name="slab_material",
+            baseColorFactor=[150, 150, 160, 255],
+            metallicFactor=0.0,
+            roughnessFactor=1.0,
+        )
+    )
+
+    s = np.linspace(0.0, 1.0, frame_num)
+    hops, hop_h, lean = 2, 0.15, 0.30
+    air = np.sin(np.pi * hops * s) ** 2  # 0 on the ground, 1 at the top of each hop
+    # Leaning by lean * air about the base centre lowers a base corner by at most
+    # half_diagonal * lean * air (~0.064 air), less than the lift hop_h * air: no penetration.
+    trans = np.stack([0.3 * _ease(s), hop_h * air, 0.1 * np.sin(np.pi * s)], -1)
+    yaw = math.radians(70.0) * _ease(s)  # ends facing +x, the way it hops
+    rots = np.stack(
+        [
+            _quat_mul(_quat_axis_angle((0, 0, 1), -lean * a), _quat_axis_angle((0, 1, 0), y))
+            for a, y in zip(air, yaw, strict=True)
+        ]
+    )
+    trans[0] = 0.0
+    rots[0] = [1.0, 0.0, 0.0, 0.0]
+    motion = _motion_doc(
+        frame_num,
+        {
+            "obj_0": {
+                "deformation": {
+                    "kind": "none",
+                    "pivot": _r(base),
+                    "axis": [0.0, 0.0, 1.0],
+                    "height": ext[1],
+                    "angles": [0.0] * frame_num,
+                },
+                "rigid": {"pivot": _r(base), "rotations": _r(rots), "translations": _r(trans)},
+            },
+        },
+    )
+    objects = [_DemoObject("obj_0", block, block_tf), _DemoObject("obj_1", slab, np.eye(4))]
+    return objects, motion
+
+
+def _build_sway(frame_num: int) -> tuple[list[_DemoObject], dict]:
+    height = 0.9
+    stalk = _textured_mesh(_column(height, 0.12, 0.07, 24, 18), _column_texture(), "stalk")
+    stalk_base = np.array([-0.35, SLAB_TOP_Y, -0.10])
+    stalk_tf = _yaw_matrix(0.0, stalk_base)
+
+    slab = _textured_mesh(_slab_part(), _checker_texture(), "slab")
+
+    # twisting block: square prism with vertex colours per side and per height band
+    b_ext = (0.28, 0.60, 0.28)
+    n_rings = 12
+    subdiv = {
+        "+z": (4, n_rings),
+        "-z": (4, n_rings),
+        "+x": (4, n_rings),
+        "-x": (4, n_rings),
+        "+y": (4, 4),
+        "-y": (4, 4),
+    }
+    part = _box(b_ext, subdiv, {f: (0.0, 0.0, 1.0, 1.0) for f in _BOX_FACES})
+    side_colours = np.array(
+        [
+            [230, 60, 50],
+            [60, 90, 220],
+            [250, 200, 40],
+            [40, 170, 90],
+            [240, 240, 240],
+            [70, 60, 60],
+        ],
+        dtype=np.float64,
+    )
+    band = (np.floor(part.vertices[:, 1] / b_ext[1] * 4 - 1e-9).clip(0, 3) % 2)[:, None]
+    rgb = side_colours[part.tag] * (1.0 - 0.35 * band)
+    colours = np.concatenate([np.round(rgb), np.full((len(rgb), 1), 255.0)], 1)
+    block = trimesh.Trimesh(part.vertices, part.faces, process=False)
+    block.visual = trimesh.visual.ColorVisuals(block, vertex_colors=colours.astype(np.uint8))
+    block_base = np.array([0.45, SLAB_TOP_Y, 0.15])
+    block_tf = _yaw_matrix(math.radians(30.0), block_base)
+
+    s = np.linspace(0.0, 1.0, frame_num)
+    bend = 0.35 * np.sin(2.0 * np.pi * s)
+    twist = 0.70 * np.sin(3.0 * np.pi * s) * np.sin(np.pi * s)
+    slide = np.stack([np.zeros_like(s), np.zeros_like(s), -0.15 * np.sin(np.pi * s) ** 2], -1)
+    identity = np.tile([1.0, 0.0, 0.0, 0.0], (frame_num, 1))
+    zeros = np.zeros((frame_num, 3))
+    bend[0] = twist[0] = 0.0
+    slide[0] = 0.0
+    motion = _motion_doc(
+        frame_num,
+        {
+            "obj_0": {
+                "deformation": {
+                    "kind": "bend",
+                    "pivot": _r(stalk_base),
+                    "axis": [0.0, 0.0, 1.0],
+                    "height": height,
+                    "angles": _r(bend),
+                },
+                "rigid": {
+                    "pivot": _r(stalk_base),
+                    "rotations": _r(identity),
+                    "translations": _r(zeros),
+                },
+            },
+            "obj_2": {
+                "deformation": {
+                    "kind": "twist",
+                    "pivot": _r(block_base),
+                    "axis": list(UP),
+                    "height": b_ext[1],
+                    "angles": _r(twist),
+                },
+                "rigid": {
+                    "pivot": _r(block_base),
+                    "rotations": _r(identity),
+                    "translations": _r(slide),
+                },
+            },
+        },
+    )
+    objects = [
+        _DemoObject("obj_0", stalk, stalk_tf),
+        _DemoObject("obj_1", slab, np.eye(4)),
+        _DemoObject("obj_2", block, block_tf),
+    ]
+    return objects, motion
+
+
+_BUILDERS: dict[str, Callable[[int], tuple[list[_DemoObject], dict]]] = {
+    "hop": _build_hop,
+    "sway": _build_sway,
+}
+
+
+# --------------------------------------------------------------------------------------------
+# Export
+# --------------------------------------------------------------------------------------------
+
+
+def _export_glb(objects: list[_DemoObject]) -> bytes:
+    """GLB bytes of ``objects`` in their world placement (node transforms kept as nodes)."""
+    scene = trimesh.Scene(base_frame="world")
+    for obj in objects:
+        scene.add_geometry(
+            obj.mesh.copy(), node_name=obj.name, geom_name=obj.name, transform=obj.transform
+        )
+    return bytes(scene.export(file_type="glb"))
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()

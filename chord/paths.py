@@ -1,0 +1,34 @@
+"""The output layout under ``results/`` (DESIGN §3). Users and later stages script against
+these names. Called with ``"{scene}"``/``"{obj}"`` they give the Snakemake patterns."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def scene_dir(results, scene: str) -> Path:
+    return Path(results) / scene
+
+
+def scene_json(results, scene: str) -> Path:
+    return scene_dir(results, scene) / "scene" / "scene.json"
+
+
+def meshes_dir(results, scene: str) -> Path:
+    return scene_dir(results, scene) / "scene" / "meshes"
+
+
+def gaussians_ply(results, scene: str, obj: str) -> Path:
+    return scene_dir(results, scene) / "gaussians" / f"{obj}.ply"
+
+
+def voxels_npz(results, scene: str, obj: str) -> Path:
+    return scene_dir(results, scene) / "voxels" / f"{obj}.npz"
+
+
+def log(results, scene: str, name: str) -> Path:
+    return scene_dir(results, scene) / "logs" / f"{name}.log"
+
+
+def bench(results, scene: str, name: str) -> Path:
+    return scene_dir(results, scene) / "bench" / f"{name}.tsv"

@@ -1,0 +1,177 @@
+"""Scene ingestion (METHOD §1): object discovery, GLB loading, roles and normalisation."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import trimesh
+
+logger = logging.getLogger(__name__)
+
+GLB_MAGIC = b"glTF"
+LONGEST_SIDE = 1.2
+OBJ_FILE = re.compile(r"^obj_(\d+)\.glb$")
+
+
+class SceneError(ValueError):
+    """Bad scene input; the message names the file or field and what is wrong."""
+
+
+def discover_objects(folder: Path, obj_num: int = -1) -> list[Path]:
+    """METHOD §1: ``obj_0.glb`` … ``obj_<n-1>.glb`` in ``folder``, ids contiguous from 0.
+
+    ``obj_num`` −1 means n = highest id + 1; an explicit value must match the files.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise SceneError(f"{folder}: scene folder not found")
+    if not (folder / "scene.glb").is_file():
+        raise SceneError(f"{folder / 'scene.glb'}: missing (every scene folder needs scene.glb)")
+    ids = sorted(int(m[1]) for p in folder.iterdir() if (m := OBJ_FILE.match(p.name)))
+    if not ids:
+        raise SceneError(f"{folder}: no obj_<i>.glb files")
+    n = ids[-1] + 1
+    missing = sorted(set(range(n)) - set(ids))
+    if missing:
+        raise SceneError(
+            f"{folder / f'obj_{missing[0]}.glb'}: missing; object ids must be contiguous from 0 "
+            f"(found {[f'obj_{i}' for i in ids]})"
+        )
+    if obj_num != -1 and obj_num != n:
+        raise SceneError(f"{folder}: obj_num is {obj_num} but the folder holds {n} objects")
+    return [folder / f"obj_{i}.glb" for i in range(n)]
+
+
+def load_mesh_parts(source: str | os.PathLike | trimesh.Scene) -> list[trimesh.Trimesh]:
+    """METHOD §1. An object's triangle meshes in world space, one per scene node instance.
+
+    ``source`` is a mesh file (GLB, glTF, OBJ, ...) or a loaded ``trimesh.Scene``. Like
+    ``Scene.dump(concatenate=False)`` (node transforms baked into the vertices, each part
+    keeping its own visual), but it also keeps a glTF ``COLOR_0`` that sits beside a material
+    (``TextureVisuals.vertex_attributes["color"]``), which ``TextureVisuals.copy`` and hence
+    ``dump`` drop. Non-triangle geometry (paths, point clouds) is skipped. Raises
+    ``ValueError`` naming the file if it cannot be loaded or holds no triangle mesh.
+    """
+    if isinstance(source, trimesh.Scene):
+        scene, where = source, "scene"
+    else:
+        path = Path(source)
+        where = str(path)
+        if not path.is_file():
+            raise ValueError(f"load_mesh_parts: {path} does not exist")
+        try:
+            if hasattr(trimesh, "load_scene"):
+                scene = trimesh.load_scene(path)
+            else:  # trimesh < 4.5
+                scene = trimesh.load(path, force="scene")
+        except Exception as exc:
+            raise ValueError(f"load_mesh_parts: cannot load {path} as a mesh ({exc})") from exc
+    parts = []
+    for node_name in scene.graph.nodes_geometry:
+        transform, geom_name = scene.graph[node_name]
+        src = scene.geometry[geom_name]
+        if not isinstance(src, trimesh.Trimesh):
+            logger.debug(
+                "load_mesh_parts: %s: skipping %s (%s)", where, geom_name, type(src).__name__
+            )
+            continue
+        part = src.copy()
+        part.apply_transform(transform)
+        part.metadata["name"] = geom_name
+        part.metadata["node"] = node_name
+        attrs = getattr(src.visual, "vertex_attributes", None)
+        if (
+            isinstance(part.visual, trimesh.visual.TextureVisuals)
+            and attrs is not None
+            and "color" in attrs
+            and "color" not in part.visual.vertex_attributes
+        ):
+            part.visual.vertex_attributes["color"] = np.array(attrs["color"])
+        parts.append(part)
+    if not parts:
+        raise ValueError(f"load_mesh_parts: {where} holds no triangle mesh")
+    return parts
+
+
+def load_parts(path: Path) -> list[trimesh.Trimesh]:
+    """Load a GLB and flatten it to world-space triangle meshes, one per primitive.
+
+    Every node's world transform is applied; visuals (UVs, materials, vertex colours) are kept.
+    Errors name the file: not a GLB, no triangles, non-finite vertices.
+    """
+    path = Path(path)
+    with open(path, "rb") as f:
+        head = f.read(12)
+    if len(head) < 12 or head[:4] != GLB_MAGIC:
+        raise SceneError(f"{path}: not a GLB file (binary glTF must start with 'glTF')")
+    try:
+        scene = trimesh.load(path, file_type="glb", force="scene", process=False)
+    except Exception as exc:  # trimesh raises many types on malformed files
+        raise SceneError(f"{path}: unreadable GLB ({type(exc).__name__}: {exc})") from exc
+    parts = [p for p in load_mesh_parts(scene) if len(p.faces)] if scene.geometry else []
+    if not parts:
+        raise SceneError(f"{path}: holds no triangles (empty mesh)")
+    for part in parts:
+        if not np.isfinite(part.vertices).all():
+            raise SceneError(f"{path}: vertex positions contain NaN or infinite values")
+    return parts
+
+
+def bounds_of(parts: list[trimesh.Trimesh]) -> np.ndarray:
+    """AABB ``[2, 3]`` (min, max) of all parts' vertices."""
+    verts = np.concatenate([p.vertices for p in parts])
+    return np.stack([verts.min(0), verts.max(0)])
+
+
+def normalisation(bounds: np.ndarray, path: Path | str = "scene.glb") -> tuple[np.ndarray, float]:
+    """METHOD §1: centre c = AABB centre, scale s = 1.2 / longest side; x_n = (x_w − c)·s."""
+    extent = float((bounds[1] - bounds[0]).max())
+    if not extent > 0:
+        raise SceneError(f"{path}: all vertices coincide; the scene has no extent to normalise")
+    return (bounds[0] + bounds[1]) / 2.0, LONGEST_SIDE / extent
+
+
+def normalise_parts(parts: list[trimesh.Trimesh], centre, scale: float) -> list[trimesh.Trimesh]:
+    """Apply x_n = (x_w − c)·s to ``parts`` in place and return them (visuals kept: a copy
+    would drop a COLOR_0 that sits beside a material)."""
+    matrix = np.eye(4)
+    matrix[:3, :3] *= scale
+    matrix[:3, 3] = -np.asarray(centre, dtype=np.float64) * scale
+    for part in parts:
+        part.apply_transform(matrix)
+    return parts
+
+
+def object_scale_factor(bounds_n: np.ndarray) -> float:
+    """METHOD §1: s_obj = longest side of the object's normalised AABB / 1.2."""
+    return float((bounds_n[1] - bounds_n[0]).max()) / LONGEST_SIDE
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    name: str
+    index: int
+    role: str  # "dynamic" | "static" | "avoided"
+    source: str
+    scale_factor: float
+    bounds: list  # normalised AABB [[x,y,z],[x,y,z]]
+    n_vertices: int
+    n_faces: int
+
+    def to_json(self, mesh: str | None) -> dict:
+        return {
+            "name": self.name,
+            "id": self.index,
+            "role": self.role,
+            "source": self.source,
+            "mesh": mesh,
+            "scale_factor": self.scale_factor,
+            "bounds": self.bounds,
+            "n_vertices": self.n_vertices,
+            "n_faces": self.n_faces,
+        }

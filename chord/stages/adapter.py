@@ -1,0 +1,43 @@
+"""What the thin Snakemake scripts share: log routing and the typed scene spec. The
+``snakemake`` object is passed in; nothing here imports Snakemake."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+from collections.abc import Iterator
+
+from chord import config as cfg
+
+logger = logging.getLogger("chord")
+
+EXIT_INPUT = 2
+
+
+@contextlib.contextmanager
+def stage_logging(log_path: str) -> Iterator[None]:
+    """Route ``chord`` logging to the rule's log; an input error ends the job with a one-line
+    message (in the log and on stderr) and exit status 2 instead of a traceback."""
+    root = logging.getLogger()
+    root.setLevel(logging.INFO)
+    handler = logging.FileHandler(log_path, mode="w")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root.addHandler(handler)
+    try:
+        yield
+    except (ValueError, FileNotFoundError) as exc:  # ConfigError and SceneError included
+        logger.error("%s", exc)
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(EXIT_INPUT)
+    except Exception:
+        logger.exception("stage failed")
+        raise
+    finally:
+        root.removeHandler(handler)
+        handler.close()
+
+
+def scene_spec(config: dict, scene: str) -> cfg.SceneSpec:
+    """The typed spec of ``scene`` from the workflow config mapping."""
+    return cfg.load(config).scenes[scene]

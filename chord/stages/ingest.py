@@ -1,0 +1,88 @@
+"""Stage ``ingest`` (METHOD §1): scene.glb + obj_<i>.glb -> scene.json and normalised meshes."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import trimesh
+
+from chord import config as cfg
+from chord import scene as sc
+from chord.io import atomic_dir, write_json
+
+logger = logging.getLogger(__name__)
+
+FORMAT = "chord-scene/1"
+
+
+def run(*, data: Path, out_json: Path, out_meshes: Path, method, scene: str) -> dict:
+    """Read the scene folder ``data``; write ``out_json`` and ``out_meshes/obj_<i>.glb``.
+
+    Avoided objects are recorded but get no mesh. Returns the scene.json mapping.
+    """
+    data = Path(data)
+    paths = sc.discover_objects(data, method.obj_num)
+    roles = cfg.object_roles(method, len(paths))
+    scene_bounds = sc.bounds_of(sc.load_parts(data / "scene.glb"))
+    centre, scale = sc.normalisation(scene_bounds, data / "scene.glb")
+    logger.info("%s: %d objects, centre %s, scale %.6g", scene, len(paths), centre, scale)
+
+    objects, meshes = [], {}
+    for i, path in enumerate(paths):
+        name = f"obj_{i}"
+        parts = sc.normalise_parts(sc.load_parts(path), centre, scale)
+        bounds = sc.bounds_of(parts)
+        info = sc.ObjectInfo(
+            name=name,
+            index=i,
+            role=roles[name],
+            source=str(path),
+            scale_factor=sc.object_scale_factor(bounds),
+            bounds=bounds.tolist(),
+            n_vertices=int(sum(len(p.vertices) for p in parts)),
+            n_faces=int(sum(len(p.faces) for p in parts)),
+        )
+        objects.append(info)
+        if info.role != "avoided":
+            meshes[name] = parts
+        logger.info(
+            "%s: %s, %d faces, s_obj %.4f", name, info.role, info.n_faces, info.scale_factor
+        )
+
+    static = objects[method.static_id]
+    ground = method.ground_level if method.ground_level is not None else static.bounds[0][1]
+    doc = {
+        "format": FORMAT,
+        "scene": scene,
+        "source": str(data),
+        "normalisation": {"centre": [float(c) for c in centre], "scale": float(scale)},
+        "static_id": method.static_id,
+        "ground_level": float(ground),
+        "objects": [
+            o.to_json(f"meshes/{o.name}.glb" if o.name in meshes else None) for o in objects
+        ],
+    }
+    with atomic_dir(out_meshes) as tmp:
+        for name, parts in meshes.items():
+            trimesh.Scene(parts).export(Path(tmp) / f"{name}.glb", file_type="glb")
+    write_json(out_json, doc)
+    return doc
+
+
+def read(scene_json: Path) -> dict:
+    """Load a scene.json written by :func:`run`, checking its format tag."""
+    from chord.io import read_json
+
+    doc = read_json(scene_json)
+    if doc.get("format") != FORMAT:
+        raise sc.SceneError(f"{scene_json}: format is {doc.get('format')!r}, expected {FORMAT!r}")
+    return doc
+
+
+def mesh_path(scene_json: Path, doc: dict, name: str) -> Path:
+    """Path of a normalised mesh named in scene.json (relative to its folder)."""
+    entry = next((o for o in doc["objects"] if o["name"] == name), None)
+    if entry is None or entry["mesh"] is None:
+        raise sc.SceneError(f"{scene_json}: {name} has no normalised mesh (unknown or avoided)")
+    return Path(scene_json).parent / entry["mesh"]

@@ -1,0 +1,114 @@
+# Validation first, then the scene sheet, wildcard constraints, input functions and targets.
+import re
+from pathlib import Path
+
+import pandas as pd
+from snakemake.exceptions import WorkflowError
+from snakemake.utils import validate
+
+import chord
+import chord.config as cc
+import chord.demo as demo
+import chord.gaussians
+import chord.paths as P
+
+validate(config, cc.CONFIG_SCHEMA)
+try:
+    _rows = cc.read_sheet(config["scenes"])
+    validate(
+        pd.DataFrame([{k: v for k, v in r.items() if k != "_line"} for r in _rows]),
+        cc.SCENES_SCHEMA,
+    )
+    CONF = cc.load(config)
+except cc.ConfigError as exc:
+    raise WorkflowError(str(exc))
+
+RESULTS = config["results"]
+DEMO_DIR = config["demo_dir"]
+SCENES = list(CONF.scenes)
+PKG = Path(chord.__file__).parent
+
+# A code change in a stage's modules re-runs that stage and what follows.
+CODE = {
+    "ingest": [PKG / "scene.py", PKG / "stages/ingest.py"],
+    "gaussians": [PKG / "gaussians.py", PKG / "stages/gaussians.py"],
+    "voxelize": [PKG / "voxels.py", PKG / "stages/voxelize.py"],
+}
+
+
+wildcard_constraints:
+    scene="|".join(re.escape(s) for s in SCENES) or "(?!)",
+    obj=r"obj_\d+",
+
+
+def demo_name(scene):
+    """The demo scene a sheet row points at (data = <demo_dir>/<name>), else None."""
+    data = Path(CONF.scenes[scene].data)
+    if data.parent == Path(DEMO_DIR) and data.name in demo.DEMO_SCENES:
+        return data.name
+    return None
+
+
+def scene_files(scene):
+    """scene.glb and obj_<i>.glb of a scene: from the demo registry, or what the folder holds."""
+    data = Path(CONF.scenes[scene].data)
+    name = demo_name(scene)
+    if name:
+        return [str(data / f) for f in demo.demo_files(name) if f.endswith(".glb")]
+    found = sorted(data.glob("obj_*.glb"), key=lambda p: p.name)
+    return [str(p) for p in [data / "scene.glb", *found] if p.is_file()]
+
+
+def object_roles(scene):
+    ids = sorted(
+        int(m[1])
+        for f in scene_files(scene)
+        if (m := re.fullmatch(r"obj_(\d+)\.glb", Path(f).name))
+    )
+    if not ids or ids != list(range(len(ids))):
+        return {}  # ingest reports the problem with the file names
+    try:
+        return cc.object_roles(CONF.scenes[scene].method, len(ids))
+    except cc.ConfigError as exc:
+        raise WorkflowError(f"scene {scene}: {exc}")
+
+
+def stage_params(scene, stage):
+    return cc.stage_params(CONF.scenes[scene].method, stage)
+
+
+def code(stage):
+    return [str(p) for p in CODE[stage]]
+
+
+def ingest_inputs(wildcards):
+    return {"data": scene_files(wildcards.scene), "code": code("ingest")}
+
+
+def geometry_inputs(wildcards):
+    return {
+        "scene_json": str(P.scene_json(RESULTS, wildcards.scene)),
+        "meshes": str(P.meshes_dir(RESULTS, wildcards.scene)),
+    }
+
+
+def fitted_ply(wildcards):
+    folder = CONF.scenes[wildcards.scene].gaussians
+    if folder is None:
+        return []
+    try:
+        return [str(chord.gaussians.find_fitted_ply(Path(folder) / wildcards.obj))]
+    except ValueError:
+        return []  # the stage reports what is missing
+
+
+def all_targets():
+    targets = []
+    for scene in SCENES:
+        targets.append(str(P.scene_json(RESULTS, scene)))
+        for obj, role in object_roles(scene).items():
+            if role != "avoided":
+                targets.append(str(P.gaussians_ply(RESULTS, scene, obj)))
+            if role == "dynamic":
+                targets.append(str(P.voxels_npz(RESULTS, scene, obj)))
+    return targets

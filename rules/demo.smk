@@ -1,0 +1,16 @@
+# The bundled procedural demo scenes, generated when the sheet uses them and they are missing.
+for _name in demo.DEMO_SCENES:
+
+    rule:
+        name:
+            f"demo_{_name}"
+        output:
+            [f"{DEMO_DIR}/{_name}/{f}" for f in demo.demo_files(_name)],
+        log:
+            f"{DEMO_DIR}/logs/{_name}.log",
+        conda:
+            "../workflow/envs/chord.yaml"
+        params:
+            name=_name,
+        script:
+            "../workflow/scripts/demo.py"

@@ -1,0 +1,120 @@
+"""The ingest / gaussians / voxelize stages on tiny scenes and on real third-party GLBs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from chord import config as cc
+from chord import gaussians as gs
+from chord import paths
+from chord.stages import gaussians, ingest, voxelize
+from tests.conftest import copy_glb
+
+
+def run_all(data, results, scene, method):
+    doc = ingest.run(
+        data=data,
+        out_json=paths.scene_json(results, scene),
+        out_meshes=paths.meshes_dir(results, scene),
+        method=method,
+        scene=scene,
+    )
+    stats = {}
+    for o in doc["objects"]:
+        if o["role"] == "avoided":
+            continue
+        gaussians.run(
+            scene_json=paths.scene_json(results, scene),
+            obj=o["name"],
+            out=paths.gaussians_ply(results, scene, o["name"]),
+            method=method,
+        )
+        if o["role"] == "dynamic":
+            stats[o["name"]] = voxelize.run(
+                scene_json=paths.scene_json(results, scene),
+                obj=o["name"],
+                gaussians=paths.gaussians_ply(results, scene, o["name"]),
+                out=paths.voxels_npz(results, scene, o["name"]),
+                method=method,
+            )
+    return doc, stats
+
+
+def test_toy_scene_through_the_three_stages(toy_scene, tmp_path):
+    method = cc.method_from_mapping({"gs_init_num": 3000, "surface_target_num": 1500})
+    doc, stats = run_all(toy_scene, tmp_path / "results", "toy", method)
+    assert [o["role"] for o in doc["objects"]] == ["dynamic", "static"]
+    assert doc["normalisation"]["scale"] == pytest.approx(0.6)
+    # ground = the static slab's normalised min y: (-0.05 - 0.4) * 0.6
+    assert doc["ground_level"] == pytest.approx(-0.27, abs=1e-6)
+    g = gs.read_ply(paths.gaussians_ply(tmp_path / "results", "toy", "obj_0"))
+    assert len(g) == 3000 and g.sh.shape == (3000, 1, 3)
+    with np.load(paths.voxels_npz(tmp_path / "results", "toy", "obj_0")) as z:
+        s_obj = doc["objects"][0]["scale_factor"]
+        assert float(z["voxel_size"]) == pytest.approx(0.015 * s_obj)
+        assert 0 < len(z["surface"]) <= 1500
+        assert 2 <= len(z["control_points"]) <= 60
+        assert z["solid"].dtype == np.float32 and z["solid"].shape[1] == 3
+    assert not (tmp_path / "results/toy/voxels/obj_1.npz").exists()
+
+
+def test_avoided_object_gets_nothing(toy_scene, tmp_path):
+    method = cc.method_from_mapping({"gs_init_num": 500, "avoid_objs": ["obj_0"]})
+    doc, stats = run_all(toy_scene, tmp_path / "r", "toy", method)
+    assert doc["objects"][0]["role"] == "avoided" and doc["objects"][0]["mesh"] is None
+    assert not (tmp_path / "r/toy/gaussians/obj_0.ply").exists()
+    assert stats == {}
+
+
+def test_fitted_gaussians_are_imported(toy_scene, tmp_path):
+    """A CHORD trained/<scene>/obj_<i>/point_cloud/iteration_<k> folder, latest k, world space."""
+    rng = np.random.default_rng(0)
+    fitted = tmp_path / "trained"
+    for k in (7000, 30000):
+        g = gs.GaussianSet(
+            means=rng.normal(size=(50, 3)).astype(np.float32),
+            log_scales=np.full((50, 3), np.log(0.01), np.float32),
+            quats=np.tile(np.float32([1, 0, 0, 0]), (50, 1)),
+            opacity_logits=np.zeros(50, np.float32),
+            sh=np.zeros((50, 16, 3), np.float32) + k,
+        )
+        ply = fitted / f"obj_0/point_cloud/iteration_{k}/point_cloud.ply"
+        ply.parent.mkdir(parents=True)
+        gs.write_ply(ply, g)
+    method = cc.method_from_mapping({"ply_space": "world", "sh_degree": 1})
+    ingest.run(
+        data=toy_scene,
+        out_json=tmp_path / "s/scene.json",
+        out_meshes=tmp_path / "s/m",
+        method=method,
+        scene="toy",
+    )
+    gaussians.run(
+        scene_json=tmp_path / "s/scene.json",
+        obj="obj_0",
+        out=tmp_path / "g.ply",
+        method=method,
+        fitted=fitted,
+    )
+    out = gs.read_ply(tmp_path / "g.ply")
+    assert out.sh.shape == (50, 4, 3) and np.all(out.sh == 30000)  # latest iteration, capped
+    np.testing.assert_allclose(out.means, (g.means - [0, 0.4, 0]) * 0.6, atol=1e-5)
+    np.testing.assert_allclose(out.log_scales, np.log(0.01 * 0.6), atol=1e-5)
+
+
+def test_real_models_duck_and_textured_box(shared_data, tmp_path):
+    """Two third-party glTF samples: the Duck dynamic on a textured box (static)."""
+    data = tmp_path / "duckbox"
+    copy_glb(shared_data / "Duck.glb", data / "obj_0.glb")
+    copy_glb(shared_data / "BoxTextured.glb", data / "obj_1.glb")
+    copy_glb(shared_data / "Duck.glb", data / "scene.glb")
+    method = cc.method_from_mapping({"gs_init_num": 20000})
+    doc, stats = run_all(data, tmp_path / "r", "duckbox", method)
+    duck = gs.read_ply(paths.gaussians_ply(tmp_path / "r", "duckbox", "obj_0"))
+    rgb = gs.sh_dc_to_rgb(duck.sh[:, 0])
+    r, g, b = rgb.mean(0)
+    assert r > 0.7 and g > 0.5 and b < 0.3, rgb.mean(0)  # the Duck's texture is yellow
+    box = gs.read_ply(paths.gaussians_ply(tmp_path / "r", "duckbox", "obj_1"))
+    assert gs.sh_dc_to_rgb(box.sh[:, 0]).std(0).max() > 0.1  # textured, not a flat colour
+    assert stats["obj_0"]["control_points"] >= 30 and stats["obj_0"]["solid"] > 1000

@@ -1,0 +1,116 @@
+import pytest
+import yaml
+
+from chord import config as cc
+from tests.conftest import REPO, write_config
+
+
+def test_default_config_holds_every_method_default():
+    """config/config.yaml lists every schema key under method: with the schema's default."""
+    conf = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    props = cc.method_schema()["properties"]
+    assert set(conf["method"]) == set(props)
+    for key, value in conf["method"].items():
+        assert value == props[key]["default"], key
+        assert type(value) is type(props[key]["default"]), key
+
+
+def test_method_defaults_match_method_md():
+    m = cc.method_from_mapping({})
+    assert (m.init_voxel_size, m.cp_num, m.frame_num, m.size) == (0.015, 60, 41, "832*480")
+    assert (m.batch_size, m.split_sds_backward, m.static_id, m.n_cp_num) == (4, False, 1, 3)
+    assert m.arap_landmarks == [1200, 800, 400, 200, 50]
+    assert m.deform_lr_final == pytest.approx(6e-5)
+    assert m.surface_target_num == 8000 and m.spatial_lr_scale == 2.2
+
+
+def test_default_workflow_config_loads():
+    conf = cc.load(yaml.safe_load((REPO / "config/config.yaml").read_text()), base=REPO)
+    assert set(conf.scenes) == {"hop", "sway"}
+    assert conf.scenes["hop"].method.gs_init_num == 20000  # scene override
+    assert conf.scenes["hop"].n_prompt == "."
+    assert conf.guidance.backend == "oracle"
+    assert list(conf.tiers)[:3] == ["full", "split", "offload"]
+
+
+def test_scene_overrides_apply_per_scene(tmp_path):
+    path = write_config(
+        tmp_path,
+        [
+            {"scene": "a", "data": "d/a", "prompt": "p"},
+            {"scene": "b", "data": "d/b", "prompt": "q"},
+        ],
+        scene_overrides={"a": {"cp_num": 40}},
+    )
+    conf = cc.load_file(path)
+    assert conf.scenes["a"].method.cp_num == 40
+    assert conf.scenes["b"].method.cp_num == 60
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"method": {"cp_nmu": 3}}, "Additional properties are not allowed ('cp_nmu'"),
+        ({"method": {"cp_num": "many"}}, "method.cp_num: 'many' is not of type 'integer'"),
+        ({"method": {"frame_num": 40}}, "frame_num: 40 is not 4k+1"),
+        ({"method": {"size": "833*480"}}, "multiples of 16"),
+        ({"colour": 1}, "Additional properties are not allowed ('colour'"),
+        ({"scene_overrides": {"zz": {"cp_num": 4}}}, "scene_overrides: unknown scene(s) ['zz']"),
+        ({"scene_overrides": {"a": {"cp_num": 1.5}}}, "scene_overrides.a: cp_num: 1.5"),
+        ({"method": {"azim_segments": [0, 90, 180]}}, "azim_segments: needs [start end] pairs"),
+    ],
+)
+def test_bad_config_values_name_the_key(tmp_path, extra, message):
+    path = write_config(tmp_path, [{"scene": "a", "data": "d/a", "prompt": "p"}], **extra)
+    with pytest.raises(cc.ConfigError) as err:
+        cc.load_file(path)
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        ([{"scene": "a", "data": "x", "prompt": "p"}] * 2, "scene 'a' duplicates line 2"),
+        ([{"scene": "../x", "data": "x", "prompt": "p"}], "does not match '^[A-Za-z0-9_-]+$'"),
+        ([{"scene": "a b", "data": "x", "prompt": "p"}], "line 2: scene: 'a b' does not match"),
+        ([{"scene": "a", "data": "x", "prompt": ""}], "line 2: scene 'a': prompt is missing"),
+        ([{"scene": "a", "data": "x", "prompt": "p", "tier": "huge"}], "tier 'huge' is not one of"),
+    ],
+)
+def test_bad_sheet_rows_name_line_and_field(tmp_path, rows, message):
+    path = write_config(tmp_path, rows)
+    with pytest.raises(cc.ConfigError) as err:
+        cc.load_file(path)
+    assert message in str(err.value)
+    assert "scenes.tsv" in str(err.value)
+
+
+def test_unknown_sheet_column_is_an_error(tmp_path):
+    path = write_config(tmp_path, [{"scene": "a", "data": "x", "prompt": "p"}])
+    sheet = tmp_path / "scenes.tsv"
+    sheet.write_text(sheet.read_text().replace("tier", "teir"))
+    with pytest.raises(cc.ConfigError, match="'teir' was unexpected"):
+        cc.load_file(path)
+
+
+def test_object_roles():
+    m = cc.method_from_mapping({"avoid_objs": ["obj_3"], "additional_static_objs": ["obj_2"]})
+    assert cc.object_roles(m, 4) == {
+        "obj_0": "dynamic",
+        "obj_1": "static",
+        "obj_2": "static",
+        "obj_3": "avoided",
+    }
+    with pytest.raises(cc.ConfigError, match=r"static_id: 1 is outside \[0, 1\)"):
+        cc.object_roles(m, 1)
+    with pytest.raises(cc.ConfigError, match="avoid_objs: obj_3 does not exist"):
+        cc.object_roles(cc.method_from_mapping({"avoid_objs": ["obj_3"]}), 2)
+    with pytest.raises(cc.ConfigError, match="add_cp_objs: obj_1 is static"):
+        cc.object_roles(cc.method_from_mapping({"add_cp_objs": ["obj_1"]}), 2)
+
+
+def test_parse_size():
+    assert cc.parse_size("832*480") == (832, 480)
+    assert cc.parse_size("576x320") == (576, 320)
+    with pytest.raises(cc.ConfigError):
+        cc.parse_size("832*464x")

@@ -1,0 +1,191 @@
+"""Snakemake end to end on the demo config in a temporary folder (DESIGN §7)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.slow
+
+
+def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    cmd = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--snakefile",
+        str(REPO / "Snakefile"),
+        "--directory",
+        str(workdir),
+        "--cores",
+        "2",
+        *args,
+    ]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"{' '.join(cmd)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+        )
+    return proc
+
+
+def planned_jobs(proc: subprocess.CompletedProcess) -> dict[str, int]:
+    """Rule -> job count from a dry run's 'Job stats' table."""
+    text = proc.stdout + proc.stderr
+    if "Nothing to be done" in text:
+        return {}
+    table = text.split("Job stats:")[1]
+    jobs = {}
+    for line in table.splitlines()[3:]:
+        m = re.fullmatch(r"(\S+)\s+(\d+)", line.strip())
+        if not m:
+            break
+        if m[1] not in ("total", "all"):
+            jobs[m[1]] = int(m[2])
+    return jobs
+
+
+def demo_workdir(tmp: Path, **method) -> Path:
+    """A copy of the default config (the demo scenes), with smaller demo sizes for speed."""
+    shutil.copytree(REPO / "config", tmp / "config")
+    conf = yaml.safe_load((tmp / "config/config.yaml").read_text())
+    conf["method"].update(method)
+    (tmp / "config/config.yaml").write_text(yaml.safe_dump(conf, sort_keys=False))
+    return tmp
+
+
+def set_method(workdir: Path, **values) -> None:
+    path = workdir / "config/config.yaml"
+    conf = yaml.safe_load(path.read_text())
+    conf["method"].update(values)
+    path.write_text(yaml.safe_dump(conf, sort_keys=False))
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory):
+    """One real run of the workflow on the demo scenes (shared by the tests below)."""
+    workdir = demo_workdir(tmp_path_factory.mktemp("demo"), surface_target_num=2000)
+    snakemake(workdir)
+    return workdir
+
+
+def test_lint_is_clean():
+    proc = snakemake(REPO, "--lint", check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_snakefmt_is_clean():
+    files = [REPO / "Snakefile", *sorted((REPO / "rules").glob("*.smk"))]
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakefmt", "--check", *map(str, files)],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_dry_run_plans_every_stage(tmp_path):
+    proc = snakemake(demo_workdir(tmp_path), "-n")
+    jobs = planned_jobs(proc)
+    # hop: 2 or 3 objects, sway: 3 objects; obj_1 is static in both.
+    assert jobs["ingest"] == 2
+    assert jobs["demo_hop"] == 1 and jobs["demo_sway"] == 1
+    assert jobs["gaussians"] >= 5 and jobs["voxelize"] == jobs["gaussians"] - 2
+
+
+def test_demo_run_writes_the_geometry_contract(demo_run):
+    for scene in ("hop", "sway"):
+        doc = json.loads((demo_run / f"results/{scene}/scene/scene.json").read_text())
+        roles = {o["name"]: o["role"] for o in doc["objects"]}
+        assert roles["obj_1"] == "static"
+        for obj, role in roles.items():
+            assert (demo_run / f"results/{scene}/gaussians/{obj}.ply").is_file()
+            vox = demo_run / f"results/{scene}/voxels/{obj}.npz"
+            assert vox.is_file() == (role == "dynamic")
+            if role == "dynamic":
+                with np.load(vox) as z:
+                    assert set(z.files) == {
+                        "solid",
+                        "surface",
+                        "control_points",
+                        "voxel_size",
+                        "surface_voxel_size",
+                    }
+                    assert 2 <= len(z["control_points"]) <= 60
+                    assert 0 < len(z["surface"]) <= 2000
+        for rule in ("ingest",):
+            assert (demo_run / f"results/{scene}/logs/{rule}.log").is_file()
+            assert (demo_run / f"results/{scene}/bench/{rule}.tsv").is_file()
+
+
+def test_nothing_changed_reruns_nothing(demo_run):
+    assert planned_jobs(snakemake(demo_run, "-n")) == {}
+
+
+def test_voxel_size_change_reruns_voxelize_only(demo_run, tmp_path):
+    work = tmp_path / "w"
+    shutil.copytree(demo_run, work, symlinks=True)
+    set_method(work, init_voxel_size=0.02)
+    jobs = planned_jobs(snakemake(work, "-n"))
+    assert set(jobs) == {"voxelize"}
+    assert jobs["voxelize"] == len(list(work.glob("results/*/voxels/*.npz")))
+
+
+def test_gaussian_count_change_reruns_gaussians_and_voxelize(demo_run, tmp_path):
+    work = tmp_path / "w"
+    shutil.copytree(demo_run, work, symlinks=True)
+    conf = yaml.safe_load((work / "config/config.yaml").read_text())
+    conf["scene_overrides"]["hop"]["gs_init_num"] = 5000
+    (work / "config/config.yaml").write_text(yaml.safe_dump(conf, sort_keys=False))
+    jobs = planned_jobs(snakemake(work, "-n"))
+    assert set(jobs) == {"gaussians", "voxelize"}
+
+
+def test_bad_scene_fails_cleanly_and_others_complete(tmp_path, toy_scene):
+    """A scene without scene.glb fails its ingest with the file named; with --keep-going the
+    good scene still completes, and the bad one leaves nothing under results/."""
+    bad = tmp_path / "data" / "bad"
+    shutil.copytree(toy_scene, bad)
+    (bad / "scene.glb").unlink()
+    work = tmp_path / "w"
+    (work / "config").mkdir(parents=True)
+    (work / "config/scenes.tsv").write_text(
+        f"scene\tdata\tprompt\ntoy\t{toy_scene}\tp\nbad\t{bad}\tq\n"
+    )
+    (work / "config/config.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "scenes": "config/scenes.tsv",
+                "method": {"gs_init_num": 500, "surface_target_num": 500},
+            }
+        )
+    )
+    proc = snakemake(work, "--keep-going", check=False)
+    assert proc.returncode != 0
+    assert f"{bad / 'scene.glb'}: missing" in proc.stdout + proc.stderr
+    assert (work / "results/toy/voxels/obj_0.npz").is_file()
+    assert [
+        p
+        for p in (work / "results/bad").rglob("*")
+        if p.is_file() and "logs" not in p.parts and "bench" not in p.parts
+    ] == []
+
+
+def test_unknown_config_key_stops_before_any_job(tmp_path):
+    work = demo_workdir(tmp_path, cp_nmu=3)
+    proc = snakemake(work, check=False)
+    assert proc.returncode != 0
+    assert "cp_nmu" in proc.stdout + proc.stderr
+    assert not (work / "results").exists() and not (work / "resources").exists()
