@@ -26,7 +26,7 @@ SHEET_COLUMNS = ("scene", "data", "prompt", "n_prompt", "gaussians", "tier")
 
 # Which method keys change each stage's result: these (and only these) are a stage's params.
 STAGE_KEYS: dict[str, tuple[str, ...]] = {
-    "ingest": ("obj_num", "static_id", "additional_static_objs", "avoid_objs"),
+    "ingest": ("obj_num", "static_id", "additional_static_objs", "avoid_objs", "ground_level"),
     "gaussians": ("gs_init_num", "gs_init_nums", "gs_init_scale", "sh_degree", "ply_space"),
     "voxelize": (
         "init_voxel_size",
