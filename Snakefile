@@ -13,6 +13,7 @@ include: "rules/demo.smk"
 include: "rules/ingest.smk"
 include: "rules/gaussians.smk"
 include: "rules/voxelize.smk"
+include: "rules/reference.smk"
 
 
 rule all:

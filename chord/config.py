@@ -37,6 +37,17 @@ STAGE_KEYS: dict[str, tuple[str, ...]] = {
         "n_cp_num",
         "cp_surface_only_objs",
     ),
+    "reference": (
+        "size",
+        "fovy",
+        "elev_l",
+        "elev_r",
+        "ref_azim",
+        "ref_cam_radius",
+        "cam_radius",
+        "cam_height",
+        "recenter_cam",
+    ),
 }
 
 
@@ -121,14 +132,23 @@ def _check_method(m: dict, where: str) -> None:
 
 
 def parse_size(size: str, *, where: str = "size") -> tuple[int, int]:
-    """METHOD §9: "W*H" or "WxH", each divisible by 16 -> (W, H)."""
+    """METHOD §9: "W*H" or "WxH", each a positive multiple of 16 -> (W, H)."""
     match = re.fullmatch(r"(\d+)[*x](\d+)", str(size))
     if not match:
-        raise ConfigError(f"{where}: {size!r} is not 'W*H'")
+        raise ConfigError(f"{where}: {size!r} is not 'W*H' (e.g. '832*480')")
     w, h = int(match[1]), int(match[2])
     if w % 16 or h % 16 or w == 0 or h == 0:
-        raise ConfigError(f"{where}: {size!r}: width and height must be positive multiples of 16")
+        near = sorted({f"{a}*{b}" for a in _multiples_near(w) for b in _multiples_near(h)})
+        raise ConfigError(
+            f"{where}: {size!r}: width and height must be positive multiples of 16; "
+            f"nearest valid sizes: {', '.join(near)}"
+        )
     return w, h
+
+
+def _multiples_near(x: int) -> list[int]:
+    lo = max(16, x // 16 * 16)
+    return [lo] if lo == x else [lo, lo + 16] if lo < x else [lo]
 
 
 @dataclass(frozen=True)

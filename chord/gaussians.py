@@ -12,7 +12,6 @@ import logging
 import math
 import os
 import re
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,8 @@ import numpy as np
 import trimesh
 from PIL import Image
 from plyfile import PlyData, PlyElement
+
+from chord.io import atomic_path
 
 logger = logging.getLogger(__name__)
 
@@ -565,18 +566,8 @@ def write_ply(path: str | os.PathLike, g: GaussianSet) -> None:
         data[name] = col
     ply = PlyData([PlyElement.describe(data, "vertex")], text=False, byte_order="<")
 
-    folder = path.parent if str(path.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            ply.write(fh)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    with atomic_path(path) as tmp, open(tmp, "wb") as fh:
+        ply.write(fh)
     logger.debug("wrote %d Gaussians (SH degree %d) to %s", n, g.sh_degree, path)
 
 

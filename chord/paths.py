@@ -32,3 +32,11 @@ def log(results, scene: str, name: str) -> Path:
 
 def bench(results, scene: str, name: str) -> Path:
     return scene_dir(results, scene) / "bench" / f"{name}.tsv"
+
+
+def reference_png(results, scene: str) -> Path:
+    return scene_dir(results, scene) / "reference" / "ref.png"
+
+
+def static_orbit_mp4(results, scene: str) -> Path:
+    return scene_dir(results, scene) / "reference" / "static_orbit.mp4"

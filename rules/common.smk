@@ -33,6 +33,12 @@ CODE = {
     "ingest": [PKG / "scene.py", PKG / "stages/ingest.py"],
     "gaussians": [PKG / "gaussians.py", PKG / "stages/gaussians.py"],
     "voxelize": [PKG / "voxels.py", PKG / "stages/voxelize.py"],
+    "reference": [
+        PKG / "cameras.py",
+        PKG / "media.py",
+        *sorted((PKG / "render").glob("*.py")),
+        PKG / "stages/reference.py",
+    ],
 }
 
 
@@ -102,10 +108,20 @@ def fitted_ply(wildcards):
         return []  # the stage reports what is missing
 
 
+def scene_plys(wildcards):
+    """Every non-avoided object's Gaussians of a scene."""
+    return {
+        obj: str(P.gaussians_ply(RESULTS, wildcards.scene, obj))
+        for obj, role in object_roles(wildcards.scene).items()
+        if role != "avoided"
+    }
+
+
 def all_targets():
     targets = []
     for scene in SCENES:
         targets.append(str(P.scene_json(RESULTS, scene)))
+        targets.append(str(P.reference_png(RESULTS, scene)))
         for obj, role in object_roles(scene).items():
             if role != "avoided":
                 targets.append(str(P.gaussians_ply(RESULTS, scene, obj)))

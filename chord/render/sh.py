@@ -7,9 +7,8 @@ the CUDA kernel the gsplat backend runs.
 
 from __future__ import annotations
 
-from torch import Tensor
-
 from gsplat.cuda._torch_impl import _spherical_harmonics
+from torch import Tensor
 
 
 def spherical_harmonics(degree: int, dirs: Tensor, coeffs: Tensor) -> Tensor:

@@ -25,7 +25,7 @@ ALPHA_THRESHOLD = 1.0 / 255.0
 MAX_ALPHA = 0.999
 T_THRESHOLD = 1e-4
 EXTEND = 3.33
-PAIR_BUDGET = 4_000_000  # (Gaussian, pixel) pairs composited per checkpointed chunk
+PAIR_BUDGET = 1_000_000  # (Gaussian, pixel) pairs per checkpointed chunk: ~0.3 GB peak
 
 
 def quat_to_rotmat(quats: Tensor) -> Tensor:
@@ -39,8 +39,21 @@ def quat_to_rotmat(quats: Tensor) -> Tensor:
     return torch.stack(rows, dim=-1).reshape(*quats.shape[:-1], 3, 3)
 
 
-def project(means, quats, scales, opacities, viewmats, Ks, width, height, *,
-            near_plane=0.01, far_plane=1e10, eps2d=0.3, antialiased=True):
+def project(
+    means,
+    quats,
+    scales,
+    opacities,
+    viewmats,
+    Ks,
+    width,
+    height,
+    *,
+    near_plane=0.01,
+    far_plane=1e10,
+    eps2d=0.3,
+    antialiased=True,
+):
     """EWA projection of B×N Gaussians into B×C cameras.
 
     Args:
@@ -89,7 +102,10 @@ def project(means, quats, scales, opacities, viewmats, Ks, width, height, *,
         ratio = (opac / ALPHA_THRESHOLD).clamp_min(1.0)
         extend = torch.clamp(torch.sqrt(2.0 * torch.log(ratio)), max=EXTEND)
         radii = torch.stack(
-            [torch.ceil(extend * a.clamp_min(0).sqrt()), torch.ceil(extend * c.clamp_min(0).sqrt())],
+            [
+                torch.ceil(extend * a.clamp_min(0).sqrt()),
+                torch.ceil(extend * c.clamp_min(0).sqrt()),
+            ],
             dim=-1,
         )
         valid &= (radii > 0).any(-1)
@@ -97,8 +113,7 @@ def project(means, quats, scales, opacities, viewmats, Ks, width, height, *,
         rx, ry = radii[..., 0], radii[..., 1]
         valid &= (mx + rx > 0) & (mx - rx < width) & (my + ry > 0) & (my - ry < height)
         radii = torch.where(valid[..., None], radii, 0).to(torch.int32)
-    return {"means2d": means2d, "conics": conics, "depths": z, "opacities": opac,
-            "radii": radii}
+    return {"means2d": means2d, "conics": conics, "depths": z, "opacities": opac, "radii": radii}
 
 
 def _pairs(means2d, radii, depths, width, height):
@@ -125,8 +140,9 @@ def _pairs(means2d, radii, depths, width, height):
     return gid, py * width + px
 
 
-def _composite_chunk(means2d, conics, opac, colors, backgrounds, gids, pixs, offsets,
-                     width, height):
+def _composite_chunk(
+    means2d, conics, opac, colors, backgrounds, gids, pixs, offsets, width, height
+):
     """Sparse front-to-back compositing of a chunk of I images (autograd-friendly).
 
     means2d [I, N, 2], conics [I, N, 3], opac [I, N], colors [I, N, D], backgrounds [I, D];
@@ -170,8 +186,19 @@ def _composite_chunk(means2d, conics, opac, colors, backgrounds, gids, pixs, off
     return out.reshape(I, height, width, D), (1 - t_final).reshape(I, height, width, 1)
 
 
-def composite(means2d, conics, opacities, colors, depths, radii, backgrounds, width, height,
-              *, pair_budget=PAIR_BUDGET):
+def composite(
+    means2d,
+    conics,
+    opacities,
+    colors,
+    depths,
+    radii,
+    backgrounds,
+    width,
+    height,
+    *,
+    pair_budget=PAIR_BUDGET,
+):
     """Composite I images: inputs [I, N, ...] -> (colours [I, H, W, D], alphas [I, H, W, 1]).
 
     Pairs are enumerated without gradient; images are composited in chunks of at most
@@ -181,8 +208,10 @@ def composite(means2d, conics, opacities, colors, depths, radii, backgrounds, wi
     I = means2d.shape[0]
     HW = width * height
     with torch.no_grad():
-        lists = [_pairs(means2d[i].detach(), radii[i], depths[i].detach(), width, height)
-                 for i in range(I)]
+        lists = [
+            _pairs(means2d[i].detach(), radii[i], depths[i].detach(), width, height)
+            for i in range(I)
+        ]
     chunks, start, total = [], 0, 0
     for i, (g, _) in enumerate(lists):
         if i > start and total + len(g) > pair_budget:
@@ -197,8 +226,18 @@ def composite(means2d, conics, opacities, colors, depths, radii, backgrounds, wi
     for s, e in chunks:
         gids = torch.cat([lists[i][0] for i in range(s, e)])
         pixs = torch.cat([lists[i][1] + (i - s) * HW for i in range(s, e)])
-        args = (means2d[s:e], conics[s:e], opacities[s:e], colors[s:e], backgrounds[s:e],
-                gids, pixs, None, width, height)
+        args = (
+            means2d[s:e],
+            conics[s:e],
+            opacities[s:e],
+            colors[s:e],
+            backgrounds[s:e],
+            gids,
+            pixs,
+            None,
+            width,
+            height,
+        )
         if needs_grad:
             c, a = checkpoint(_composite_chunk, *args, use_reentrant=False)
         else:
@@ -208,8 +247,7 @@ def composite(means2d, conics, opacities, colors, depths, radii, backgrounds, wi
     return torch.cat(rgb), torch.cat(alpha)
 
 
-def composite_dense(means2d, conics, opacities, colors, depths, radii, backgrounds, width,
-                    height):
+def composite_dense(means2d, conics, opacities, colors, depths, radii, backgrounds, width, height):
     """Test oracle: every pixel against every Gaussian, front to back, exactly as gsplat's
     per-pixel loop (including early termination). Small inputs only."""
     I, N, D = colors.shape
@@ -239,15 +277,43 @@ def composite_dense(means2d, conics, opacities, colors, depths, radii, backgroun
     return torch.stack(rgb), torch.stack(alphas)
 
 
-def rasterize(means, quats, scales, opacities, colors, viewmats, Ks, width, height, *,
-              near_plane=0.01, far_plane=1e10, sh_degree=None, backgrounds=None, eps2d=0.3,
-              antialiased=True, dense=False, pair_budget=PAIR_BUDGET):
+def rasterize(
+    means,
+    quats,
+    scales,
+    opacities,
+    colors,
+    viewmats,
+    Ks,
+    width,
+    height,
+    *,
+    near_plane=0.01,
+    far_plane=1e10,
+    sh_degree=None,
+    backgrounds=None,
+    eps2d=0.3,
+    antialiased=True,
+    dense=False,
+    pair_budget=PAIR_BUDGET,
+):
     """The torch backend of :func:`chord.render.rasterize` (flattened batch: B leading)."""
     B, N = means.shape[:2]
     C = viewmats.shape[1]
-    proj = project(means, quats, scales, opacities, viewmats, Ks, width, height,
-                   near_plane=near_plane, far_plane=far_plane, eps2d=eps2d,
-                   antialiased=antialiased)
+    proj = project(
+        means,
+        quats,
+        scales,
+        opacities,
+        viewmats,
+        Ks,
+        width,
+        height,
+        near_plane=near_plane,
+        far_plane=far_plane,
+        eps2d=eps2d,
+        antialiased=antialiased,
+    )
     if colors.dim() == means.dim() + (0 if sh_degree is None else 1):
         colors = colors[:, None].expand(B, C, *colors.shape[1:])  # shared by every camera
     if sh_degree is not None:
@@ -257,12 +323,24 @@ def rasterize(means, quats, scales, opacities, colors, viewmats, Ks, width, heig
     D = colors.shape[-1]
     if backgrounds is None:
         backgrounds = torch.zeros(B, C, D, dtype=colors.dtype, device=colors.device)
-    flat = (lambda t: t.reshape(B * C, *t.shape[2:]))
+
+    def flat(t: Tensor) -> Tensor:  # [B, C, ...] -> [B·C, ...]
+        return t.reshape(B * C, *t.shape[2:])
+
     fn = composite_dense if dense else composite
     kw = {} if dense else {"pair_budget": pair_budget}
-    rgb, alpha = fn(flat(proj["means2d"]), flat(proj["conics"]), flat(proj["opacities"]),
-                    flat(colors), flat(proj["depths"]), flat(proj["radii"]),
-                    flat(backgrounds), width, height, **kw)
+    rgb, alpha = fn(
+        flat(proj["means2d"]),
+        flat(proj["conics"]),
+        flat(proj["opacities"]),
+        flat(colors),
+        flat(proj["depths"]),
+        flat(proj["radii"]),
+        flat(backgrounds),
+        width,
+        height,
+        **kw,
+    )
     rgb = rgb.reshape(B, C, height, width, D)
     alpha = alpha.reshape(B, C, height, width, 1)
     return rgb, alpha, proj

@@ -13,7 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from PIL import Image
 
+from chord import media
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow
@@ -125,7 +127,12 @@ def test_demo_run_writes_the_geometry_contract(demo_run):
                     }
                     assert 2 <= len(z["control_points"]) <= 60
                     assert 0 < len(z["surface"]) <= 2000
-        for rule in ("ingest",):
+        png = np.asarray(Image.open(demo_run / f"results/{scene}/reference/ref.png"))
+        assert png.shape == (480, 832, 3)
+        assert (png.min(-1) < 200).mean() > 0.02  # the scene, not a blank white frame
+        frames, meta = media.read_mp4(demo_run / f"results/{scene}/reference/static_orbit.mp4")
+        assert frames.shape == (50, 480, 832, 3) and meta["fps"] == 20
+        for rule in ("ingest", "reference"):
             assert (demo_run / f"results/{scene}/logs/{rule}.log").is_file()
             assert (demo_run / f"results/{scene}/bench/{rule}.tsv").is_file()
 
@@ -150,7 +157,15 @@ def test_gaussian_count_change_reruns_gaussians_and_voxelize(demo_run, tmp_path)
     conf["scene_overrides"]["hop"]["gs_init_num"] = 5000
     (work / "config/config.yaml").write_text(yaml.safe_dump(conf, sort_keys=False))
     jobs = planned_jobs(snakemake(work, "-n"))
-    assert set(jobs) == {"gaussians", "voxelize"}
+    assert set(jobs) == {"gaussians", "voxelize", "reference"}
+    assert jobs["reference"] == 1 and jobs["voxelize"] == 1
+
+
+def test_reference_view_change_reruns_reference_only(demo_run, tmp_path):
+    work = tmp_path / "w"
+    shutil.copytree(demo_run, work, symlinks=True)
+    set_method(work, ref_azim=10.0)
+    assert planned_jobs(snakemake(work, "-n")) == {"reference": 2}
 
 
 def test_bad_scene_fails_cleanly_and_others_complete(tmp_path, toy_scene):
