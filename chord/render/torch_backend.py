@@ -15,10 +15,10 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from chord.quaternion import to_rotmat
 from chord.render.sh import spherical_harmonics
 
 ALPHA_THRESHOLD = 1.0 / 255.0
@@ -26,17 +26,6 @@ MAX_ALPHA = 0.999
 T_THRESHOLD = 1e-4
 EXTEND = 3.33
 PAIR_BUDGET = 1_000_000  # (Gaussian, pixel) pairs per checkpointed chunk: ~0.3 GB peak
-
-
-def quat_to_rotmat(quats: Tensor) -> Tensor:
-    """Rotation matrices [..., 3, 3] of (w, x, y, z) quaternions [..., 4] (normalised here)."""
-    w, x, y, z = F.normalize(quats, dim=-1).unbind(-1)
-    rows = (
-        1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y),
-        2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x),
-        2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y),
-    )  # fmt: skip
-    return torch.stack(rows, dim=-1).reshape(*quats.shape[:-1], 3, 3)
 
 
 def project(
@@ -69,7 +58,7 @@ def project(
     R = viewmats[..., :3, :3]  # [B, C, 3, 3]
     t = viewmats[..., :3, 3]  # [B, C, 3]
     mc = torch.einsum("bcij,bnj->bcni", R, means) + t[:, :, None, :]  # [B, C, N, 3]
-    M = quat_to_rotmat(quats) * scales[..., None, :]  # [B, N, 3, 3] = R_q·S
+    M = to_rotmat(quats) * scales[..., None, :]  # [B, N, 3, 3] = R_q·S
     covar = M @ M.transpose(-1, -2)  # [B, N, 3, 3]
     covar_c = torch.einsum("bcij,bnjk,bclk->bcnil", R, covar, R)  # [B, C, N, 3, 3]
 
