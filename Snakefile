@@ -14,6 +14,7 @@ include: "rules/ingest.smk"
 include: "rules/gaussians.smk"
 include: "rules/voxelize.smk"
 include: "rules/reference.smk"
+include: "rules/condition.smk"
 
 
 rule all:

@@ -40,3 +40,7 @@ def reference_png(results, scene: str) -> Path:
 
 def static_orbit_mp4(results, scene: str) -> Path:
     return scene_dir(results, scene) / "reference" / "static_orbit.mp4"
+
+
+def text_condition(results, scene: str) -> Path:
+    return scene_dir(results, scene) / "condition" / "text.safetensors"

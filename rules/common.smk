@@ -39,6 +39,11 @@ CODE = {
         *sorted((PKG / "render").glob("*.py")),
         PKG / "stages/reference.py",
     ],
+    "condition": [
+        PKG / "guidance/text.py",
+        PKG / "guidance/tiny_models.py",
+        PKG / "stages/condition.py",
+    ],
 }
 
 
@@ -83,6 +88,17 @@ def stage_params(scene, stage):
     return cc.stage_params(CONF.scenes[scene].method, stage)
 
 
+def condition_params(scene):
+    """What changes a scene's text embeddings: the prompts and the encoder."""
+    spec = CONF.scenes[scene]
+    return {
+        "prompt": spec.prompt,
+        "n_prompt": spec.n_prompt,
+        "encoder": CONF.guidance.ckpt_dir or "tiny",
+        "t5_cpu": spec.method.t5_cpu,
+    }
+
+
 def code(stage):
     return [str(p) for p in CODE[stage]]
 
@@ -122,6 +138,7 @@ def all_targets():
     for scene in SCENES:
         targets.append(str(P.scene_json(RESULTS, scene)))
         targets.append(str(P.reference_png(RESULTS, scene)))
+        targets.append(str(P.text_condition(RESULTS, scene)))
         for obj, role in object_roles(scene).items():
             if role != "avoided":
                 targets.append(str(P.gaussians_ply(RESULTS, scene, obj)))

@@ -1,0 +1,179 @@
+"""The mmgp adapter for ``enable_mmgp`` (METHOD §15): one Wan 2.2 expert at a time, its weights
+kept in host RAM and streamed to the GPU by mmgp's ``offload.profile``.
+
+mmgp ("Memory Management for the GPU Poor") needs CUDA, so it is imported lazily, on the first
+activation, and never at import time of this file: a CPU-only run must not touch it.
+
+mmgp's side effects, and how they are handled:
+
+- It freezes the wrapped module (``requires_grad = False`` on every parameter) and casts float32
+  weights to bf16. The experts are frozen bf16 anyway; ``activate`` freezes them first so the
+  hand-over changes nothing the caller relies on.
+- It leaves the process-wide default device at CUDA (``torch.set_default_device('cuda')`` at
+  the end of its setup). ``activate`` saves ``torch.get_default_device()`` before the call and
+  restores it afterwards, so renderer and optimiser tensors keep being created where they were.
+
+mmgp 3.8 API as used here: ``offload.profile(modules, profile_no, verboseLevel, **overrides)``
+compares ``profile_no`` against the integer profiles 1..5 and forwards the overrides
+(``quantizeTransformer``, ``budgets``, ``convertWeightsFloatTo``, ``asyncTransfers``, ...) to
+``offload.all``. It returns the ``offload`` object, which has ``unload_all()`` (move every
+block back to host RAM, keep the hooks) and ``release()`` (unload and drop everything).
+Budgets are keyed by module name, so the expert is always handed over as ``"transformer"``.
+"""
+
+from __future__ import annotations
+
+import gc
+from types import ModuleType
+from typing import Any
+
+import torch
+
+PROFILES = (1.0, 2.0, 3.0, 4.0, 4.5, 5.0)  # 4.5 = profile 4 with synchronous transfers
+OTHER_BUDGET_MB = 3000  # mmgp budget of every module but the transformer ("*")
+MMGP_MODULE_KEY = "transformer"  # the key mmgp's budgets and profiles know the DiT by
+
+NO_CUDA_MESSAGE = (
+    "enable_mmgp needs a CUDA GPU: mmgp streams weights between host RAM and the GPU; "
+    "this machine has none (run without --enable_mmgp)"
+)
+
+
+class MMGPResidency:
+    """METHOD §15: keeps at most one Wan expert wrapped by mmgp; a switch releases the other.
+
+    ``profile`` is ``mmgp_profile`` (1, 2, 3, 4, 4.5 or 5), ``transformer_budget_mb`` is
+    ``mmgp_transformer_budget`` (MB of the expert resident on the GPU at once). ``module`` is an
+    already imported mmgp package (or a stand-in with an ``offload`` attribute) for tests;
+    ``cuda_check=False`` skips the CUDA check, and only together with an injected ``module``.
+    The check runs at construction, so a CPU-only run fails before any work, and mmgp itself
+    is imported on the first ``activate``.
+    """
+
+    def __init__(
+        self,
+        profile: float = 4.0,
+        transformer_budget_mb: int = 100,
+        *,
+        module: ModuleType | Any | None = None,
+        cuda_check: bool = True,
+        verbose_level: int = -1,
+    ) -> None:
+        if isinstance(profile, bool) or float(profile) not in PROFILES:
+            raise ValueError(f"profile: expected one of {PROFILES}, got {profile!r}")
+        if (
+            isinstance(transformer_budget_mb, bool)
+            or int(transformer_budget_mb) != transformer_budget_mb
+            or transformer_budget_mb <= 0
+        ):
+            raise ValueError(
+                "transformer_budget_mb: expected a positive integer number of MB, "
+                f"got {transformer_budget_mb!r}"
+            )
+        if not cuda_check and module is None:
+            raise ValueError("cuda_check: may only be False together with an injected module")
+        self.profile = float(profile)
+        self.transformer_budget_mb = int(transformer_budget_mb)
+        self.verbose_level = int(verbose_level)
+        self._module = module
+        self._cuda_check = cuda_check
+        self.active_name: str | None = None  # "transformer" (high noise) or "transformer_2"
+        self._offload_obj: Any = None  # what offload.profile returned for the active expert
+        self.check_available()
+
+    # --- public API ---------------------------------------------------------------------------
+
+    def check_available(self) -> None:
+        """METHOD §15: raise RuntimeError when mmgp is asked for on a machine without CUDA."""
+        if self._cuda_check and not torch.cuda.is_available():
+            raise RuntimeError(NO_CUDA_MESSAGE)
+
+    def profile_kwargs(self) -> dict[str, Any]:
+        """METHOD §15: the keyword arguments handed to ``offload.profile`` besides the modules.
+
+        Profile 4.5 is not an mmgp profile (3.8 raises "Unknown profile" for it): it runs as
+        profile 4 with ``asyncTransfers=False``.
+        """
+        kwargs: dict[str, Any] = {
+            "profile_no": int(self.profile),
+            "verboseLevel": self.verbose_level,
+            "quantizeTransformer": False,
+            "budgets": {MMGP_MODULE_KEY: self.transformer_budget_mb, "*": OTHER_BUDGET_MB},
+            "convertWeightsFloatTo": torch.bfloat16,
+        }
+        if self.profile == 4.5:
+            kwargs["asyncTransfers"] = False
+        return kwargs
+
+    def activate(self, name: str, expert: torch.nn.Module) -> None:
+        """METHOD §15: make ``expert`` (registered as ``name``) the one expert mmgp manages.
+
+        The same ``name`` again is a no-op (mmgp reloads unloaded blocks on the next forward).
+        Another name first releases the active expert (``release()``, else ``unload_all()``),
+        runs gc and ``empty_cache``, then wraps ``expert``, frozen, as ``{"transformer": expert}``.
+        The process-wide default device is the same before and after.
+        """
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"name: expected a non-empty expert name, got {name!r}")
+        if not isinstance(expert, torch.nn.Module):
+            raise ValueError(f"expert: expected a torch.nn.Module, got {type(expert).__name__}")
+        if name == self.active_name:
+            return
+        self.check_available()
+        offload = self._offload()
+        if self.active_name is not None:
+            self.release()
+        expert.requires_grad_(False)  # mmgp freezes it anyway; make that explicit up front
+        previous_device = torch.get_default_device()
+        try:
+            self._offload_obj = offload.profile({MMGP_MODULE_KEY: expert}, **self.profile_kwargs())
+        finally:
+            # "cpu" is torch's own default: unset it rather than install a device context
+            cpu = previous_device == torch.device("cpu")
+            torch.set_default_device(None if cpu else previous_device)
+        self.active_name = name
+
+    def unload(self) -> None:
+        """METHOD §15: move the active expert's blocks back to host RAM after its DiT passes.
+
+        The expert stays registered: activating the same name again does not re-wrap it.
+        """
+        if self._offload_obj is None:
+            return
+        unload_all = getattr(self._offload_obj, "unload_all", None)
+        if callable(unload_all):
+            unload_all()
+        _free_cuda_cache()
+
+    def release(self) -> None:
+        """METHOD §15: release the active expert entirely (mmgp's ``release()``, else
+        ``unload_all()``), then gc and ``empty_cache``; afterwards no expert is active."""
+        obj, self._offload_obj, self.active_name = self._offload_obj, None, None
+        if obj is not None:
+            release = getattr(obj, "release", None)
+            if callable(release):
+                release()
+            else:
+                unload_all = getattr(obj, "unload_all", None)
+                if not callable(unload_all) and self._module is not None:
+                    unload_all = getattr(self._module.offload, "unload_all", None)
+                if callable(unload_all):
+                    unload_all()
+            del obj
+        gc.collect()
+        _free_cuda_cache()
+
+    # --- helpers ------------------------------------------------------------------------------
+
+    def _offload(self) -> Any:
+        """mmgp's ``offload`` module, imported on first use (after the CUDA check)."""
+        if self._module is None:
+            import mmgp.offload  # lazy on purpose: mmgp needs CUDA
+
+            self._module = mmgp
+        return self._module.offload
+
+
+def _free_cuda_cache() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()

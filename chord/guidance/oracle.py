@@ -1,0 +1,137 @@
+"""The oracle teacher (DESIGN §4): an exact rectified-flow velocity toward the latent of a
+target video rendered, from the same camera, with the scene's scripted ground-truth motion.
+
+With a point mass at z*, the ideal velocity is v(z_t, t) = (z_t − z*)/t, so the RF-SDS
+gradient w·(v − (ε − z)) becomes w·(z − z*)/t: distillation must recover the scripted motion.
+Its "encoder" is a fixed average pooling of the frames (cheap on a CPU); it needs no text.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from scipy.spatial.transform import Rotation
+from torch import Tensor
+
+from chord import demo
+from chord import quaternion as quat
+from chord.render import rasterize
+
+logger = logging.getLogger(__name__)
+
+JACOBIAN_STEP = 1e-4  # world units, for the local rotation of the scripted deformation
+
+
+def _rotation_quats(jac: np.ndarray) -> np.ndarray:
+    """Nearest rotations of Jacobians [N, 3, 3] (scipy's orthogonal approximation) as wxyz
+    quaternions [N, 4]."""
+    xyzw = Rotation.from_matrix(jac).as_quat()
+    return np.concatenate([xyzw[:, 3:], xyzw[:, :3]], axis=1)
+
+
+def scripted_gaussians(doc: dict, rest: dict[str, dict], motion: dict, frame_num: int):
+    """Target per-frame Gaussians of a scene under its scripted motion (no gradient).
+
+    ``doc``: scene.json mapping (normalisation), ``rest``: {name: splat_tensors} in the
+    scene's object order, ``motion``: :func:`chord.demo.load_motion`. Positions follow
+    ``apply_motion`` in world space; each Gaussian turns by the rotation part (polar
+    decomposition) of the deformation's local Jacobian. Returns means [T, N, 3] and
+    quats [T, N, 4] concatenated in ``rest`` order.
+    """
+    if motion["frame_num"] != frame_num:
+        raise ValueError(
+            f"motion.json has {motion['frame_num']} frames but frame_num is "
+            f"{frame_num}; regenerate it (chord demo-scenes --frame-num "
+            f"{frame_num}) or set frame_num to match"
+        )
+    c = np.asarray(doc["normalisation"]["centre"], dtype=np.float64)
+    s = float(doc["normalisation"]["scale"])
+    means, quats = [], []
+    for name, sp in rest.items():
+        m0 = sp["means"].detach().double().numpy()
+        q0 = sp["quats"].detach().double()
+        spec = motion["objects"].get(name)
+        if spec is None:  # static or unscripted: at rest in every frame
+            means.append(torch.as_tensor(m0)[None].expand(frame_num, -1, -1))
+            quats.append(q0[None].expand(frame_num, -1, -1))
+            continue
+        world = m0 / s + c
+        fm, fq = [], []
+        eye = np.eye(3) * JACOBIAN_STEP
+        for t in range(frame_num):
+            moved = demo.apply_motion(world, spec, t)
+            jac = np.stack(
+                [
+                    (demo.apply_motion(world + eye[a], spec, t) - moved) / JACOBIAN_STEP
+                    for a in range(3)
+                ],
+                axis=2,
+            )  # [N, 3, 3], column a = ∂p/∂x_a
+            fm.append(torch.as_tensor((moved - c) * s))
+            r = torch.as_tensor(_rotation_quats(jac))
+            fq.append(quat.normalize(quat.multiply(r, quat.normalize(q0))) if t else q0)
+        means.append(torch.stack(fm))
+        quats.append(torch.stack(fq))
+    return torch.cat(means, 1), torch.cat(quats, 1)
+
+
+class OracleGuidance:
+    """Exact teacher toward renders of the scripted motion; same interface as Wan.
+
+    ``target``: per-frame Gaussians (``scripted_gaussians``) plus the constant appearance
+    (scales [N, 3], opacities [N], sh [N, K, 3], sh_degree); ``pool``: the encoder's spatial
+    average-pooling factor.
+    """
+
+    def __init__(
+        self, target: dict, *, width: int, height: int, pool: int = 4, backend: str = "auto"
+    ):
+        if width % pool or height % pool:
+            raise ValueError(f"oracle pool {pool} must divide the size {width}x{height}")
+        self.target, self.width, self.height, self.pool = target, width, height, pool
+        self.backend = backend
+
+    def encode_video(self, video: Tensor) -> Tensor:
+        """z [3, T, H/p, W/p] of a video [T, 3, H, W]: average pooling, differentiable."""
+        return F.avg_pool2d(video, self.pool).transpose(0, 1)
+
+    @torch.no_grad()
+    def render_target(self, viewmat: Tensor, K: Tensor, background: Tensor) -> Tensor:
+        """The scripted-motion video [T, 3, H, W] from one camera and background."""
+        tg = self.target
+        T = tg["means"].shape[0]
+        dtype = tg["scales"].dtype
+        rep = lambda x: x[None].expand(T, *x.shape)  # noqa: E731
+        rgb, _, _ = rasterize(
+            tg["means"].to(dtype),
+            tg["quats"].to(dtype),
+            rep(tg["scales"]),
+            rep(tg["opacities"]),
+            rep(tg["sh"]),
+            viewmat.to(dtype)[None, None].expand(T, 1, 4, 4),
+            K.to(dtype)[None, None].expand(T, 1, 3, 3),
+            self.width,
+            self.height,
+            sh_degree=tg["sh_degree"],
+            backgrounds=background.to(dtype)[None, None].expand(T, 1, 3),
+            backend=self.backend,
+        )
+        return rgb[:, 0].permute(0, 3, 1, 2)  # [T, 3, H, W]
+
+    @torch.no_grad()
+    def condition(self, video: Tensor, *, viewmat: Tensor, K: Tensor, background: Tensor) -> Tensor:
+        """The target latent z* of this video's camera and background."""
+        return self.encode_video(self.render_target(viewmat, K, background))
+
+    @torch.no_grad()
+    def velocity(
+        self, z_t: Tensor, t: float, conds: list[Tensor], text=None, cfg_scale: float = 1.0
+    ) -> Tensor:
+        """v(z_t, t) = (z_t − z*)/t [B, ...] (text and CFG do not apply to the oracle)."""
+        return (z_t - torch.stack(conds).to(z_t)) / t
+
+    def unload(self) -> None:
+        """Nothing is resident."""

@@ -1,0 +1,227 @@
+"""Wan 2.2 I2V A14B guidance from a diffusers-format folder (METHOD §9–§11, §15).
+
+The folder is what ``Wan2.2-I2V-A14B-Diffusers`` holds: ``model_index.json`` (with
+``boundary_ratio``), ``transformer`` (the high-noise expert), ``transformer_2`` (the
+low-noise expert), ``vae`` (AutoencoderKLWan), ``text_encoder`` (UMT5) and ``tokenizer``.
+Everything loads with ``local_files_only``: nothing is ever fetched from a hub.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+logger = logging.getLogger(__name__)
+
+NUM_TRAIN_TIMESTEPS = 1000
+COMPONENTS = ("transformer", "transformer_2", "vae", "text_encoder", "tokenizer")
+_WEIGHTS = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json")
+_TOKENIZER = ("tokenizer.json", "spiece.model", "tokenizer_config.json")
+
+
+def check_folder(ckpt_dir: Path | str, components=COMPONENTS) -> dict:
+    """Validate a diffusers-format Wan 2.2 I2V folder; return its model_index.json.
+
+    A missing folder, index or component (config or weights) is a ValueError that names the
+    folder and lists everything missing.
+    """
+    folder = Path(ckpt_dir)
+    if not folder.is_dir():
+        raise ValueError(
+            f"guidance.ckpt_dir {folder}: folder not found (expected a "
+            "diffusers-format Wan2.2-I2V-A14B-Diffusers folder)"
+        )
+    missing = []
+    index_path = folder / "model_index.json"
+    if not index_path.is_file():
+        missing.append("model_index.json")
+    for comp in components:
+        sub = folder / comp
+        if comp == "tokenizer":
+            if not any((sub / f).is_file() for f in _TOKENIZER):
+                missing.append("tokenizer/ (tokenizer.json or spiece.model)")
+            continue
+        if not (sub / "config.json").is_file():
+            missing.append(f"{comp}/config.json")
+        if not any(any(sub.glob(p)) for p in _WEIGHTS):
+            missing.append(f"{comp}/ weights (*.safetensors)")
+    if missing:
+        raise ValueError(
+            f"guidance.ckpt_dir {folder}: incomplete Wan 2.2 I2V folder; missing: "
+            + ", ".join(missing)
+        )
+    return json.loads(index_path.read_text())
+
+
+def load_text_encoder(ckpt_dir: Path | str, *, device="cpu", dtype=torch.float32):
+    """(tokenizer, UMT5 encoder) from the folder, local files only."""
+    from transformers import AutoTokenizer, UMT5EncoderModel
+
+    folder = Path(ckpt_dir)
+    check_folder(folder, ("text_encoder", "tokenizer"))
+    tokenizer = AutoTokenizer.from_pretrained(folder / "tokenizer", local_files_only=True)
+    encoder = UMT5EncoderModel.from_pretrained(
+        folder / "text_encoder", local_files_only=True, torch_dtype=dtype
+    )
+    return tokenizer, encoder.to(device).eval().requires_grad_(False)
+
+
+def load_vae(ckpt_dir: Path | str, *, device="cpu"):
+    """The Wan 2.1 VAE (float32, frozen)."""
+    from diffusers import AutoencoderKLWan
+
+    vae = AutoencoderKLWan.from_pretrained(
+        Path(ckpt_dir) / "vae", local_files_only=True, torch_dtype=torch.float32
+    )
+    return vae.to(device).eval().requires_grad_(False)
+
+
+def load_expert(ckpt_dir: Path | str, name: str, *, dtype):
+    """One DiT expert on the CPU (frozen, eval mode)."""
+    from diffusers import WanTransformer3DModel
+
+    model = WanTransformer3DModel.from_pretrained(
+        Path(ckpt_dir) / name, local_files_only=True, torch_dtype=dtype
+    )
+    return model.eval().requires_grad_(False)
+
+
+def first_frame_mask(
+    frame_num: int, h: int, w: int, *, dtype=torch.float32, device="cpu"
+) -> Tensor:
+    """METHOD §9 step 3: [4, F', h, w], ones in latent frame 0 (frame 0 repeated 4 times,
+    viewed as F'×4 and transposed), zeros elsewhere."""
+    mask = torch.zeros(1, frame_num, h, w, dtype=dtype, device=device)
+    mask[:, 0] = 1.0
+    mask = torch.cat([mask[:, :1].repeat_interleave(4, dim=1), mask[:, 1:]], dim=1)  # [1, T+3]
+    return mask.view(-1, 4, h, w).transpose(0, 1)  # [4, F', h, w]
+
+
+class WanGuidance:
+    """The Wan 2.2 I2V A14B teacher: video latents, image conditioning and the CFG velocity.
+
+    Experts are bf16 on CUDA (float32 on a CPU, for tiny test models), in eval mode, without
+    gradient; the one a timestep needs is moved to the device and the other back to the CPU,
+    so at most one expert is resident (``mmgp``: a :class:`MMGPResidency` manages residency
+    instead).
+    """
+
+    def __init__(
+        self,
+        ckpt_dir: Path | str,
+        *,
+        device="cpu",
+        dtype=None,
+        sds_cfg_batch: bool = True,
+        tiny_vae=None,
+        mmgp=None,
+    ):
+        self.folder = Path(ckpt_dir)
+        index = check_folder(self.folder, ("transformer", "transformer_2", "vae"))
+        self.boundary_ratio = float(index.get("boundary_ratio") or 0.9)
+        self.device = torch.device(device)
+        self.dtype = dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
+        self.sds_cfg_batch = sds_cfg_batch
+        self.vae = load_vae(self.folder, device=self.device)
+        cfg = self.vae.config
+        self.latents_mean = torch.tensor(cfg.latents_mean, device=self.device)[:, None, None, None]
+        self.latents_std = torch.tensor(cfg.latents_std, device=self.device)[:, None, None, None]
+        self.tiny_vae = tiny_vae
+        self.mmgp = mmgp
+        self.experts: dict[str, torch.nn.Module] = {}
+        self.active: str | None = None
+
+    # -- latents ---------------------------------------------------------------------------
+    def _vae_latents(self, video: Tensor) -> Tensor:
+        """Normalised posterior mean [16, F', h, w] of a video [T, 3, H, W] in [0, 1]."""
+        x = (video * 2.0 - 1.0).permute(1, 0, 2, 3)[None]  # [1, 3, T, H, W] in [-1, 1]
+        z = self.vae.encode(x.to(self.device, torch.float32)).latent_dist.mean[0]
+        return (z - self.latents_mean) / self.latents_std
+
+    def encode_video(self, video: Tensor) -> Tensor:
+        """METHOD §10–§11: latents z [16, F', h, w] (float32) of a rendered video [T, 3, H, W]
+        in [0, 1], differentiable; the Tiny VAE when configured, else the full VAE."""
+        if self.tiny_vae is not None:
+            return self.tiny_vae.encode(video[None].to(self.device, torch.float32))[0]
+        return self._vae_latents(video)
+
+    @torch.no_grad()
+    def condition(self, video: Tensor, **_camera) -> Tensor:
+        """METHOD §9: y [20, F', h, w] = concat(mask, VAE latent of [sg(frame 0), 0, …, 0]),
+        always with the full VAE."""
+        T = video.shape[0]
+        cond = torch.zeros_like(video)
+        cond[0] = video[0].detach()
+        x = cond * 2.0 - 1.0
+        x[1:] = 0.0  # zeros in the VAE's [-1, 1] space, as the release does
+        x = x.permute(1, 0, 2, 3)[None].to(self.device, torch.float32)
+        latent = self.vae.encode(x).latent_dist.mean[0]
+        latent = (latent - self.latents_mean) / self.latents_std
+        _, F, h, w = latent.shape
+        mask = first_frame_mask(T, h, w, dtype=latent.dtype, device=latent.device)
+        if mask.shape[1] != F:
+            raise ValueError(f"frame_num {T}: mask has {mask.shape[1]} latent frames, VAE {F}")
+        return torch.cat([mask, latent], dim=0)
+
+    # -- the DiT ---------------------------------------------------------------------------
+    def expert_name(self, t: float) -> str:
+        """The high-noise expert when 1000·t ≥ boundary·1000, else the low-noise one."""
+        high = NUM_TRAIN_TIMESTEPS * t >= self.boundary_ratio * NUM_TRAIN_TIMESTEPS
+        return "transformer" if high else "transformer_2"
+
+    def _activate(self, name: str) -> torch.nn.Module:
+        if name not in self.experts:
+            self.experts[name] = load_expert(self.folder, name, dtype=self.dtype)
+        model = self.experts[name]
+        if self.mmgp is not None:
+            self.mmgp.activate(name, model)
+        elif self.active != name:
+            for other, m in self.experts.items():  # at most one expert on the device
+                if other != name:
+                    m.to("cpu")
+            model.to(self.device)
+            if self.device.type == "cuda":
+                gc.collect()
+                torch.cuda.empty_cache()
+        self.active = name
+        return model
+
+    @torch.no_grad()
+    def velocity(
+        self, z_t: Tensor, t: float, conds: list[Tensor], text: dict[str, Tensor], cfg_scale: float
+    ) -> Tensor:
+        """METHOD §11 step 2: v̂ = v_u + s·(v_c − v_u) [B, 16, F', h, w] (float32).
+
+        z_t [B, 16, F', h, w]; conds: B image conditions y [20, F', h, w]; text: "prompt" and
+        "negative" embeddings [512, D]. One DiT call of batch 2B with ``sds_cfg_batch``, else
+        the conditional and unconditional passes one after the other.
+        """
+        model = self._activate(self.expert_name(t))
+        B = z_t.shape[0]
+        x = torch.cat([z_t, torch.stack(conds)], dim=1).to(self.device, self.dtype)  # [B, 36]
+        prompt = text["prompt"].to(self.device, self.dtype)[None].expand(B, -1, -1)
+        negative = text["negative"].to(self.device, self.dtype)[None].expand(B, -1, -1)
+        autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.device.type == "cuda")
+
+        def dit(inp, ctx):
+            ts = torch.full((inp.shape[0],), NUM_TRAIN_TIMESTEPS * t, device=self.device)
+            with autocast:
+                return model(
+                    hidden_states=inp, timestep=ts, encoder_hidden_states=ctx, return_dict=False
+                )[0].float()
+
+        if self.sds_cfg_batch:
+            v_c, v_u = dit(torch.cat([x, x]), torch.cat([prompt, negative])).chunk(2)
+        else:
+            v_c, v_u = dit(x, prompt), dit(x, negative)
+        return v_u + cfg_scale * (v_c - v_u)
+
+    def unload(self) -> None:
+        """After the DiT passes: let mmgp unload the active expert (no-op otherwise)."""
+        if self.mmgp is not None:
+            self.mmgp.unload()

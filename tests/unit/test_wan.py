@@ -1,0 +1,142 @@
+"""Wan guidance on tiny random components saved with save_pretrained and loaded back through
+the real loader (local files only)."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from chord.guidance import text, tiny_models, wan
+
+T = 41
+W, H = 32, 16
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return tiny_models.write_tiny_wan(tmp_path_factory.mktemp("wan") / "Wan2.2-I2V-A14B-Tiny")
+
+
+@pytest.fixture(scope="module")
+def guidance(folder):
+    return wan.WanGuidance(folder, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def embeddings(folder):
+    tok, enc = wan.load_text_encoder(folder)
+    e, _ = text.encode_prompts(tok, enc, ["a block hops", text.resolve_negative(".")])
+    return {"prompt": e[0], "negative": e[1]}
+
+
+def video(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(T, 3, H, W, generator=g)
+
+
+def test_folder_check_lists_what_is_missing(folder, tmp_path):
+    with pytest.raises(ValueError, match="folder not found"):
+        wan.check_folder(tmp_path / "nowhere")
+    broken = tmp_path / "broken"
+    shutil.copytree(folder, broken)
+    shutil.rmtree(broken / "transformer_2")
+    (broken / "vae" / "diffusion_pytorch_model.safetensors").unlink()
+    with pytest.raises(ValueError) as err:
+        wan.check_folder(broken)
+    msg = str(err.value)
+    assert str(broken) in msg and "transformer_2/config.json" in msg and "vae/ weights" in msg
+    assert wan.check_folder(folder)["boundary_ratio"] == 0.9
+
+
+def test_conditioning_layout_for_41_frames(guidance, embeddings):
+    v = video()
+    y = guidance.condition(v)
+    assert y.shape == (20, 11, H // 8, W // 8)
+    torch.testing.assert_close(y[:4, 0], torch.ones(4, H // 8, W // 8))
+    assert float(y[:4, 1:].abs().max()) == 0.0
+    # the image latent depends on frame 0 only
+    v2 = v.clone()
+    v2[1:] = torch.rand(T - 1, 3, H, W)
+    torch.testing.assert_close(guidance.condition(v2), y)
+    seen = []
+    hook = lambda m, args, kwargs: seen.append(kwargs["hidden_states"].clone())  # noqa: E731
+    z = guidance.encode_video(v)
+    assert z.shape == (16, 11, H // 8, W // 8)
+    z_t = torch.randn(1, *z.shape)
+    guidance._activate("transformer")
+    handle = guidance.experts["transformer"].register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        guidance.velocity(z_t, 0.95, [y], embeddings, cfg_scale=5.0)
+    finally:
+        handle.remove()
+    x = seen[0]  # [2B, 36, F', h, w]: 16 noisy | 4 mask | 16 image, for cond and uncond
+    assert x.shape == (2, 36, 11, H // 8, W // 8)
+    torch.testing.assert_close(x[0, :16], z_t[0])
+    torch.testing.assert_close(x[0, 16:20], y[:4])
+    torch.testing.assert_close(x[1, 20:], y[4:])
+
+
+def test_expert_routing_at_the_boundary(guidance, embeddings):
+    calls = []
+    z = torch.randn(1, 16, 11, H // 8, W // 8)
+    y = guidance.condition(video())
+    for name in ("transformer", "transformer_2"):
+        guidance._activate(name)
+    handles = [
+        guidance.experts[n].register_forward_hook(lambda m, a, o, n=n: calls.append(n))
+        for n in ("transformer", "transformer_2")
+    ]
+    try:
+        for t in (0.98, 0.9, 0.8999, 0.02):
+            guidance.velocity(z, t, [y], embeddings, cfg_scale=1.0)
+    finally:
+        for h in handles:
+            h.remove()
+    assert calls == ["transformer", "transformer", "transformer_2", "transformer_2"]
+    assert guidance.active == "transformer_2"
+
+
+def test_cfg_arithmetic_and_batched_equals_sequential(folder, guidance, embeddings):
+    z = torch.randn(2, 16, 11, H // 8, W // 8, generator=torch.Generator().manual_seed(1))
+    ys = [guidance.condition(video(1)), guidance.condition(video(2))]
+    v = guidance.velocity(z, 0.5, ys, embeddings, cfg_scale=7.5)
+    model = guidance.experts["transformer_2"]
+    x = torch.cat([z, torch.stack(ys)], 1)
+    ts = torch.full((2,), 500.0)
+    with torch.no_grad():
+        v_c = model(
+            hidden_states=x,
+            timestep=ts,
+            encoder_hidden_states=embeddings["prompt"][None].expand(2, -1, -1),
+            return_dict=False,
+        )[0]
+        v_u = model(
+            hidden_states=x,
+            timestep=ts,
+            encoder_hidden_states=embeddings["negative"][None].expand(2, -1, -1),
+            return_dict=False,
+        )[0]
+    torch.testing.assert_close(v, v_u + 7.5 * (v_c - v_u), atol=1e-5, rtol=1e-5)
+    sequential = wan.WanGuidance(folder, sds_cfg_batch=False)
+    torch.testing.assert_close(
+        sequential.velocity(z, 0.5, ys, embeddings, 7.5), v, atol=1e-5, rtol=1e-5
+    )
+
+
+def test_full_vae_latents_carry_gradients_to_the_video(guidance):
+    v = video().requires_grad_(True)
+    z = guidance.encode_video(v)
+    z.square().sum().backward()
+    assert v.grad is not None and float(v.grad.abs().sum()) > 0
+    assert all(p.grad is None for p in guidance.vae.parameters())
+
+
+def test_text_embeddings_are_zero_padded_to_512(embeddings):
+    p = embeddings["prompt"]
+    assert p.shape == (512, tiny_models.TINY_TEXT_DIM)
+    n = int((p.abs().sum(-1) > 0).sum())
+    assert 0 < n < 512 and float(p[n:].abs().max()) == 0.0
+    assert text.resolve_negative(".") == text.resolve_negative("") == text.DEFAULT_NEGATIVE_PROMPT
+    assert text.resolve_negative("blurry") == "blurry"

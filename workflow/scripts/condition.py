@@ -1,0 +1,18 @@
+# Adapter: rule condition -> chord.stages.condition.run (prompts travel as data, not shell)
+from pathlib import Path
+
+from chord import config as cc
+from chord.stages import condition
+from chord.stages.adapter import stage_logging
+
+with stage_logging(snakemake.log[0]):
+    conf = cc.load(snakemake.config)
+    spec = conf.scenes[snakemake.wildcards.scene]
+    condition.run(
+        out=Path(snakemake.output[0]),
+        prompt=spec.prompt,
+        n_prompt=spec.n_prompt,
+        guidance=conf.guidance,
+        method=spec.method,
+        scene=spec.scene,
+    )
