@@ -120,6 +120,12 @@ def method_from_mapping(values: dict, *, where: str = "method") -> Any:
     return MethodConfig(**values)
 
 
+def guidance_from_mapping(values: dict, *, where: str = "guidance") -> GuidanceConfig:
+    """Validate a (partial) guidance mapping with the schema's defaults."""
+    sub = read_schema(CONFIG_SCHEMA)["properties"]["guidance"]
+    return GuidanceConfig(**validate(_copy(values), sub, where=where))
+
+
 def _check_method(m: dict, where: str) -> None:
     t = m["frame_num"]
     if (t - 1) % 4 != 0:
@@ -156,6 +162,8 @@ class GuidanceConfig:
     backend: str
     ckpt_dir: str | None
     tiny_vae_path: str | None
+    tiny_vae_normalize: bool
+    oracle_pool: int
 
 
 @dataclass(frozen=True)

@@ -91,6 +91,33 @@ def load_expert(ckpt_dir: Path | str, name: str, *, dtype):
     return model.eval().requires_grad_(False)
 
 
+def from_config(guidance, method, *, device="cpu") -> WanGuidance:
+    """WanGuidance as the config asks: Tiny VAE (use_tiny_vae), mmgp (enable_mmgp), CFG
+    batching (sds_cfg_batch)."""
+    tiny = None
+    if method.use_tiny_vae:
+        if not guidance.tiny_vae_path:
+            raise ValueError(
+                "method.use_tiny_vae: set guidance.tiny_vae_path to the lighttaew2_1 weights"
+            )
+        from chord.guidance.tiny_vae import load_tiny_vae
+
+        tiny = load_tiny_vae(guidance.tiny_vae_path, device=device)
+    mmgp = None
+    if method.enable_mmgp:
+        from chord.guidance.mmgp_residency import MMGPResidency
+
+        mmgp = MMGPResidency(method.mmgp_profile, method.mmgp_transformer_budget)
+    return WanGuidance(
+        guidance.ckpt_dir,
+        device=device,
+        sds_cfg_batch=method.sds_cfg_batch,
+        tiny_vae=tiny,
+        tiny_vae_normalize=guidance.tiny_vae_normalize,
+        mmgp=mmgp,
+    )
+
+
 def first_frame_mask(
     frame_num: int, h: int, w: int, *, dtype=torch.float32, device="cpu"
 ) -> Tensor:
@@ -119,6 +146,7 @@ class WanGuidance:
         dtype=None,
         sds_cfg_batch: bool = True,
         tiny_vae=None,
+        tiny_vae_normalize: bool = True,
         mmgp=None,
     ):
         self.folder = Path(ckpt_dir)
@@ -132,6 +160,10 @@ class WanGuidance:
         self.latents_mean = torch.tensor(cfg.latents_mean, device=self.device)[:, None, None, None]
         self.latents_std = torch.tensor(cfg.latents_std, device=self.device)[:, None, None, None]
         self.tiny_vae = tiny_vae
+        self.tiny_vae_normalize = tiny_vae_normalize
+        if tiny_vae is not None:  # normalise with this VAE's own latent statistics
+            tiny_vae.set_latent_stats(cfg.latents_mean, cfg.latents_std)
+            tiny_vae.to(self.device)
         self.mmgp = mmgp
         self.experts: dict[str, torch.nn.Module] = {}
         self.active: str | None = None
@@ -147,7 +179,8 @@ class WanGuidance:
         """METHOD §10–§11: latents z [16, F', h, w] (float32) of a rendered video [T, 3, H, W]
         in [0, 1], differentiable; the Tiny VAE when configured, else the full VAE."""
         if self.tiny_vae is not None:
-            return self.tiny_vae.encode(video[None].to(self.device, torch.float32))[0]
+            x = video[None].to(self.device, torch.float32)
+            return self.tiny_vae.encode(x, normalize=self.tiny_vae_normalize)[0]
         return self._vae_latents(video)
 
     @torch.no_grad()

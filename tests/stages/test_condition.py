@@ -7,7 +7,7 @@ from chord.stages import condition
 
 def test_condition_with_the_seeded_tiny_encoder(tmp_path):
     method = cc.method_from_mapping({})
-    guidance = cc.GuidanceConfig(backend="oracle", ckpt_dir=None, tiny_vae_path=None)
+    guidance = cc.guidance_from_mapping({"backend": "oracle"})
     meta = condition.run(
         out=tmp_path / "text.safetensors",
         prompt="a block hops",
@@ -35,7 +35,7 @@ def test_condition_with_the_seeded_tiny_encoder(tmp_path):
 def test_condition_with_a_wan_folder(tmp_path):
     folder = tiny_models.write_tiny_wan(tmp_path / "wan")
     method = cc.method_from_mapping({})
-    guidance = cc.GuidanceConfig(backend="wan", ckpt_dir=str(folder), tiny_vae_path=None)
+    guidance = cc.guidance_from_mapping({"backend": "wan", "ckpt_dir": str(folder)})
     meta = condition.run(
         out=tmp_path / "t.safetensors",
         prompt="a plant sways",
@@ -48,7 +48,7 @@ def test_condition_with_a_wan_folder(tmp_path):
 
 
 def test_wan_backend_without_a_folder_is_a_clear_error(tmp_path):
-    guidance = cc.GuidanceConfig(backend="wan", ckpt_dir=None, tiny_vae_path=None)
+    guidance = cc.guidance_from_mapping({"backend": "wan"})
     with pytest.raises(ValueError, match="guidance.ckpt_dir: the wan backend needs"):
         condition.run(
             out=tmp_path / "t.safetensors",

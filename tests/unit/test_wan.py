@@ -140,3 +140,32 @@ def test_text_embeddings_are_zero_padded_to_512(embeddings):
     assert 0 < n < 512 and float(p[n:].abs().max()) == 0.0
     assert text.resolve_negative(".") == text.resolve_negative("") == text.DEFAULT_NEGATIVE_PROMPT
     assert text.resolve_negative("blurry") == "blurry"
+
+
+def test_from_config_with_the_tiny_vae(folder, tmp_path):
+    from safetensors.torch import save_file
+
+    from chord import config as cc
+    from chord.guidance.tiny_vae import TinyVAEEncoder
+
+    weights = tmp_path / "lighttaew2_1.safetensors"
+    save_file(TinyVAEEncoder().state_dict(), str(weights))
+    guidance = cc.guidance_from_mapping(
+        {"backend": "wan", "ckpt_dir": str(folder), "tiny_vae_path": str(weights)}
+    )
+    g = wan.from_config(guidance, cc.method_from_mapping({"use_tiny_vae": True}))
+    v = video().requires_grad_(True)
+    z = g.encode_video(v)
+    assert z.shape == (16, 11, H // 8, W // 8)
+    z.sum().backward()
+    assert float(v.grad.abs().sum()) > 0
+    with pytest.raises(ValueError, match="use_tiny_vae: set guidance.tiny_vae_path"):
+        wan.from_config(
+            cc.guidance_from_mapping({"backend": "wan", "ckpt_dir": str(folder)}),
+            cc.method_from_mapping({"use_tiny_vae": True}),
+        )
+    with pytest.raises(RuntimeError, match="enable_mmgp needs a CUDA GPU"):
+        wan.from_config(
+            cc.guidance_from_mapping({"backend": "wan", "ckpt_dir": str(folder)}),
+            cc.method_from_mapping({"enable_mmgp": True}),
+        )

@@ -16,6 +16,7 @@ import yaml
 from PIL import Image
 
 from chord import media
+from chord.guidance import text
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow
@@ -132,7 +133,9 @@ def test_demo_run_writes_the_geometry_contract(demo_run):
         assert (png.min(-1) < 200).mean() > 0.02  # the scene, not a blank white frame
         frames, meta = media.read_mp4(demo_run / f"results/{scene}/reference/static_orbit.mp4")
         assert frames.shape == (50, 480, 832, 3) and meta["fps"] == 20
-        for rule in ("ingest", "reference"):
+        tensors, meta = text.read(demo_run / f"results/{scene}/condition/text.safetensors")
+        assert tensors["prompt"].shape[0] == 512 and meta["encoder"].startswith("tiny random")
+        for rule in ("ingest", "reference", "condition"):
             assert (demo_run / f"results/{scene}/logs/{rule}.log").is_file()
             assert (demo_run / f"results/{scene}/bench/{rule}.tsv").is_file()
 
@@ -168,9 +171,18 @@ def test_reference_view_change_reruns_reference_only(demo_run, tmp_path):
     assert planned_jobs(snakemake(work, "-n")) == {"reference": 2}
 
 
+def test_prompt_change_reruns_condition_only(demo_run, tmp_path):
+    work = tmp_path / "w"
+    shutil.copytree(demo_run, work, symlinks=True)
+    sheet = work / "config/scenes.tsv"
+    sheet.write_text(sheet.read_text().replace("hops twice", "hops three times"))
+    assert planned_jobs(snakemake(work, "-n")) == {"condition": 1}
+
+
 def test_bad_scene_fails_cleanly_and_others_complete(tmp_path, toy_scene):
     """A scene without scene.glb fails its ingest with the file named; with --keep-going the
-    good scene still completes, and the bad one leaves nothing under results/."""
+    good scene still completes, and the bad one leaves no geometry output behind (its text
+    conditioning does not depend on the meshes and completes)."""
     bad = tmp_path / "data" / "bad"
     shutil.copytree(toy_scene, bad)
     (bad / "scene.glb").unlink()
@@ -191,11 +203,9 @@ def test_bad_scene_fails_cleanly_and_others_complete(tmp_path, toy_scene):
     assert proc.returncode != 0
     assert f"{bad / 'scene.glb'}: missing" in proc.stdout + proc.stderr
     assert (work / "results/toy/voxels/obj_0.npz").is_file()
-    assert [
-        p
-        for p in (work / "results/bad").rglob("*")
-        if p.is_file() and "logs" not in p.parts and "bench" not in p.parts
-    ] == []
+    geometry = ("scene", "gaussians", "voxels", "reference")
+    left = [p.relative_to(work / "results/bad") for p in (work / "results/bad").rglob("*")]
+    assert [p for p in left if p.parts[0] in geometry] == []
 
 
 def test_unknown_config_key_stops_before_any_job(tmp_path):

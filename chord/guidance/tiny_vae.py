@@ -1,0 +1,495 @@
+"""Tiny VAE encoder for Wan 2.1 latents (METHOD §10): TAEHV, ``lighttaew2_1`` layout.
+
+With ``use_tiny_vae`` the video latents z of the rendered clip come from this encoder instead of
+the full Wan VAE (the image condition y always uses the full VAE). The encoder is the TAEHV
+"taew2_1" architecture: 2D convolutions applied per frame, MemBlocks that see the previous time
+step, and temporal pools that fold consecutive steps into channels. Spatial /8, temporal /4,
+16 latent channels. Its state-dict keys are those of the published ``lighttaew2_1`` file
+(``encoder.*``; the ``decoder.*`` keys are ignored). It runs in float32, its parameters are
+frozen, and nothing on its path is under no-grad: gradients reach the video.
+
+Shapes: the encoder takes ``[N, T, 3, H, W]`` in [0, 1] (no [-1, 1] mapping), pads T at the end
+to a multiple of 4 by repeating the last frame (41 -> 44 -> 11 latent frames) and returns raw
+latents ``[N, T', 16, H/8, W/8]`` (``forward``). ``encode`` returns them channel-first as the
+Wan VAE does, ``[N, 16, T', H/8, W/8]``, normalised per channel by default with Wan 2.1's
+``latents_mean`` / ``latents_std``: (z - mu_c) / sigma_c. The statistics are a setting
+(constructor arguments or ``set_latent_stats``), e.g. taken from a VAE config.
+
+Checking the latent scale with the real files (one command)::
+
+    python -m chord.guidance.tiny_vae --tiny lighttaew2_1.pth --vae /models/Wan2.2-TI2V-5B \\
+        [--video clip.mp4] [--size 416x240] [--frames 41] [--device cuda]
+
+``--vae`` is a diffusers folder holding ``AutoencoderKLWan`` (its ``vae/`` subfolder when there
+is one). The same clip (the mp4, resized, or a synthetic moving pattern) is encoded by both; the
+table lists per-channel means/stds of the tiny encoder's raw outputs and of the full VAE's
+posterior means, their correlation, and the RMS difference under the two hypotheses (tiny
+outputs are raw Wan latents, or are already normalised). Note the temporal alignment differs
+slightly: the full VAE's first latent frame sees frame 0 only, the tiny encoder's sees frames
+0-3, so correlations on a moving clip are a little below 1 even for a perfect match.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+LATENT_CHANNELS = 16
+SPATIAL_FACTOR = 8
+TEMPORAL_FACTOR = 4
+WIDTH = 64  # channels inside the encoder
+
+# Wan 2.1 VAE latent statistics (diffusers AutoencoderKLWan config defaults).
+WAN21_LATENTS_MEAN = (
+    -0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508,
+    0.4134, -0.0715, 0.5517, -0.3632, -0.1922, -0.9497, 0.2503, -0.2921,
+)  # fmt: skip
+WAN21_LATENTS_STD = (
+    2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
+    3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.916,
+)  # fmt: skip
+
+_RANGE_TOL = 1e-2  # video values this far outside [0, 1] are logged once
+
+__all__ = [
+    "LATENT_CHANNELS",
+    "WAN21_LATENTS_MEAN",
+    "WAN21_LATENTS_STD",
+    "MemBlock",
+    "TPool",
+    "TinyVAEEncoder",
+    "compare_with_full_vae",
+    "format_comparison",
+    "latent_stats_from_config",
+    "load_tiny_vae",
+    "main",
+]
+
+
+# --------------------------------------------------------------------------------------------
+# Blocks (frames stacked as N·T along the batch axis)
+# --------------------------------------------------------------------------------------------
+
+
+def _conv(c_in: int, c_out: int, **kw) -> nn.Conv2d:
+    return nn.Conv2d(c_in, c_out, kernel_size=3, padding=1, **kw)
+
+
+class MemBlock(nn.Module):
+    """METHOD §10. Residual block with a one-step memory, on frames stacked as ``[N·T, C, H, W]``.
+
+    ``past`` is this block's input at the previous time step (zeros at t = 0); the output is
+    ReLU(body(cat[x_t, x_{t-1}]) + x_t) with body = conv(2c->c), ReLU, conv, ReLU, conv. The body
+    is a per-frame conv, so all steps are computed at once from the sequence shifted by one step.
+    """
+
+    def __init__(self, c: int):
+        super().__init__()
+        self.conv = nn.Sequential(
+            _conv(2 * c, c), nn.ReLU(inplace=True), _conv(c, c), nn.ReLU(inplace=True), _conv(c, c)
+        )
+
+    def forward(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        """x: ``[N·T, C, H, W]`` (time-major within each clip), n = N -> ``[N·T, C, H, W]``."""
+        nt, c, h, w = x.shape
+        seq = x.reshape(n, nt // n, c, h, w)
+        past = F.pad(seq[:, :-1], (0, 0, 0, 0, 0, 0, 1, 0))  # zeros at t = 0
+        both = torch.cat([seq, past], dim=2).view(nt, 2 * c, h, w)
+        return torch.relu_(self.conv(both) + x)
+
+
+class TPool(nn.Module):
+    """METHOD §10. Temporal pool: s consecutive steps folded into channels, then 1x1 conv s·c->c.
+
+    ``[N·T, C, H, W]`` -> ``[N·T/s, C, H, W]``; the earlier step's channels come first.
+    """
+
+    def __init__(self, c: int, stride: int):
+        super().__init__()
+        self.stride = stride
+        self.conv = nn.Conv2d(c * stride, c, kernel_size=1, bias=False)
+
+    def forward(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        """x: ``[N·T, C, H, W]`` with T a multiple of the stride -> ``[N·T/s, C, H, W]``."""
+        nt, c, h, w = x.shape
+        if (nt // n) % self.stride:
+            raise ValueError(f"TPool: {nt // n} time steps is not a multiple of {self.stride}")
+        return self.conv(x.reshape(nt // self.stride, c * self.stride, h, w))
+
+
+def _stats_tensor(values, name: str) -> torch.Tensor:
+    t = torch.as_tensor(values, dtype=torch.float32).flatten()
+    if t.numel() != LATENT_CHANNELS:
+        raise ValueError(f"{name}: expected {LATENT_CHANNELS} values, got {t.numel()}")
+    if not torch.isfinite(t).all():
+        raise ValueError(f"{name}: values must be finite")
+    return t
+
+
+def latent_stats_from_config(config) -> tuple[list[float], list[float]]:
+    """METHOD §10. ``latents_mean`` / ``latents_std`` ([16] each) from a VAE config.
+
+    ``config`` is a mapping (e.g. the parsed ``vae/config.json``) or an object with those
+    attributes (e.g. ``AutoencoderKLWan.config``).
+    """
+    get = config.get if isinstance(config, Mapping) else lambda k: getattr(config, k, None)
+    mean, std = get("latents_mean"), get("latents_std")
+    if mean is None or std is None:
+        raise ValueError("config: needs both latents_mean and latents_std")
+    return list(map(float, mean)), list(map(float, std))
+
+
+# --------------------------------------------------------------------------------------------
+# Encoder
+# --------------------------------------------------------------------------------------------
+
+
+class TinyVAEEncoder(nn.Module):
+    """METHOD §10. TAEHV encoder for Wan 2.1 latents: ``[N, T, 3, H, W]`` -> ``[N, T', 16, h, w]``.
+
+    ``encoder`` is an ``nn.Sequential`` whose indices match the ``lighttaew2_1`` keys
+    (``encoder.0.weight`` ... ``encoder.17.bias``). Float32; parameters frozen when ``frozen``.
+    ``latents_mean`` / ``latents_std`` ([16] each, default Wan 2.1) are used by ``encode``.
+    """
+
+    def __init__(
+        self,
+        *,
+        latents_mean: Sequence[float] | None = None,
+        latents_std: Sequence[float] | None = None,
+        frozen: bool = True,
+    ):
+        super().__init__()
+        c = WIDTH
+        self.encoder = nn.Sequential(
+            _conv(3, c),  # 0
+            nn.ReLU(inplace=True),  # 1
+            TPool(c, 2),  # 2
+            _conv(c, c, stride=2, bias=False),  # 3
+            MemBlock(c),  # 4
+            MemBlock(c),  # 5
+            MemBlock(c),  # 6
+            TPool(c, 2),  # 7
+            _conv(c, c, stride=2, bias=False),  # 8
+            MemBlock(c),  # 9
+            MemBlock(c),  # 10
+            MemBlock(c),  # 11
+            TPool(c, 1),  # 12
+            _conv(c, c, stride=2, bias=False),  # 13
+            MemBlock(c),  # 14
+            MemBlock(c),  # 15
+            MemBlock(c),  # 16
+            _conv(c, LATENT_CHANNELS),  # 17
+        )
+        # not persistent: the state dict holds exactly the published encoder keys
+        self.register_buffer("latents_mean", torch.zeros(LATENT_CHANNELS), persistent=False)
+        self.register_buffer("latents_std", torch.ones(LATENT_CHANNELS), persistent=False)
+        self.set_latent_stats(
+            WAN21_LATENTS_MEAN if latents_mean is None else latents_mean,
+            WAN21_LATENTS_STD if latents_std is None else latents_std,
+        )
+        self._warned_range = False
+        if frozen:
+            self.requires_grad_(False)
+
+    def set_latent_stats(self, latents_mean, latents_std) -> None:
+        """METHOD §10. Replace the per-channel normalisation statistics ([16] each, std > 0)."""
+        mean = _stats_tensor(latents_mean, "latents_mean")
+        std = _stats_tensor(latents_std, "latents_std")
+        if (std <= 0).any():
+            raise ValueError("latents_std: values must be > 0")
+        self.latents_mean.copy_(mean)
+        self.latents_std.copy_(std)
+
+    def _check_video(self, video: torch.Tensor) -> torch.Tensor:
+        if not isinstance(video, torch.Tensor) or video.dim() != 5 or video.shape[2] != 3:
+            shape = tuple(video.shape) if isinstance(video, torch.Tensor) else type(video)
+            raise ValueError(f"video: expected [N, T, 3, H, W], got {shape}")
+        n, t, _, h, w = video.shape
+        if n < 1 or t < 1:
+            raise ValueError(
+                f"video: needs at least one clip and one frame, got {tuple(video.shape)}"
+            )
+        if h % SPATIAL_FACTOR or w % SPATIAL_FACTOR or h == 0 or w == 0:
+            raise ValueError(f"video: H and W must be positive multiples of 8, got {h}x{w} (HxW)")
+        if not video.is_floating_point():
+            raise ValueError(f"video: expected floats in [0, 1], got {video.dtype}")
+        weight = self.encoder[0].weight
+        if video.device != weight.device:
+            raise ValueError(f"video: on {video.device}, the encoder is on {weight.device}")
+        if not self._warned_range:
+            with torch.no_grad():
+                lo, hi = torch.aminmax(video)
+            if lo.item() < -_RANGE_TOL or hi.item() > 1 + _RANGE_TOL:
+                self._warned_range = True
+                logger.warning(
+                    "tiny VAE input spans [%.3f, %.3f]; it expects [0, 1] (no [-1, 1] mapping)",
+                    lo.item(),
+                    hi.item(),
+                )
+        return video.to(weight.dtype)
+
+    def forward(self, video: torch.Tensor) -> torch.Tensor:
+        """METHOD §10. Raw latents: video ``[N, T, 3, H, W]`` in [0, 1] -> ``[N, T', 16, h, w]``.
+
+        T' = ceil(T/4) (T padded at the end by repeating the last frame), h, w = H/8, W/8.
+        """
+        x = self._check_video(video)
+        n, t, _, h, w = x.shape
+        pad = -t % TEMPORAL_FACTOR
+        if pad:
+            x = torch.cat([x, x[:, -1:].expand(n, pad, 3, h, w)], dim=1)
+        x = x.reshape(n * (t + pad), 3, h, w)
+        for layer in self.encoder:
+            x = layer(x, n) if isinstance(layer, (MemBlock, TPool)) else layer(x)
+        return x.reshape(n, -1, *x.shape[1:])
+
+    def normalize(self, z: torch.Tensor) -> torch.Tensor:
+        """METHOD §10. (z - mu_c) / sigma_c for channel-first latents ``[N, 16, T', h, w]``."""
+        shape = (1, LATENT_CHANNELS, 1, 1, 1)
+        return (z - self.latents_mean.view(shape)) / self.latents_std.view(shape)
+
+    def encode(self, video: torch.Tensor, *, normalize: bool = True) -> torch.Tensor:
+        """METHOD §10. Video ``[N, T, 3, H, W]`` in [0, 1] -> Wan latents ``[N, 16, T', h, w]``.
+
+        Channel-first like the Wan VAE's ``[B, C, F, h, w]``; normalised per channel with
+        ``latents_mean`` / ``latents_std`` when ``normalize`` (raw outputs otherwise).
+        """
+        z = self(video).permute(0, 2, 1, 3, 4)
+        return self.normalize(z) if normalize else z
+
+
+# --------------------------------------------------------------------------------------------
+# Loading
+# --------------------------------------------------------------------------------------------
+
+
+def _read_state(path: Path) -> dict:
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        try:
+            return load_file(str(path), device="cpu")
+        except Exception as exc:
+            raise ValueError(f"{path}: not a readable safetensors file ({exc})") from exc
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise ValueError(f"{path}: not a readable torch checkpoint ({exc})") from exc
+    if isinstance(state, Mapping) and isinstance(state.get("state_dict"), Mapping):
+        state = state["state_dict"]
+    if not isinstance(state, Mapping):
+        raise ValueError(f"{path}: expected a state dict, got {type(state).__name__}")
+    return dict(state)
+
+
+def load_tiny_vae(
+    path: Path | str,
+    *,
+    device: torch.device | str = "cpu",
+    latents_mean: Sequence[float] | None = None,
+    latents_std: Sequence[float] | None = None,
+) -> TinyVAEEncoder:
+    """METHOD §10. Frozen float32 ``TinyVAEEncoder`` from ``lighttaew2_1`` weights.
+
+    ``path``: ``.safetensors``, or a torch file (plain state dict or ``{"state_dict": ...}``)
+    read with ``weights_only=True``. Only ``encoder.*`` keys are used (``decoder.*`` and others
+    are ignored) and they must match exactly: missing or unexpected encoder keys and shape
+    mismatches raise ValueError listing them.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"tiny VAE weights {path}: no such file")
+    state = {k: v for k, v in _read_state(path).items() if k.startswith("encoder.")}
+    model = TinyVAEEncoder(latents_mean=latents_mean, latents_std=latents_std)
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    bad = sorted(
+        f"{k} {tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__}"
+        f" (expected {tuple(expected[k].shape)})"
+        for k, v in state.items()
+        if k in expected
+        and not (isinstance(v, torch.Tensor) and tuple(v.shape) == tuple(expected[k].shape))
+    )
+    problems = []
+    if missing:
+        problems.append(f"missing encoder keys: {', '.join(missing)}")
+    if unexpected:
+        problems.append(f"unexpected encoder keys: {', '.join(unexpected)}")
+    if bad:
+        problems.append(f"shape mismatches: {', '.join(bad)}")
+    if problems:
+        raise ValueError(f"tiny VAE weights {path}: " + "; ".join(problems))
+    model.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)
+    logger.info("loaded tiny VAE encoder from %s (%d tensors)", path, len(state))
+    return model.to(device)
+
+
+# --------------------------------------------------------------------------------------------
+# Latent-scale check against the full Wan VAE
+# --------------------------------------------------------------------------------------------
+
+
+def _channel_stats(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    flat = z.transpose(0, 1).reshape(LATENT_CHANNELS, -1).double()
+    return flat.mean(1), flat.std(1, unbiased=False)
+
+
+def compare_with_full_vae(video: torch.Tensor, tiny: TinyVAEEncoder, vae) -> dict:
+    """METHOD §10. Per-channel statistics of tiny vs full Wan VAE latents of one clip.
+
+    video: ``[N, T, 3, H, W]`` in [0, 1]. The tiny encoder's raw outputs and the full VAE's
+    posterior means (``vae.encode(2·video - 1)`` in ``[B, 3, T, H, W]``) are both
+    ``[N, 16, T', h, w]``. Returns (per-channel tensors are float64 ``[16]``): ``tiny_mean``,
+    ``tiny_std``, ``vae_mean``, ``vae_std``, ``corr`` (Pearson, per channel), ``vae_norm_mean`` /
+    ``vae_norm_std`` (full latents normalised with the tiny encoder's statistics),
+    ``rmse_raw`` = RMS(tiny - vae), ``rmse_normalised`` = RMS(tiny - normalised vae),
+    ``verdict`` ("raw" or "normalised", the hypothesis with the smaller RMS), ``tiny_shape``
+    and ``vae_shape``.
+    """
+    vae_param = next(vae.parameters())
+    with torch.no_grad():
+        zt = tiny.encode(video.to(tiny.latents_mean.device), normalize=False).double().cpu()
+        x = (video * 2 - 1).permute(0, 2, 1, 3, 4).to(vae_param.device, vae_param.dtype)
+        zv = vae.encode(x).latent_dist.mean.double().cpu()
+    if zt.shape != zv.shape:
+        raise ValueError(
+            f"video: tiny latents {tuple(zt.shape)} and full VAE latents {tuple(zv.shape)} differ"
+        )
+    shape = (1, LATENT_CHANNELS, 1, 1, 1)
+    mu = tiny.latents_mean.double().cpu().view(shape)
+    sigma = tiny.latents_std.double().cpu().view(shape)
+    zv_norm = (zv - mu) / sigma
+    tiny_mean, tiny_std = _channel_stats(zt)
+    vae_mean, vae_std = _channel_stats(zv)
+    norm_mean, norm_std = _channel_stats(zv_norm)
+    cov = _channel_stats((zt - tiny_mean.view(shape)) * (zv - vae_mean.view(shape)))[0]
+    corr = cov / (tiny_std * vae_std).clamp_min(1e-12)
+    rmse_raw = (zt - zv).square().mean().sqrt().item()
+    rmse_norm = (zt - zv_norm).square().mean().sqrt().item()
+    return {
+        "tiny_mean": tiny_mean,
+        "tiny_std": tiny_std,
+        "vae_mean": vae_mean,
+        "vae_std": vae_std,
+        "corr": corr,
+        "vae_norm_mean": norm_mean,
+        "vae_norm_std": norm_std,
+        "rmse_raw": rmse_raw,
+        "rmse_normalised": rmse_norm,
+        "verdict": "raw" if rmse_raw <= rmse_norm else "normalised",
+        "tiny_shape": tuple(zt.shape),
+        "vae_shape": tuple(zv.shape),
+    }
+
+
+def format_comparison(stats: dict) -> str:
+    """METHOD §10. The table of ``compare_with_full_vae``'s result, one row per channel."""
+    lines = [
+        f"tiny latents {stats['tiny_shape']}, full VAE latents {stats['vae_shape']}",
+        f"{'ch':>3} {'tiny mean':>10} {'tiny std':>9} {'vae mean':>9} {'vae std':>8} "
+        f"{'corr':>6} {'vae norm mean':>14} {'vae norm std':>13}",
+    ]
+    for c in range(LATENT_CHANNELS):
+        lines.append(
+            f"{c:>3} {stats['tiny_mean'][c]:>10.4f} {stats['tiny_std'][c]:>9.4f} "
+            f"{stats['vae_mean'][c]:>9.4f} {stats['vae_std'][c]:>8.4f} {stats['corr'][c]:>6.3f} "
+            f"{stats['vae_norm_mean'][c]:>14.4f} {stats['vae_norm_std'][c]:>13.4f}"
+        )
+    lines += [
+        f"RMS(tiny - vae raw)        = {stats['rmse_raw']:.4f}",
+        f"RMS(tiny - vae normalised) = {stats['rmse_normalised']:.4f}",
+        f"verdict: tiny outputs look {stats['verdict']}"
+        + (
+            " -> normalise them (encode(normalize=True))"
+            if stats["verdict"] == "raw"
+            else " -> do not normalise again (encode(normalize=False))"
+        ),
+    ]
+    return "\n".join(lines)
+
+
+def synthetic_clip(frames: int, height: int, width: int) -> torch.Tensor:
+    """METHOD §10. A moving colour pattern ``[1, T, 3, H, W]`` in [0, 1] (drifting stripes, a
+    travelling disc)."""
+    t = torch.arange(frames, dtype=torch.float32).view(-1, 1, 1)
+    y = torch.linspace(0, 1, height).view(1, -1, 1)
+    x = torch.linspace(0, 1, width).view(1, 1, -1)
+    r = 0.5 + 0.5 * torch.sin(2 * math.pi * (3 * x + 0.05 * t))
+    g = 0.5 + 0.5 * torch.cos(2 * math.pi * (2 * y - 0.03 * t) + 4 * x)
+    cx = 0.2 + 0.6 * (t / max(frames - 1, 1))
+    disc = (((x - cx) * width / height) ** 2 + (y - 0.5) ** 2 < 0.04).float()
+    b = (0.3 + 0.7 * disc) * (0.5 + 0.5 * y.expand_as(disc))
+    r, g = r.expand_as(disc) * (1 - 0.5 * disc), g.expand_as(disc)
+    return torch.stack([r, g, b], dim=1)[None].clamp(0, 1)
+
+
+def _load_clip(path: Path, frames: int, height: int, width: int) -> torch.Tensor:
+    from chord.media import read_mp4
+
+    if not path.is_file():
+        raise ValueError(f"--video {path}: no such file")
+    arr, _ = read_mp4(path)
+    clip = torch.from_numpy(arr[:frames]).permute(0, 3, 1, 2).float() / 255.0
+    clip = F.interpolate(clip, size=(height, width), mode="bilinear", antialias=True)
+    return clip.clamp(0, 1)[None]
+
+
+def _parse_size(text: str) -> tuple[int, int]:
+    try:
+        w, h = (int(v) for v in text.lower().split("x"))
+    except ValueError as exc:
+        raise ValueError(f"--size {text!r}: expected WIDTHxHEIGHT, e.g. 416x240") from exc
+    if w <= 0 or h <= 0 or w % SPATIAL_FACTOR or h % SPATIAL_FACTOR:
+        raise ValueError(f"--size {text!r}: width and height must be positive multiples of 8")
+    return w, h
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """METHOD §10. CLI: compare the tiny encoder with the full Wan VAE on one clip."""
+    p = argparse.ArgumentParser(
+        prog="python -m chord.guidance.tiny_vae",
+        description="Compare tiny VAE (lighttaew2_1) latents with the full Wan VAE's.",
+    )
+    p.add_argument("--tiny", required=True, type=Path, help="lighttaew2_1 .pth / .safetensors")
+    p.add_argument("--vae", required=True, type=Path, help="diffusers folder with the Wan VAE")
+    p.add_argument("--video", type=Path, help="an mp4 clip (default: a synthetic pattern)")
+    p.add_argument("--size", default="416x240", help="WIDTHxHEIGHT, multiples of 8")
+    p.add_argument("--frames", type=int, default=41)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from diffusers import AutoencoderKLWan
+
+    w, h = _parse_size(args.size)
+    if args.frames < 1:
+        raise ValueError(f"--frames {args.frames}: must be >= 1")
+    if not args.vae.is_dir():
+        raise ValueError(f"--vae {args.vae}: not a folder")
+    tiny = load_tiny_vae(args.tiny, device=args.device)
+    sub = "vae" if (args.vae / "vae").is_dir() else None
+    vae = AutoencoderKLWan.from_pretrained(
+        args.vae, subfolder=sub, local_files_only=True, torch_dtype=torch.float32
+    )
+    vae = vae.to(args.device).eval()
+    clip = (
+        _load_clip(args.video, args.frames, h, w)
+        if args.video
+        else synthetic_clip(args.frames, h, w)
+    )
+    print(f"clip {tuple(clip.shape)} from {args.video or 'synthetic pattern'}")
+    print(format_comparison(compare_with_full_vae(clip.to(args.device), tiny, vae)))
+
+
+if __name__ == "__main__":
+    main()
