@@ -53,7 +53,7 @@ def test_scene_overrides_apply_per_scene(tmp_path):
         ({"method": {"cp_nmu": 3}}, "Additional properties are not allowed ('cp_nmu'"),
         ({"method": {"cp_num": "many"}}, "method.cp_num: 'many' is not of type 'integer'"),
         ({"method": {"frame_num": 40}}, "frame_num: 40 is not 4k+1"),
-        ({"method": {"size": "833*480"}}, "multiples of 16"),
+        ({"method": {"size": "833*480"}}, "nearest valid sizes: 832*480, 848*480"),
         ({"colour": 1}, "Additional properties are not allowed ('colour'"),
         ({"scene_overrides": {"zz": {"cp_num": 4}}}, "scene_overrides: unknown scene(s) ['zz']"),
         ({"scene_overrides": {"a": {"cp_num": 1.5}}}, "scene_overrides.a: cp_num: 1.5"),
