@@ -35,15 +35,8 @@ def _layer_tensors(prefix: str, layer) -> dict:
     }
 
 
-def save(
-    path: Path | str,
-    scene: MotionScene,
-    *,
-    iteration: int,
-    config_hash: str,
-    extra: dict | None = None,
-) -> None:
-    """Write the motion state of ``scene`` (atomically)."""
+def to_dict(scene: MotionScene, **extra) -> tuple[dict, dict]:
+    """(tensors, metadata) of a scene's motion; ``extra`` goes into the metadata."""
     tensors, objects = {}, {}
     for name, obj in scene.dynamic.items():
         tensors.update(_layer_tensors(f"{name}.layer1", obj.layer1))
@@ -62,15 +55,22 @@ def save(
             tensors.update(_layer_tensors(f"{name}.layer2", obj.layer2))
             info["layer2_per_frame"] = obj.layer2.per_frame
         objects[name] = info
-    meta = {
-        "format": FORMAT,
-        "iteration": int(iteration),
-        "config_hash": config_hash,
-        "objects": objects,
-        "names": scene.names,
-        **(extra or {}),
-    }
-    tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
+    meta = {"format": FORMAT, "objects": objects, "names": scene.names, **extra}
+    return {k: v.detach().cpu().clone().contiguous() for k, v in tensors.items()}, meta
+
+
+def save(
+    path: Path | str,
+    scene: MotionScene,
+    *,
+    iteration: int,
+    config_hash: str,
+    extra: dict | None = None,
+) -> None:
+    """Write the motion state of ``scene`` (atomically)."""
+    tensors, meta = to_dict(
+        scene, iteration=int(iteration), config_hash=config_hash, **(extra or {})
+    )
     with atomic_path(path, suffix=".safetensors") as tmp:
         save_file(tensors, str(tmp), metadata={"chord": json.dumps(meta)})
 

@@ -1,0 +1,227 @@
+"""Stages ``train_coarse`` and ``train_fine`` (METHOD §7, §17–§19): build the trainer from
+the earlier stages' files, resume from the newest valid checkpoint, and write the hand-off
+state (coarse.pt / fine.pt) and the loss log."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import logging
+from pathlib import Path
+
+import numpy as np
+import torch
+import trimesh
+
+from chord import cameras, config, demo, gaussians, rng, train
+from chord.guidance import text as text_cond
+from chord.motion import build_scene, state
+from chord.render import splat_tensors
+from chord.stages import ingest
+
+logger = logging.getLogger(__name__)
+
+MEMORY_KEYS = (
+    "split_sds_backward",
+    "split_render_backward",
+    "split_render_chunk_size",
+    "enable_mmgp",
+    "mmgp_profile",
+    "mmgp_transformer_budget",
+    "log_run_time",
+)
+LOG_FIELDS = ("it", "sds", "ground", "temporal", "arap", "t", "cfg", "skipped")
+
+
+def config_hash(method, guidance) -> str:
+    """Hash of everything that changes the result (memory flags excluded)."""
+    values = {k: v for k, v in dataclasses.asdict(method).items() if k not in MEMORY_KEYS}
+    values["guidance"] = {
+        "backend": guidance.backend,
+        "ckpt_dir": guidance.ckpt_dir,
+        "oracle_pool": guidance.oracle_pool,
+    }
+    return state.config_hash(values)
+
+
+def oracle_for(doc: dict, gsets: dict, data_dir: Path, method, guidance, width, height):
+    from chord.guidance.oracle import OracleGuidance, scripted_gaussians
+
+    path = Path(data_dir) / "motion.json"
+    if not path.is_file():
+        raise ValueError(
+            f"{path}: missing; the oracle guidance distils a scene's scripted "
+            "motion.json (use guidance.backend: wan for other scenes)"
+        )
+    motion = demo.load_motion(path)
+    rest = {n: splat_tensors(g) for n, g in gsets.items()}
+    means, quats = scripted_gaussians(doc, rest, motion, method.frame_num)
+    cat = lambda k: torch.cat([rest[n][k] for n in rest])  # noqa: E731
+    degree = max(g.sh_degree for g in gsets.values())
+    sh = torch.cat(
+        [
+            torch.nn.functional.pad(
+                rest[n]["sh"], (0, 0, 0, (degree + 1) ** 2 - rest[n]["sh"].shape[1])
+            )
+            for n in rest
+        ]
+    )
+    target = {
+        "means": means.float(),
+        "quats": quats.float(),
+        "scales": cat("scales"),
+        "opacities": cat("opacities"),
+        "sh": sh,
+        "sh_degree": degree,
+    }
+    return OracleGuidance(target, width=width, height=height, pool=guidance.oracle_pool)
+
+
+def build(
+    *,
+    scene_json: Path,
+    plys: dict,
+    voxels: dict,
+    text_path: Path | None,
+    data_dir: Path,
+    method,
+    guidance,
+    memory: train.MemoryFlags | None = None,
+    seed: int = 0,
+    rank: int = 0,
+    world_size: int = 1,
+    device="cpu",
+) -> train.Trainer:
+    """A :class:`~chord.train.Trainer` from the stage outputs of one scene."""
+    doc = ingest.read(scene_json)
+    names = [o["name"] for o in doc["objects"] if o["role"] != "avoided"]
+    gsets = {n: gaussians.read_ply(plys[n], sh_degree_cap=method.sh_degree) for n in names}
+    vox = {}
+    for name, path in voxels.items():
+        with np.load(path) as z:
+            vox[name] = {k: z[k] for k in z.files}
+    scene = build_scene(doc, gsets, vox, method)
+    width, height = config.parse_size(method.size, where="method: size")
+    dyn_bounds = [o["bounds"] for o in doc["objects"] if o["role"] == "dynamic"]
+    target = tuple(cameras.camera_target(method.cam_height, method.recenter_cam, dyn_bounds))
+    if guidance.backend == "oracle":
+        teacher = oracle_for(doc, gsets, data_dir, method, guidance, width, height)
+        text = None
+    else:
+        from chord.guidance import wan
+
+        teacher = wan.from_config(guidance, method, device=device)
+        text = text_cond.read(text_path)[0]
+    meshes = {}
+    for name in method.add_cp_objs:
+        parts = ingest.sc.load_parts(ingest.mesh_path(scene_json, doc, name))
+        meshes[name] = trimesh.util.concatenate(
+            [trimesh.Trimesh(p.vertices, p.faces, process=False) for p in parts]
+        )
+    ground = method.ground_level if method.ground_level is not None else doc["ground_level"]
+    return train.Trainer(
+        scene=scene,
+        guidance=teacher,
+        text=text,
+        method=method,
+        width=width,
+        height=height,
+        target=target,
+        memory=memory or train.MemoryFlags.from_method(method),
+        seed=seed,
+        rank=rank,
+        world_size=world_size,
+        ground_level=ground,
+        meshes=meshes,
+        surface_voxel_size={n: float(v["surface_voxel_size"]) for n, v in vox.items()},
+    )
+
+
+def newest_checkpoint(folder: Path) -> dict | None:
+    """The newest readable checkpoint in ``folder`` (one configuration's), else None."""
+    if not folder.is_dir():
+        return None
+    for path in sorted(folder.glob("ckpt_*.pt"), reverse=True):
+        try:
+            return train.load_checkpoint(path)
+        except ValueError as exc:  # e.g. a file cut short by a kill: try the one before
+            logger.warning("skipping %s: %s", path, exc)
+    return None
+
+
+class LossLog:
+    """A TSV of per-iteration losses (appends on resume)."""
+
+    def __init__(self, path: Path, start: int):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        rows = []
+        if self.path.is_file() and start > 1:  # keep what was logged before the resume point
+            with open(self.path) as f:
+                rows = [r for r in csv.DictReader(f, delimiter="\t") if int(r["it"]) < start]
+        self.f = open(self.path, "w", newline="")
+        self.w = csv.DictWriter(self.f, LOG_FIELDS, delimiter="\t", extrasaction="ignore")
+        self.w.writeheader()
+        self.w.writerows(rows)
+
+    def __call__(self, rec: dict) -> None:
+        self.w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in rec.items()})
+        self.f.flush()
+
+    def close(self) -> None:
+        self.f.close()
+
+
+def run_stage(
+    stage: str,
+    *,
+    inputs: dict,
+    out: Path,
+    loss_log: Path,
+    checkpoint_dir: Path,
+    method,
+    guidance,
+    memory: train.MemoryFlags | None = None,
+    handoff: Path | None = None,
+) -> dict:
+    """Run ``stage`` ("coarse" or "fine"); returns a summary."""
+    h = config_hash(method, guidance)
+    seed = rng.base_seed(method.seed)
+    start_ckpt = None
+    if stage == "fine":
+        if handoff is None:
+            raise ValueError("train_fine needs the coarse hand-off state")
+        start_ckpt = train.load_checkpoint(handoff)
+        if start_ckpt["config_hash"] != h:
+            raise ValueError(f"{handoff}: written with another configuration; rerun coarse")
+        seed = start_ckpt["seed"]
+    # checkpoints live per configuration hash: a changed configuration starts fresh
+    ckpt_dir = Path(checkpoint_dir) / h
+    others = [p.name for p in Path(checkpoint_dir).glob("*") if p.is_dir() and p.name != h]
+    resume = newest_checkpoint(ckpt_dir)
+    if resume is not None:
+        seed = resume["seed"]
+    elif others:
+        logger.info(
+            "configuration changed since the checkpoints in %s; starting fresh", checkpoint_dir
+        )
+    trainer = build(**inputs, method=method, guidance=guidance, memory=memory, seed=seed)
+    N = method.iterations
+    stop = method.add_cp_layer_iter if stage == "coarse" and method.add_cp_objs else N + 1
+    start = 1
+    if start_ckpt is not None:
+        start = trainer.load_checkpoint(start_ckpt)
+    if resume is not None and resume["iteration"] + 1 > start:
+        start = trainer.load_checkpoint(resume)
+        logger.info("resuming %s from iteration %d", stage, start)
+    early = (2 * N) // 3 if method.early_stop else None
+    log = LossLog(loss_log, start)
+    try:
+        if start < stop and (early is None or start <= early):
+            last = train.run(trainer, start, stop, config_hash=h, checkpoint_dir=ckpt_dir, log=log)
+        else:
+            last = start - 1
+    finally:
+        log.close()
+    train.save_checkpoint(out, trainer.checkpoint(last, h))
+    return {"stage": stage, "start": start, "last": last, "seed": seed}

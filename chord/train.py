@@ -1,0 +1,422 @@
+"""The optimisation loop (METHOD §15–§19): regularisers, RF-SDS in every memory mode, the
+table operations at their iterations, Adam, checkpoints and the coarse → fine hand-off."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from chord import cameras, losses, optim, rng
+from chord.guidance import rfsds
+from chord.motion import fenwick, state
+from chord.motion.model import MotionScene, plan_second_layer
+from chord.render import rasterize
+
+logger = logging.getLogger(__name__)
+
+CKPT_FORMAT = "chord-train/1"
+
+
+@dataclass(frozen=True)
+class MemoryFlags:
+    """METHOD §15: change memory and time, never results (kept apart from the method)."""
+
+    split_sds_backward: bool = False
+    split_render_backward: bool = False
+    split_render_chunk_size: int = -1
+
+    @classmethod
+    def from_method(cls, method, **overrides) -> MemoryFlags:
+        values = {k: getattr(method, k) for k in cls.__dataclass_fields__}
+        values.update(overrides)
+        return cls(**values)
+
+
+@dataclass
+class Trainer:
+    """Everything one optimisation run needs; :meth:`step` runs one iteration."""
+
+    scene: MotionScene
+    guidance: object
+    text: dict | None
+    method: object
+    width: int
+    height: int
+    target: tuple = (0.0, 0.0, 0.0)
+    memory: MemoryFlags = field(default_factory=MemoryFlags)
+    seed: int = 0
+    rank: int = 0
+    world_size: int = 1
+    ground_level: float = 0.0
+    meshes: dict = field(default_factory=dict)  # obj -> trimesh (for the second layer)
+    surface_voxel_size: dict = field(default_factory=dict)  # obj -> mem_init_voxel_size
+    backend: str = "auto"
+
+    def __post_init__(self):
+        m = self.method
+        self.frames = torch.arange(m.frame_num)
+        self.K = cameras.intrinsics(self.width, self.height, m.fovy)
+        self.sds_scale, self.temporal_scale = rfsds.resolution_scales(self.width, self.height)
+        self.optimizers = {
+            name: optim.make_optimizer(obj.param_groups(), m, 1)
+            for name, obj in self.scene.dynamic.items()
+        }
+        self._arap = {}
+        self.nonfinite = 0
+
+    # -- rendering -------------------------------------------------------------------------
+    def render(self, viewmat: Tensor, background: Tensor, frames: Tensor) -> Tensor:
+        """Video [F, 3, H, W] of ``frames`` from one camera (live skinning weights unless
+        ``detach_radius``)."""
+        g = self.scene.frame_gaussians(frames, detach_weights=self.method.detach_radius)
+        F = len(frames)
+        dtype = g["means"].dtype
+        rep = lambda x: x[None].expand(F, *x.shape)  # noqa: E731
+        rgb, _, _ = rasterize(
+            g["means"],
+            g["quats"],
+            rep(g["scales"]),
+            rep(g["opacities"]),
+            rep(g["sh"]),
+            viewmat.to(dtype)[None, None].expand(F, 1, 4, 4),
+            self.K.to(dtype)[None, None].expand(F, 1, 3, 3),
+            self.width,
+            self.height,
+            sh_degree=g["sh_degree"],
+            backgrounds=background.to(dtype)[None, None].expand(F, 1, 3),
+            backend=self.backend,
+        )
+        return rgb[:, 0].permute(0, 3, 1, 2)
+
+    def _chunks(self):
+        T = self.method.frame_num
+        c = self.memory.split_render_chunk_size
+        c = T if c == -1 else c
+        return [self.frames[s : s + c] for s in range(0, T, c)]
+
+    def backprop_video(self, viewmat, background, loss_of_video) -> None:
+        """Render with grad and backpropagate ``loss_of_video(video)``; with
+        ``split_render_backward``: render without grad into a leaf, backprop the loss to it,
+        then re-render chunk by chunk and backpropagate its gradient (METHOD §15)."""
+        if not self.memory.split_render_backward:
+            loss_of_video(self.render(viewmat, background, self.frames)).backward()
+            return
+        with torch.no_grad():
+            video = self.render(viewmat, background, self.frames)
+        leaf = video.requires_grad_(True)
+        loss_of_video(leaf).backward()
+        grad = leaf.grad
+        del leaf, video
+        for chunk in self._chunks():
+            part = self.render(viewmat, background, chunk)
+            if part.requires_grad:  # frame 0 alone is pinned: nothing to backpropagate
+                part.backward(grad[chunk])
+
+    # -- losses ----------------------------------------------------------------------------
+    def regularisers(self, it: int, cams: dict) -> dict[str, float]:
+        """METHOD §16: ground, temporal and ARAP losses, one backward; returns the values."""
+        m, B = self.method, len(cams["viewmats"])
+        total = 0.0
+        out = {"ground": 0.0, "temporal": 0.0, "arap": 0.0}
+        lam_t = losses.time_weight(
+            it,
+            lambda_dis_time=m.lambda_dis_time,
+            landmarks=m.time_loss_landmarks,
+            steps=m.landmark_steps,
+            n_iters=m.iterations,
+        )
+        lam_a = losses.arap_weight(
+            it,
+            lambda_arap=m.lambda_arap,
+            landmarks=m.arap_landmarks,
+            steps=m.landmark_steps,
+            n_iters=m.iterations,
+        )
+        gen = rng.generator(self.seed, self.rank, it, "arap")
+        for name, obj in self.scene.dynamic.items():
+            if m.lambda_ground > 0 and name in m.gl_objects:
+                X, _ = obj.deform(self.frames, points="surface", detach_weights=True)
+                loss = m.lambda_ground * losses.ground_loss(X[..., 1], self.ground_level)
+                total = total + loss
+                out["ground"] += float(loss.detach())
+            if lam_t > 0:
+                means, quats = obj.deform(self.frames, detach_weights=True)
+                sl = self.scene.slices[name]
+                tl = losses.temporal_loss(
+                    means,
+                    quats,
+                    self.scene.scales[sl],
+                    self.scene.opacities[sl],
+                    cams["viewmats"].to(means.dtype),
+                    self.K.to(means.dtype),
+                    self.width,
+                    self.height,
+                    backend=self.backend,
+                )
+                loss = tl * lam_t * self.temporal_scale / B
+                total = total + loss
+                out["temporal"] += float(loss.detach())
+            if lam_a > 0:
+                if name not in self._arap:
+                    self._arap[name] = losses.arap_connectivity(obj.surface)
+                nbr, mask = self._arap[name]
+                X, _ = obj.deform(self.frames, points="surface", detach_weights=True)
+                sample = losses.arap_sample(X.shape[1], obj.arap_sample_num, B, gen)
+                loss = losses.arap_energy(X, nbr, mask, sample) * lam_a / B
+                total = total + loss
+                out["arap"] += float(loss.detach())
+        if torch.is_tensor(total) and total.requires_grad:
+            total.backward()
+        return out
+
+    def sds(self, it: int, cams: dict) -> float:
+        """METHOD §11–§15: the RF-SDS backward of every video in the configured memory mode;
+        returns the reported SDS loss ½·Σg² (times the scales)."""
+        m, B = self.method, len(cams["viewmats"])
+        t, w = rfsds.timestep_at(it, m.iterations, resample=m.resample_timestep)
+        cfg = rfsds.cfg_scale_at(it, m.iterations, m.init_cfg_scale, m.last_cfg_scale)
+        scale = self.sds_scale / B
+        reported = 0.0
+
+        def camera(b):
+            return {
+                "viewmat": cams["viewmats"][b],
+                "K": self.K,
+                "background": cams["backgrounds"][b],
+            }
+
+        def target_grad(z, video, b):
+            """g_b for latents z of video b (no grad)."""
+            cond = self.guidance.condition(video.detach(), **camera(b))
+            eps = rfsds.noise_like(z, rng.generator(self.seed, self.rank, it, f"noise/{b}"))
+            v_hat = self.guidance.velocity(
+                rfsds.noisy_latents(z, eps, t)[None], t, [cond], self.text, cfg
+            )[0]
+            return rfsds.sds_grad(z.detach(), eps, v_hat.to(z.dtype), w)
+
+        if not self.memory.split_sds_backward:
+            for b in range(B):
+
+                def loss_of_video(video, b=b):
+                    nonlocal reported
+                    z = self.guidance.encode_video(video)
+                    loss, rep = rfsds.sds_loss(z, target_grad(z, video, b))
+                    reported += float(rep) * scale
+                    return loss * scale
+
+                self.backprop_video(cams["viewmats"][b], cams["backgrounds"][b], loss_of_video)
+                self.guidance.unload()
+            return reported
+        # split: targets without grad, release the expert, then re-render with grad
+        targets = []
+        with torch.no_grad():
+            for b in range(B):
+                video = self.render(cams["viewmats"][b], cams["backgrounds"][b], self.frames)
+                z = self.guidance.encode_video(video)
+                g = target_grad(z, video, b)
+                reported += float(0.5 * g.square().sum()) * scale
+                targets.append(rfsds.sds_target(z, g))
+        self.guidance.unload()
+        for b in range(B):
+
+            def loss_of_video(video, b=b):
+                z = self.guidance.encode_video(video)
+                loss, _ = rfsds.sds_loss(z, z.detach() - targets[b])
+                return loss * scale
+
+            self.backprop_video(cams["viewmats"][b], cams["backgrounds"][b], loss_of_video)
+        return reported
+
+    # -- table operations (METHOD §6, §7) ---------------------------------------------------
+    def before_step(self, it: int) -> None:
+        m = self.method
+        if it == m.back_iter and fenwick.reset_enabled(
+            m.back_iter, m.iterations, m.prev_frame_number, m.frame_num
+        ):
+            for name, obj in self.scene.dynamic.items():
+                fenwick.progressive_reset(obj.layer1.cp_deform.data, m.prev_frame_number)
+                optim.zero_moments(self.optimizers[name], obj.layer1.cp_deform)
+            logger.info("it %d: progressive reset after frame %d", it, m.prev_frame_number)
+        if it == m.add_cp_layer_iter:
+            for name in m.add_cp_objs:
+                self.add_second_layer(name, it)
+        if it == m.convert_cp_independent_iter:
+            for name, obj in self.scene.dynamic.items():
+                for layer in (obj.layer1, obj.layer2):
+                    if layer is not None and not layer.per_frame:
+                        layer.convert_to_per_frame()
+                        optim.zero_moments(self.optimizers[name], layer.cp_deform)
+
+    def add_second_layer(self, name: str, it: int) -> None:
+        obj = self.scene.dynamic[name]
+        if obj.layer2 is not None:
+            return
+        m = self.method
+        centres, surface, _ = plan_second_layer(
+            self.meshes[name],
+            obj.rest_means.detach().cpu().numpy(),
+            mem_init_voxel_size=self.surface_voxel_size[name],
+            first_layer_count=obj.layer1.centres.shape[0],
+            method=m,
+        )
+        t = lambda a: torch.as_tensor(a, dtype=obj.rest_means.dtype)  # noqa: E731
+        obj.add_second_layer(
+            t(centres), t(surface), mult_rot_way=m.mult_rot_way, detach_first=m.add_cp_detach_first
+        )
+        self._arap.pop(name, None)
+        optim.add_groups(self.optimizers[name], obj.param_groups(), m, it)
+        logger.info("it %d: %s gets a second layer of %d control points", it, name, len(centres))
+
+    # -- one iteration ---------------------------------------------------------------------
+    def cameras_at(self, it: int) -> dict:
+        m = self.method
+        cams = cameras.sample_training_cameras(
+            m.batch_size,
+            rng.generator(self.seed, self.rank, it, "cameras"),
+            azim_l=m.azim_l,
+            azim_r=m.azim_r,
+            elev_l=m.elev_l,
+            elev_r=m.elev_r,
+            azim_segments=m.azim_segments,
+            elev_segments=m.elev_segments,
+            radius=m.cam_radius,
+            target=self.target,
+            invert_bg_prob=m.invert_bg_prob,
+        )
+        return cams
+
+    def step(self, it: int) -> dict:
+        """METHOD §17's order: table operations, LRs and cameras, regularisers, SDS, Adam."""
+        self.before_step(it)
+        for opt in self.optimizers.values():
+            optim.set_learning_rates(opt, it, self.method)
+        cams = self.cameras_at(it)
+        reg = self.regularisers(it, cams)
+        sds = self.sds(it, cams)
+        self.all_reduce()
+        params = [
+            p
+            for opt in self.optimizers.values()
+            for g in opt.param_groups
+            for p in g["params"]
+            if p.grad is not None
+        ]
+        finite = all(bool(torch.isfinite(p.grad).all()) for p in params) and math.isfinite(sds)
+        if finite:
+            for opt in self.optimizers.values():
+                opt.step()
+            self.nonfinite = 0
+        else:
+            self.nonfinite += 1
+            logger.warning(
+                "it %d: non-finite loss or gradient, step skipped (%d in a row)", it, self.nonfinite
+            )
+        for opt in self.optimizers.values():
+            opt.zero_grad(set_to_none=True)
+        t, _ = rfsds.timestep_at(it, self.method.iterations, resample=self.method.resample_timestep)
+        cfg = rfsds.cfg_scale_at(
+            it, self.method.iterations, self.method.init_cfg_scale, self.method.last_cfg_scale
+        )
+        return {"it": it, "sds": sds, **reg, "t": t, "cfg": cfg, "skipped": int(not finite)}
+
+    def all_reduce(self) -> None:
+        """METHOD §18: average gradients over ranks (a missing gradient counts as zero)."""
+        if self.world_size == 1:
+            return
+        import torch.distributed as dist
+
+        for opt in self.optimizers.values():
+            for g in opt.param_groups:
+                for p in g["params"]:
+                    grad = p.grad if p.grad is not None else torch.zeros_like(p)
+                    has = torch.tensor([float(p.grad is not None)])
+                    dist.all_reduce(has)
+                    if float(has) == 0:
+                        continue
+                    dist.all_reduce(grad)
+                    p.grad = grad / self.world_size
+
+    # -- checkpoints -----------------------------------------------------------------------
+    def checkpoint(self, it: int, config_hash: str) -> dict:
+        """Everything needed to continue after iteration ``it`` (weights-only loadable)."""
+        tensors, meta = state.to_dict(self.scene)
+        return {
+            "format": CKPT_FORMAT,
+            "iteration": it,
+            "seed": self.seed,
+            "config_hash": config_hash,
+            "motion": tensors,
+            "motion_meta": meta,
+            "optimizers": {n: o.state_dict() for n, o in self.optimizers.items()},
+            "surface_voxel_size": self.surface_voxel_size,
+        }
+
+    def load_checkpoint(self, ckpt: dict) -> int:
+        """Restore a :meth:`checkpoint`; returns the next iteration to run."""
+        state.restore(self.scene, ckpt["motion"], ckpt["motion_meta"])
+        for name, obj in self.scene.dynamic.items():
+            opt = optim.make_optimizer(obj.param_groups(), self.method, ckpt["iteration"])
+            opt.load_state_dict(ckpt["optimizers"][name])
+            self.optimizers[name] = opt
+        self._arap.clear()
+        self.seed = ckpt["seed"]
+        return ckpt["iteration"] + 1
+
+
+def save_checkpoint(path: Path, ckpt: dict) -> None:
+    from chord.io import atomic_path
+
+    with atomic_path(path, suffix=".pt") as tmp:
+        torch.save(ckpt, tmp)
+
+
+def load_checkpoint(path: Path) -> dict:
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises several types for truncated or foreign files
+        raise ValueError(f"{path}: not a readable training checkpoint ({exc})") from exc
+    if not isinstance(ckpt, dict) or ckpt.get("format") != CKPT_FORMAT:
+        raise ValueError(f"{path}: not a {CKPT_FORMAT} checkpoint")
+    return ckpt
+
+
+def save_points(method) -> set[int]:
+    """METHOD §19: iterations 1, 5, every save_interval and ⌊2N/3⌋."""
+    N = method.iterations
+    return {1, 5, *range(method.save_interval, N + 1, method.save_interval), (2 * N) // 3}
+
+
+def run(
+    trainer: Trainer,
+    start: int,
+    stop: int,
+    *,
+    config_hash: str,
+    checkpoint_dir: Path | None = None,
+    log=None,
+) -> int:
+    """Iterations [start, stop) (early stop honoured); returns the last iteration run."""
+    m = trainer.method
+    early = (2 * m.iterations) // 3 if m.early_stop else None
+    saves = save_points(m)
+    last = start - 1
+    t0 = time.perf_counter()
+    for it in range(start, stop):
+        rec = trainer.step(it)
+        last = it
+        if log is not None:
+            log(rec)
+        if checkpoint_dir is not None and (it in saves or it == stop - 1):
+            save_checkpoint(
+                Path(checkpoint_dir) / f"ckpt_{it:06d}.pt", trainer.checkpoint(it, config_hash)
+            )
+        if early is not None and it >= early:
+            break
+    logger.info("iterations %d..%d in %.1f s", start, last, time.perf_counter() - t0)
+    return last
