@@ -109,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="chord", description=__doc__)
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("train", help="CHORD train.py flags (see `chord train --help`)", add_help=False)
 
     def with_config(sp):
         sp.add_argument("--config", default="config/config.yaml", help="workflow config YAML")
@@ -137,6 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["train"]:  # CHORD's train.py flags, parsed by chord.train_cli
+        return _train(argv[1:])
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
@@ -147,6 +151,19 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except (cfg.ConfigError, SceneError, ValueError, FileNotFoundError) as exc:
         print(f"chord {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_INPUT
+
+
+def _train(argv: list[str]) -> int:
+    from chord import train_cli
+
+    logging.basicConfig(
+        level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    try:
+        return train_cli.run(argv)
+    except (cfg.ConfigError, SceneError, ValueError, FileNotFoundError) as exc:
+        print(f"chord train: error: {exc}", file=sys.stderr)
         return EXIT_INPUT
 
 

@@ -183,6 +183,7 @@ def run_stage(
     guidance,
     memory: train.MemoryFlags | None = None,
     handoff: Path | None = None,
+    device="cpu",
 ) -> dict:
     """Run ``stage`` ("coarse" or "fine"); returns a summary."""
     h = config_hash(method, guidance)
@@ -205,7 +206,9 @@ def run_stage(
         logger.info(
             "configuration changed since the checkpoints in %s; starting fresh", checkpoint_dir
         )
-    trainer = build(**inputs, method=method, guidance=guidance, memory=memory, seed=seed)
+    trainer = build(
+        **inputs, method=method, guidance=guidance, memory=memory, seed=seed, device=device
+    )
     N = method.iterations
     stop = method.add_cp_layer_iter if stage == "coarse" and method.add_cp_objs else N + 1
     start = 1

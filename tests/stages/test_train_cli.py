@@ -1,0 +1,87 @@
+"""`chord train` takes CHORD's train.py command lines (the seed documents' commands)."""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+
+from chord import cli, demo, train, train_cli
+from chord.guidance import tiny_models
+
+SEED_48GB = """--ex_name <experiment_name> --mesh_source_path data/<scene_name> --model
+trained/<scene_name> --prompt "<prompt>" --split_sds_backward --split_render_backward
+--split_render_chunk_size 21 --ckpt_dir ./Wan2.2-I2V-A14B --task i2v-A14B --size "832*480"
+--n_prompt "." --use_tiny_vae --early_stop --init_voxel_size 0.015 --lambda_ground 0.0
+--batch_size 4 --lambda_arap 2.4 --invert_bg_prob -0.5 --azim_l 0.0 --azim_r 360.0
+--ref_azim 60.0 --elev_l -10.0 --elev_r 40.0 --cam_radius 2.0 --resample_timestep --cp_num 60
+--lambda_dis_time 2.0 --last_cfg_scale 12.0 --init_cfg_scale 25.0 --frame_num 41
+--save_interval 500 --iterations 3000"""
+SEED_24GB = SEED_48GB.replace("--split_sds_backward", "--enable_mmgp --split_sds_backward")
+
+
+@pytest.mark.parametrize("command", [SEED_48GB, SEED_24GB])
+def test_seed_commands_parse(command):
+    args, method = train_cli.parse(shlex.split(command))
+    assert args.mesh_source_path == "data/<scene_name>" and args.ckpt_dir == "./Wan2.2-I2V-A14B"
+    assert method.split_render_chunk_size == 21 and method.use_tiny_vae
+    assert method.resample_timestep and method.early_stop and method.invert_bg_prob == -0.5
+    assert method.size == "832*480" and method.iterations == 3000 and method.cp_num == 60
+    assert method.enable_mmgp == ("--enable_mmgp" in command)
+
+
+def test_bad_flags_are_errors(capsys):
+    with pytest.raises(SystemExit):
+        train_cli.parse(shlex.split(SEED_48GB) + ["--cp_nmu", "3"])
+    assert "unrecognized arguments: --cp_nmu" in capsys.readouterr().err
+    code = cli.main(["train", *shlex.split(SEED_48GB), "--size", "833*480"])
+    assert code == 2 and "nearest valid sizes: 832*480, 848*480" in capsys.readouterr().err
+    code = cli.main(["train", *shlex.split(SEED_48GB), "--dit_fsdp"])
+    assert code == 2 and "--dit_fsdp: sharded Wan is not supported" in capsys.readouterr().err
+
+
+def test_seed_command_runs_against_a_tiny_saved_model(tmp_path):
+    from safetensors.torch import save_file
+
+    from chord.guidance.tiny_vae import TinyVAEEncoder
+
+    wan_dir = tiny_models.write_tiny_wan(tmp_path / "Wan2.2-I2V-A14B")
+    tiny = tmp_path / "lighttaew2_1.safetensors"
+    save_file(TinyVAEEncoder().state_dict(), str(tiny))
+    data = demo.write_demo_scene("hop", tmp_path / "data", frame_num=5)
+    command = (
+        SEED_48GB.replace("data/<scene_name>", str(data))
+        .replace("trained/<scene_name>", str(tmp_path / "trained"))
+        .replace("./Wan2.2-I2V-A14B", str(wan_dir))
+        .replace("<experiment_name>", "seed")
+        .replace("<prompt>", "a block hops")
+    )
+    # the CPU-sized overrides come last and win, as with argparse on the release's script
+    small = [
+        "--tiny_vae_path",
+        str(tiny),
+        "--size",
+        "64*32",
+        "--frame_num",
+        "5",
+        "--iterations",
+        "3",
+        "--batch_size",
+        "1",
+        "--gs_init_num",
+        "400",
+        "--surface_target_num",
+        "300",
+        "--cp_num",
+        "12",
+        "--arap_sample_num",
+        "64",
+        "--split_render_chunk_size",
+        "2",
+    ]
+    assert cli.main(["train", *shlex.split(command), *small]) == 0
+    run = tmp_path / "trained" / "seed"
+    ckpt = train.load_checkpoint(run / "train" / "coarse.pt")
+    assert ckpt["iteration"] == 2  # --early_stop: ⌊2N/3⌋ = 2 of N = 3
+    assert (run / "condition" / "text.safetensors").is_file()
+    assert (run / "train" / "coarse_losses.tsv").read_text().count("\n") == 3
