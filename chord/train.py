@@ -138,7 +138,6 @@ class Trainer:
             steps=m.landmark_steps,
             n_iters=m.iterations,
         )
-        gen = rng.generator(self.seed, self.rank, it, "arap")
         for name, obj in self.scene.dynamic.items():
             if m.lambda_ground > 0 and name in m.gl_objects:
                 X, _ = obj.deform(self.frames, points="surface", detach_weights=True)
@@ -167,7 +166,17 @@ class Trainer:
                     self._arap[name] = losses.arap_connectivity(obj.surface)
                 nbr, mask = self._arap[name]
                 X, _ = obj.deform(self.frames, points="surface", detach_weights=True)
-                sample = losses.arap_sample(X.shape[1], obj.arap_sample_num, B, gen)
+                sample = torch.cat(
+                    [  # one draw of n per video (METHOD §16)
+                        losses.arap_sample(
+                            X.shape[1],
+                            obj.arap_sample_num,
+                            1,
+                            rng.generator(self.seed, self.video_index(b), it, f"arap/{name}"),
+                        )
+                        for b in range(B)
+                    ]
+                )
                 loss = losses.arap_energy(X, nbr, mask, sample) * lam_a / B
                 total = total + loss
                 out["arap"] += float(loss.detach())
@@ -194,7 +203,7 @@ class Trainer:
         def target_grad(z, video, b):
             """g_b for latents z of video b (no grad)."""
             cond = self.guidance.condition(video.detach(), **camera(b))
-            eps = rfsds.noise_like(z, rng.generator(self.seed, self.rank, it, f"noise/{b}"))
+            eps = rfsds.noise_like(z, rng.generator(self.seed, self.video_index(b), it, "noise"))
             v_hat = self.guidance.velocity(
                 rfsds.noisy_latents(z, eps, t)[None], t, [cond], self.text, cfg
             )[0]
@@ -274,22 +283,31 @@ class Trainer:
         logger.info("it %d: %s gets a second layer of %d control points", it, name, len(centres))
 
     # -- one iteration ---------------------------------------------------------------------
+    def video_index(self, b: int) -> int:
+        """Global index of this rank's video b: draws depend on it, so N ranks × B videos
+        draw exactly what one process with N·B videos draws (rank r, B = 1: seed + r)."""
+        return self.rank * self.method.batch_size + b
+
     def cameras_at(self, it: int) -> dict:
+        """METHOD §8: this rank's B training cameras and backgrounds for iteration ``it``."""
         m = self.method
-        cams = cameras.sample_training_cameras(
-            m.batch_size,
-            rng.generator(self.seed, self.rank, it, "cameras"),
-            azim_l=m.azim_l,
-            azim_r=m.azim_r,
-            elev_l=m.elev_l,
-            elev_r=m.elev_r,
-            azim_segments=m.azim_segments,
-            elev_segments=m.elev_segments,
-            radius=m.cam_radius,
-            target=self.target,
-            invert_bg_prob=m.invert_bg_prob,
-        )
-        return cams
+        per_video = [
+            cameras.sample_training_cameras(
+                1,
+                rng.generator(self.seed, self.video_index(b), it, "cameras"),
+                azim_l=m.azim_l,
+                azim_r=m.azim_r,
+                elev_l=m.elev_l,
+                elev_r=m.elev_r,
+                azim_segments=m.azim_segments,
+                elev_segments=m.elev_segments,
+                radius=m.cam_radius,
+                target=self.target,
+                invert_bg_prob=m.invert_bg_prob,
+            )
+            for b in range(m.batch_size)
+        ]
+        return {k: torch.cat([c[k] for c in per_video]) for k in per_video[0]}
 
     def step(self, it: int) -> dict:
         """METHOD §17's order: table operations, LRs and cameras, regularisers, SDS, Adam."""

@@ -20,6 +20,14 @@ from chord.render import splat_tensors
 W, H, T = 32, 16, 5
 
 
+@pytest.fixture(autouse=True)
+def deterministic():
+    """Bit-exact comparisons need torch's deterministic CPU kernels (as the stage sets)."""
+    torch.use_deterministic_algorithms(True)
+    yield
+    torch.use_deterministic_algorithms(False)
+
+
 def box_splats(extents, centre, n, seed):
     mesh = trimesh.creation.box(extents=extents)
     mesh.apply_translation(centre)
