@@ -69,6 +69,22 @@ class Trainer:
         }
         self._arap = {}
         self.nonfinite = 0
+        if self.world_size > 1:
+            self.sync_from_rank0()
+
+    @torch.no_grad()
+    def sync_from_rank0(self) -> None:
+        """METHOD §18: rank 0's control points, surface sets and parameters on every rank."""
+        import torch.distributed as dist
+
+        for obj in self.scene.dynamic.values():
+            for layer in (obj.layer1, obj.layer2):
+                if layer is None:
+                    continue
+                for t in (layer.centres, layer.cp_radius, layer.cp_rotation, layer.cp_deform):
+                    dist.broadcast(t.data, src=0)
+            dist.broadcast(obj.surface, src=0)
+            obj._nbr.clear()
 
     # -- rendering -------------------------------------------------------------------------
     def render(self, viewmat: Tensor, background: Tensor, frames: Tensor) -> Tensor:
