@@ -160,8 +160,13 @@ def _train(argv: list[str]) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
+    from chord.train import Interrupted
+
     try:
         return train_cli.run(argv)
+    except Interrupted as exc:
+        print(f"chord train: {exc}; rerun the same command to resume", file=sys.stderr)
+        return Interrupted.exit_code
     except (cfg.ConfigError, SceneError, ValueError, FileNotFoundError) as exc:
         print(f"chord train: error: {exc}", file=sys.stderr)
         return EXIT_INPUT

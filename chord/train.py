@@ -426,6 +426,16 @@ def save_points(method) -> set[int]:
     return {1, 5, *range(method.save_interval, N + 1, method.save_interval), (2 * N) // 3}
 
 
+class Interrupted(Exception):
+    """SIGTERM arrived: a checkpoint of the last finished iteration was written."""
+
+    exit_code = 143
+
+
+def _checkpoints(folder: Path | None) -> list[Path]:
+    return sorted(Path(folder).glob("ckpt_*.pt")) if folder is not None else []
+
+
 def run(
     trainer: Trainer,
     start: int,
@@ -434,23 +444,64 @@ def run(
     config_hash: str,
     checkpoint_dir: Path | None = None,
     log=None,
+    max_nonfinite_steps: int = 5,
 ) -> int:
-    """Iterations [start, stop) (early stop honoured); returns the last iteration run."""
+    """Iterations [start, stop) (early stop honoured); returns the last iteration run.
+
+    Checkpoints go to ``checkpoint_dir`` at METHOD §19's save points and at the end. SIGTERM
+    (a preempted job) finishes the current iteration, writes a checkpoint and raises
+    :class:`Interrupted`. After ``max_nonfinite_steps`` skipped steps in a row the run rolls
+    back to the newest checkpoint and runs the guidance in float32 from then on (draws are
+    deterministic, so only a change like this can help); if the steps keep failing it stops
+    with a clear error instead of looping.
+    """
+    import signal
+    import threading
+
     m = trainer.method
     early = (2 * m.iterations) // 3 if m.early_stop else None
     saves = save_points(m)
     last = start - 1
     t0 = time.perf_counter()
-    for it in range(start, stop):
-        rec = trainer.step(it)
-        last = it
-        if log is not None:
-            log(rec)
-        if checkpoint_dir is not None and (it in saves or it == stop - 1):
-            save_checkpoint(
-                Path(checkpoint_dir) / f"ckpt_{it:06d}.pt", trainer.checkpoint(it, config_hash)
-            )
-        if early is not None and it >= early:
-            break
+    term = []
+    old = None
+    if checkpoint_dir is not None and threading.current_thread() is threading.main_thread():
+        old = signal.signal(signal.SIGTERM, lambda *_: term.append(True))
+    rolled_back_to = None
+    try:
+        it = start
+        while it < stop:
+            rec = trainer.step(it)
+            last = it
+            if log is not None:
+                log(rec)
+            if trainer.nonfinite >= max_nonfinite_steps:
+                ckpts = _checkpoints(checkpoint_dir)
+                if not ckpts or ckpts[-1] == rolled_back_to:
+                    raise RuntimeError(
+                        f"iteration {it}: {trainer.nonfinite} non-finite steps in a row "
+                        "persist after rolling back; check the guidance (e.g. run it in "
+                        "float32) and the learning rates"
+                    )
+                rolled_back_to = ckpts[-1]
+                it = trainer.load_checkpoint(load_checkpoint(ckpts[-1]))
+                if hasattr(trainer.guidance, "use_float32"):  # the configured fallback
+                    trainer.guidance.use_float32()
+                trainer.nonfinite = 0
+                logger.warning("rolled back to %s after non-finite steps", ckpts[-1].name)
+                continue
+            if checkpoint_dir is not None and (it in saves or it == stop - 1 or term):
+                save_checkpoint(
+                    Path(checkpoint_dir) / f"ckpt_{it:06d}.pt",
+                    trainer.checkpoint(it, config_hash),
+                )
+            if term:
+                raise Interrupted(f"SIGTERM after iteration {it}; checkpoint written")
+            if early is not None and it >= early:
+                break
+            it += 1
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
     logger.info("iterations %d..%d in %.1f s", start, last, time.perf_counter() - t0)
     return last

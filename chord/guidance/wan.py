@@ -254,6 +254,16 @@ class WanGuidance:
             v_c, v_u = dit(x, prompt), dit(x, negative)
         return v_u + cfg_scale * (v_c - v_u)
 
+    def use_float32(self) -> None:
+        """The non-finite fallback: run the experts in float32 from now on (more memory)."""
+        if self.mmgp is not None:
+            logger.warning("float32 fallback is not available with mmgp (it keeps bf16)")
+            return
+        self.dtype = torch.float32
+        for model in self.experts.values():
+            model.float()
+        logger.warning("guidance switched to float32 after non-finite steps")
+
     def unload(self) -> None:
         """After the DiT passes: let mmgp unload the active expert (no-op otherwise)."""
         if self.mmgp is not None:

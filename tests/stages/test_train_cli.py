@@ -85,3 +85,73 @@ def test_seed_command_runs_against_a_tiny_saved_model(tmp_path):
     assert ckpt["iteration"] == 2  # --early_stop: ⌊2N/3⌋ = 2 of N = 3
     assert (run / "condition" / "text.safetensors").is_file()
     assert (run / "train" / "coarse_losses.tsv").read_text().count("\n") == 3
+
+
+def test_sigkill_mid_run_then_rerun_equals_an_uninterrupted_run(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    data = demo.write_demo_scene("hop", tmp_path / "data", frame_num=5)
+
+    def command(model):
+        return [
+            sys.executable,
+            "-m",
+            "chord.cli",
+            "train",
+            "--mesh_source_path",
+            str(data),
+            "--model",
+            str(model),
+            "--prompt",
+            "a block hops",
+            "--size",
+            "48*32",
+            "--frame_num",
+            "5",
+            "--iterations",
+            "10",
+            "--save_interval",
+            "2",
+            "--batch_size",
+            "1",
+            "--seed",
+            "7",
+            "--gs_init_num",
+            "400",
+            "--surface_target_num",
+            "300",
+            "--cp_num",
+            "12",
+            "--arap_sample_num",
+            "64",
+            "--prev_frame_number",
+            "2",
+            "--back_iter",
+            "3",
+        ]
+
+    assert subprocess.run(command(tmp_path / "once"), capture_output=True).returncode == 0
+    victim = subprocess.Popen(
+        command(tmp_path / "killed"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    ckpts = tmp_path / "killed" / "default" / "checkpoints" / "coarse"
+    deadline = time.time() + 300
+    while time.time() < deadline and not list(ckpts.glob("*/ckpt_000004.pt")):
+        time.sleep(0.05)
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.wait()
+    assert victim.returncode == -signal.SIGKILL
+    assert not (tmp_path / "killed" / "default" / "train" / "coarse.pt").exists()
+    assert subprocess.run(command(tmp_path / "killed"), capture_output=True).returncode == 0
+    a = train.load_checkpoint(tmp_path / "once" / "default" / "train" / "coarse.pt")
+    b = train.load_checkpoint(tmp_path / "killed" / "default" / "train" / "coarse.pt")
+    assert a["iteration"] == b["iteration"] == 10
+    for k in a["motion"]:
+        assert a["motion"][k].equal(b["motion"][k]), k
+    for name in a["optimizers"]:
+        for i, st in a["optimizers"][name]["state"].items():
+            assert st["exp_avg"].equal(b["optimizers"][name]["state"][i]["exp_avg"])

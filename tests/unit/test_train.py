@@ -206,3 +206,61 @@ def test_non_finite_gradients_skip_the_step():
     assert rec["skipped"] == 1 and tr.nonfinite == 1
     assert torch.equal(obj.layer1.cp_deform.detach(), before)
     assert np.isfinite(before.numpy()).all()
+
+
+class FlakyTeacher:
+    """The oracle, but its velocity is infinite until use_float32() is called."""
+
+    def __init__(self, oracle):
+        self.oracle, self.fp32, self.calls = oracle, False, 0
+
+    def __getattr__(self, name):
+        return getattr(self.oracle, name)
+
+    def velocity(self, z_t, *args, **kw):
+        self.calls += 1
+        v = self.oracle.velocity(z_t, *args, **kw)
+        return v if self.fp32 else torch.full_like(v, float("inf"))
+
+    def use_float32(self):
+        self.fp32 = True
+
+
+def test_non_finite_steps_roll_back_and_fall_back_to_float32(tmp_path):
+    m = method(iterations=6, batch_size=1, save_interval=2)
+    tr = make_trainer(m)
+    oracle = tr.guidance
+    tr.guidance = FlakyTeacher(oracle)
+    tr.guidance.fp32 = True  # healthy for the first iterations
+    train.run(tr, 1, 3, config_hash="h", checkpoint_dir=tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt_000001.pt", "ckpt_000002.pt"]
+    tr.guidance.fp32 = False  # now every step is non-finite until the fallback
+    last = train.run(tr, 3, 7, config_hash="h", checkpoint_dir=tmp_path, max_nonfinite_steps=2)
+    assert last == 6 and tr.guidance.fp32 and tr.nonfinite == 0
+    stuck = make_trainer(m)
+    stuck.guidance = FlakyTeacher(stuck.guidance)
+    stuck.guidance.fp32 = True
+    train.run(stuck, 1, 3, config_hash="h", checkpoint_dir=tmp_path / "stuck")
+    stuck.guidance.fp32 = False
+    stuck.guidance.use_float32 = lambda: None  # a fallback that does not help
+    with pytest.raises(RuntimeError, match="non-finite steps in a row persist after rolling"):
+        train.run(
+            stuck, 3, 7, config_hash="h", checkpoint_dir=tmp_path / "stuck", max_nonfinite_steps=2
+        )
+
+
+def test_sigterm_writes_a_checkpoint_and_stops(tmp_path):
+    import os
+    import signal
+
+    m = method(iterations=6, batch_size=1, save_interval=100)
+    tr = make_trainer(m)
+
+    def log(rec):
+        if rec["it"] == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    with pytest.raises(train.Interrupted):
+        train.run(tr, 1, 7, config_hash="h", checkpoint_dir=tmp_path, log=log)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt_000001.pt", "ckpt_000002.pt"]
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # handler restored
