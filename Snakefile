@@ -15,6 +15,7 @@ include: "rules/gaussians.smk"
 include: "rules/voxelize.smk"
 include: "rules/reference.smk"
 include: "rules/condition.smk"
+include: "rules/train.smk"
 
 
 rule all:

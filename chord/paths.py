@@ -44,3 +44,16 @@ def static_orbit_mp4(results, scene: str) -> Path:
 
 def text_condition(results, scene: str) -> Path:
     return scene_dir(results, scene) / "condition" / "text.safetensors"
+
+
+def train_state(results, scene: str, stage: str) -> Path:
+    return scene_dir(results, scene) / "train" / f"{stage}.pt"
+
+
+def train_losses(results, scene: str, stage: str) -> Path:
+    return scene_dir(results, scene) / "train" / f"{stage}_losses.tsv"
+
+
+def checkpoints(results, scene: str, stage: str) -> Path:
+    """Resume checkpoints: kept outside the rules' declared outputs (DESIGN §3)."""
+    return scene_dir(results, scene) / "checkpoints" / stage

@@ -39,6 +39,16 @@ CODE = {
         *sorted((PKG / "render").glob("*.py")),
         PKG / "stages/reference.py",
     ],
+    "train": [
+        PKG / "train.py",
+        PKG / "optim.py",
+        PKG / "rng.py",
+        PKG / "losses.py",
+        *sorted((PKG / "motion").glob("*.py")),
+        *sorted((PKG / "guidance").glob("*.py")),
+        *sorted((PKG / "render").glob("*.py")),
+        PKG / "stages/train.py",
+    ],
     "condition": [
         PKG / "guidance/text.py",
         PKG / "guidance/tiny_models.py",
@@ -131,6 +141,33 @@ def scene_plys(wildcards):
         for obj, role in object_roles(wildcards.scene).items()
         if role != "avoided"
     }
+
+
+def train_inputs(wildcards):
+    """Everything a scene's training reads: scene.json, every Gaussian set, the dynamic
+    objects' voxels, the text embeddings, and the oracle's motion.json when it applies.
+    """
+    scene = wildcards.scene
+    roles = object_roles(scene)
+    inputs = {
+        "scene_json": str(P.scene_json(RESULTS, scene)),
+        "text": str(P.text_condition(RESULTS, scene)),
+    }
+    for obj, role in roles.items():
+        if role != "avoided":
+            inputs[f"ply_{obj}"] = str(P.gaussians_ply(RESULTS, scene, obj))
+        if role == "dynamic":
+            inputs[f"vox_{obj}"] = str(P.voxels_npz(RESULTS, scene, obj))
+    if CONF.guidance.backend == "oracle":
+        inputs["motion"] = str(Path(CONF.scenes[scene].data) / "motion.json")
+    return inputs
+
+
+def train_params(scene):
+    """The result-changing method values and guidance (memory flags are not params)."""
+    import chord.stages.train as st
+
+    return st.config_hash(CONF.scenes[scene].method, CONF.guidance)
 
 
 def all_targets():

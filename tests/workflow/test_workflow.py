@@ -214,3 +214,24 @@ def test_unknown_config_key_stops_before_any_job(tmp_path):
     assert proc.returncode != 0
     assert "cp_nmu" in proc.stdout + proc.stderr
     assert not (work / "results").exists() and not (work / "resources").exists()
+
+
+def test_train_coarse_rule_and_memory_flags_do_not_rerun_it(demo_run, tmp_path):
+    work = tmp_path / "w"
+    shutil.copytree(demo_run, work, symlinks=True)
+    conf = yaml.safe_load((work / "config/config.yaml").read_text())
+    conf["scene_overrides"]["hop"].update(
+        {"iterations": 2, "batch_size": 1, "size": "64*32", "seed": 0}
+    )
+    (work / "config/config.yaml").write_text(yaml.safe_dump(conf, sort_keys=False))
+    target = "results/hop/train/coarse.pt"
+    jobs = planned_jobs(snakemake(work, "-n", target))
+    assert jobs == {"train_coarse": 1}
+    snakemake(work, target)
+    assert (work / "results/hop/train/coarse_losses.tsv").read_text().count("\n") == 3
+    assert sorted(p.name for p in (work / "results/hop/checkpoints/coarse").glob("*/*.pt")) == [
+        "ckpt_000001.pt",
+        "ckpt_000002.pt",
+    ]
+    set_method(work, split_sds_backward=True, split_render_backward=True)
+    assert planned_jobs(snakemake(work, "-n", target)) == {}
