@@ -16,7 +16,7 @@ from chord import cameras, losses, optim, rng
 from chord.guidance import rfsds
 from chord.motion import fenwick, state
 from chord.motion.model import MotionScene, plan_second_layer
-from chord.render import rasterize
+from chord.render import render_video
 
 logger = logging.getLogger(__name__)
 
@@ -91,24 +91,9 @@ class Trainer:
         """Video [F, 3, H, W] of ``frames`` from one camera (live skinning weights unless
         ``detach_radius``)."""
         g = self.scene.frame_gaussians(frames, detach_weights=self.method.detach_radius)
-        F = len(frames)
-        dtype = g["means"].dtype
-        rep = lambda x: x[None].expand(F, *x.shape)  # noqa: E731
-        rgb, _, _ = rasterize(
-            g["means"],
-            g["quats"],
-            rep(g["scales"]),
-            rep(g["opacities"]),
-            rep(g["sh"]),
-            viewmat.to(dtype)[None, None].expand(F, 1, 4, 4),
-            self.K.to(dtype)[None, None].expand(F, 1, 3, 3),
-            self.width,
-            self.height,
-            sh_degree=g["sh_degree"],
-            backgrounds=background.to(dtype)[None, None].expand(F, 1, 3),
-            backend=self.backend,
+        return render_video(
+            g, viewmat, self.K, self.width, self.height, background, backend=self.backend
         )
-        return rgb[:, 0].permute(0, 3, 1, 2)
 
     def _chunks(self):
         T = self.method.frame_num

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from chord import demo
 from chord import quaternion as quat
-from chord.render import rasterize
+from chord.render import render_video
 
 logger = logging.getLogger(__name__)
 
@@ -101,25 +101,9 @@ class OracleGuidance:
     @torch.no_grad()
     def render_target(self, viewmat: Tensor, K: Tensor, background: Tensor) -> Tensor:
         """The scripted-motion video [T, 3, H, W] from one camera and background."""
-        tg = self.target
-        T = tg["means"].shape[0]
-        dtype = tg["scales"].dtype
-        rep = lambda x: x[None].expand(T, *x.shape)  # noqa: E731
-        rgb, _, _ = rasterize(
-            tg["means"].to(dtype),
-            tg["quats"].to(dtype),
-            rep(tg["scales"]),
-            rep(tg["opacities"]),
-            rep(tg["sh"]),
-            viewmat.to(dtype)[None, None].expand(T, 1, 4, 4),
-            K.to(dtype)[None, None].expand(T, 1, 3, 3),
-            self.width,
-            self.height,
-            sh_degree=tg["sh_degree"],
-            backgrounds=background.to(dtype)[None, None].expand(T, 1, 3),
-            backend=self.backend,
+        return render_video(
+            self.target, viewmat, K, self.width, self.height, background, backend=self.backend
         )
-        return rgb[:, 0].permute(0, 3, 1, 2)  # [T, 3, H, W]
 
     @torch.no_grad()
     def condition(self, video: Tensor, *, viewmat: Tensor, K: Tensor, background: Tensor) -> Tensor:

@@ -171,3 +171,39 @@ def render_views(
             )
             out.append(rgb.clamp(0, 1))
     return torch.cat(out)
+
+
+def render_video(
+    frames: dict,
+    viewmat: Tensor,
+    K: Tensor,
+    width: int,
+    height: int,
+    background: Tensor,
+    *,
+    backend: str = "auto",
+) -> Tensor:
+    """Per-frame Gaussians from one camera: ``frames`` holds means [F, N, 3], quats
+    [F, N, 4] and constant scales [N, 3], opacities [N], sh [N, K, 3] and sh_degree (as
+    :meth:`chord.motion.MotionScene.frame_gaussians` returns). Returns [F, 3, H, W]."""
+    F = frames["means"].shape[0]
+    dtype = frames["scales"].dtype
+
+    def rep(x: Tensor) -> Tensor:  # constant over frames
+        return x[None].expand(F, *x.shape)
+
+    rgb, _, _ = rasterize(
+        frames["means"].to(dtype),
+        frames["quats"].to(dtype),
+        rep(frames["scales"]),
+        rep(frames["opacities"]),
+        rep(frames["sh"]),
+        viewmat.to(dtype)[None, None].expand(F, 1, 4, 4),
+        K.to(dtype)[None, None].expand(F, 1, 3, 3),
+        width,
+        height,
+        sh_degree=frames["sh_degree"],
+        backgrounds=background.to(dtype)[None, None].expand(F, 1, 3),
+        backend=backend,
+    )
+    return rgb[:, 0].permute(0, 3, 1, 2)  # [F, 3, H, W]
