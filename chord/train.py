@@ -3,8 +3,10 @@ table operations at their iterations, Adam, checkpoints and the coarse → fine 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +38,34 @@ class MemoryFlags:
         values = {k: getattr(method, k) for k in cls.__dataclass_fields__}
         values.update(overrides)
         return cls(**values)
+
+
+class PhaseClock:
+    """``log_run_time`` (METHOD §15): wall seconds (synchronised on CUDA) and, on CUDA, the
+    peak allocated memory per phase; a no-op when disabled."""
+
+    def __init__(self, enabled: bool):
+        self.enabled, self.times = enabled, {}
+
+    def __call__(self, name: str):
+        if not self.enabled:
+            return contextlib.nullcontext()
+        return self._phase(name)
+
+    @contextlib.contextmanager
+    def _phase(self, name: str):
+        cuda = torch.cuda.is_available()
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            if cuda:
+                torch.cuda.synchronize()
+                self.times[f"{name}_peak_mb"] = torch.cuda.max_memory_allocated() / 2**20
+            self.times[f"{name}_s"] = time.perf_counter() - start
 
 
 @dataclass
@@ -316,9 +346,13 @@ class Trainer:
         for opt in self.optimizers.values():
             optim.set_learning_rates(opt, it, self.method)
         cams = self.cameras_at(it)
-        reg = self.regularisers(it, cams)
-        sds = self.sds(it, cams)
-        self.all_reduce()
+        clock = PhaseClock(self.method.log_run_time)
+        with clock("regularisers"):
+            reg = self.regularisers(it, cams)
+        with clock("sds"):
+            sds = self.sds(it, cams)
+        with clock("all_reduce"):
+            self.all_reduce()
         params = [
             p
             for opt in self.optimizers.values()
@@ -342,7 +376,10 @@ class Trainer:
         cfg = rfsds.cfg_scale_at(
             it, self.method.iterations, self.method.init_cfg_scale, self.method.last_cfg_scale
         )
-        return {"it": it, "sds": sds, **reg, "t": t, "cfg": cfg, "skipped": int(not finite)}
+        rec = {"it": it, "sds": sds, **reg, "t": t, "cfg": cfg, "skipped": int(not finite)}
+        if self.method.log_run_time:
+            rec.update(clock.times, sds_scale=self.sds_scale, temporal_scale=self.temporal_scale)
+        return rec
 
     def all_reduce(self) -> None:
         """METHOD §18: average gradients over ranks (a missing gradient counts as zero)."""
@@ -453,11 +490,23 @@ def run(
     if checkpoint_dir is not None and threading.current_thread() is threading.main_thread():
         old = signal.signal(signal.SIGTERM, lambda *_: term.append(True))
     rolled_back_to = None
+    from tqdm import tqdm
+
+    bar = tqdm(
+        total=stop - start, initial=0, desc="train", unit="it", disable=not sys.stderr.isatty()
+    )
     try:
         it = start
         while it < stop:
             rec = trainer.step(it)
             last = it
+            bar.update(1)
+            bar.set_postfix(
+                sds=f"{rec['sds']:.4g}",
+                arap=f"{rec['arap']:.3g}",
+                cfg=f"{rec['cfg']:.2f}",
+                refresh=False,
+            )
             if log is not None:
                 log(rec)
             if trainer.nonfinite >= max_nonfinite_steps:
@@ -486,6 +535,7 @@ def run(
                 break
             it += 1
     finally:
+        bar.close()
         if old is not None:
             signal.signal(signal.SIGTERM, old)
     logger.info("iterations %d..%d in %.1f s", start, last, time.perf_counter() - t0)

@@ -152,7 +152,7 @@ def newest_checkpoint(folder: Path) -> dict | None:
 class LossLog:
     """A TSV of per-iteration losses (appends on resume)."""
 
-    def __init__(self, path: Path, start: int):
+    def __init__(self, path: Path, start: int, extra: tuple[str, ...] = ()):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         rows = []
@@ -160,7 +160,7 @@ class LossLog:
             with open(self.path) as f:
                 rows = [r for r in csv.DictReader(f, delimiter="\t") if int(r["it"]) < start]
         self.f = open(self.path, "w", newline="")
-        self.w = csv.DictWriter(self.f, LOG_FIELDS, delimiter="\t", extrasaction="ignore")
+        self.w = csv.DictWriter(self.f, LOG_FIELDS + extra, delimiter="\t", extrasaction="ignore")
         self.w.writeheader()
         self.w.writerows(rows)
 
@@ -225,7 +225,13 @@ def run_stage(
         start = trainer.load_checkpoint(resume)
         logger.info("resuming %s from iteration %d", stage, start)
     early = (2 * N) // 3 if method.early_stop else None
-    log = LossLog(loss_log, start)
+    timings = ()
+    if method.log_run_time:  # per-phase seconds (and CUDA peaks) as extra columns
+        phases = ("regularisers", "sds", "all_reduce")
+        timings = tuple(f"{p}_s" for p in phases)
+        if torch.cuda.is_available():
+            timings += tuple(f"{p}_peak_mb" for p in phases)
+    log = LossLog(loss_log, start, timings)
     try:
         if start < stop and (early is None or start <= early):
             last = train.run(trainer, start, stop, config_hash=h, checkpoint_dir=ckpt_dir, log=log)

@@ -119,3 +119,22 @@ def test_oracle_needs_the_scripted_motion(hop, tmp_path):
     guidance = cc.guidance_from_mapping({"backend": "oracle"})
     with pytest.raises(ValueError, match="motion.json: missing; the oracle guidance"):
         train_stage.build(**{**inputs, "data_dir": tmp_path}, method=m, guidance=guidance)
+
+
+def test_log_run_time_adds_phase_timings_to_the_loss_log(hop):
+    root, m, inputs = hop
+    guidance = cc.guidance_from_mapping({"backend": "oracle"})
+    timed = cc.method_from_mapping({**vars(m), "iterations": 2, "log_run_time": True})
+    train_stage.run_stage(
+        "coarse",
+        inputs=inputs,
+        out=root / "timed.pt",
+        loss_log=root / "timed.tsv",
+        checkpoint_dir=root / "timed_ckpt",
+        method=timed,
+        guidance=guidance,
+    )
+    with open(root / "timed.tsv") as f:
+        rows = list(csv.DictReader(f, delimiter="\t"))
+    assert len(rows) == 2
+    assert all(float(r["sds_s"]) > 0 and float(r["regularisers_s"]) > 0 for r in rows)
