@@ -467,15 +467,16 @@ def run(
     checkpoint_dir: Path | None = None,
     log=None,
     max_nonfinite_steps: int = 5,
+    writer: bool = True,
 ) -> int:
     """Iterations [start, stop) (early stop honoured); returns the last iteration run.
 
     Checkpoints go to ``checkpoint_dir`` at METHOD §19's save points and at the end. SIGTERM
     (a preempted job) finishes the current iteration, writes a checkpoint and raises
-    :class:`Interrupted`. After ``max_nonfinite_steps`` skipped steps in a row the run rolls
-    back to the newest checkpoint and runs the guidance in float32 from then on (draws are
-    deterministic, so only a change like this can help); if the steps keep failing it stops
-    with a clear error instead of looping.
+    :class:`Interrupted`. Only the ``writer`` (rank 0) saves. After ``max_nonfinite_steps``
+    skipped steps in a row the run rolls back to the newest checkpoint and runs the guidance
+    in float32 from then on (draws are deterministic, so only a change like this can help);
+    if the steps keep failing it stops with a clear error instead of looping.
     """
     import signal
     import threading
@@ -524,7 +525,7 @@ def run(
                 trainer.nonfinite = 0
                 logger.warning("rolled back to %s after non-finite steps", ckpts[-1].name)
                 continue
-            if checkpoint_dir is not None and (it in saves or it == stop - 1 or term):
+            if writer and checkpoint_dir is not None and (it in saves or it == stop - 1 or term):
                 save_checkpoint(
                     Path(checkpoint_dir) / f"ckpt_{it:06d}.pt",
                     trainer.checkpoint(it, config_hash),

@@ -122,25 +122,12 @@ def parse(argv: list[str]):
     return args, method
 
 
-def run(argv: list[str]) -> int:
-    import torch
-
+def prepare(args, method, guidance, data: Path, res: Path, s: str, scene: str) -> None:
+    """The workflow's stages for one scene under <model>/<ex_name>: ingest, Gaussians (the
+    fitted 3DGS under --model when present), voxels, text conditioning."""
     from chord import paths
     from chord.stages import condition, gaussians, ingest, voxelize
-    from chord.stages import train as train_stage
 
-    args, method = parse(argv)
-    guidance = cc.guidance_from_mapping(
-        {
-            "backend": "wan" if args.ckpt_dir else "oracle",
-            "ckpt_dir": args.ckpt_dir,
-            "tiny_vae_path": args.tiny_vae_path,
-        }
-    )
-    data = Path(args.mesh_source_path)
-    root = Path(args.model_path) / method.ex_name
-    scene = data.name or "scene"
-    res, s = root.parent, root.name  # paths.* take (results, scene): <model>/<ex_name>/...
     doc = ingest.run(
         data=data,
         out_json=paths.scene_json(res, s),
@@ -152,65 +139,112 @@ def run(argv: list[str]) -> int:
     has_fitted = any(
         (fitted / f"obj_{i}" / "point_cloud").is_dir() for i in range(len(doc["objects"]))
     )
-    plys, vox = {}, {}
     for o in doc["objects"]:
         if o["role"] == "avoided":
             continue
-        plys[o["name"]] = paths.gaussians_ply(res, s, o["name"])
+        ply = paths.gaussians_ply(res, s, o["name"])
         gaussians.run(
             scene_json=paths.scene_json(res, s),
             obj=o["name"],
-            out=plys[o["name"]],
+            out=ply,
             method=method,
             fitted=fitted if has_fitted else None,
         )
         if o["role"] == "dynamic":
-            vox[o["name"]] = paths.voxels_npz(res, s, o["name"])
             voxelize.run(
                 scene_json=paths.scene_json(res, s),
                 obj=o["name"],
-                gaussians=plys[o["name"]],
-                out=vox[o["name"]],
+                gaussians=ply,
+                out=paths.voxels_npz(res, s, o["name"]),
                 method=method,
             )
-    text_path = paths.text_condition(res, s)
     condition.run(
-        out=text_path,
+        out=paths.text_condition(res, s),
         prompt=args.prompt,
         n_prompt=method.n_prompt,
         guidance=guidance,
         method=method,
         scene=scene,
     )
-    device = f"cuda:{args.device}" if torch.cuda.is_available() else "cpu"
-    inputs = {
-        "scene_json": paths.scene_json(res, s),
-        "plys": plys,
-        "voxels": vox,
-        "text_path": text_path,
-        "data_dir": data,
-    }
-    train_dir = root / "train"
-    stages = ["coarse", "fine"] if args.stage == "full" else [args.stage]
-    if not method.add_cp_objs:
-        stages = [st for st in stages if st == "coarse"] or ["coarse"]
-    for st in stages:
-        summary = train_stage.run_stage(
-            st,
-            inputs=inputs,
-            out=train_dir / f"{st}.pt",
-            loss_log=train_dir / f"{st}_losses.tsv",
-            checkpoint_dir=root / "checkpoints" / st,
-            method=method,
-            guidance=guidance,
-            handoff=train_dir / "coarse.pt" if st == "fine" else None,
-            device=device,
-        )
-        logger.info(
-            "%s: iterations %d..%d (seed %d)",
-            st,
-            summary["start"],
-            summary["last"],
-            summary["seed"],
-        )
+
+
+def run(argv: list[str]) -> int:
+    """Prepare the scene and train it. Under torchrun (WORLD_SIZE > 1) every rank trains
+    its own batch_size videos with gradients averaged; rank 0 prepares and writes."""
+    import os
+
+    import torch
+
+    from chord import paths
+    from chord.stages import ingest
+    from chord.stages import train as train_stage
+
+    args, method = parse(argv)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    index = int(os.environ.get("LOCAL_RANK", args.device)) if world > 1 else args.device
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    guidance = cc.guidance_from_mapping(
+        {
+            "backend": "wan" if args.ckpt_dir else "oracle",
+            "ckpt_dir": args.ckpt_dir,
+            "tiny_vae_path": args.tiny_vae_path,
+        }
+    )
+    data = Path(args.mesh_source_path)
+    root = Path(args.model_path) / method.ex_name
+    res, s = root.parent, root.name  # paths.* take (results, scene): <model>/<ex_name>/...
+    try:
+        if rank == 0:
+            prepare(args, method, guidance, data, res, s, data.name or "scene")
+        if world > 1:
+            dist.barrier()
+        doc = ingest.read(paths.scene_json(res, s))
+        inputs = {
+            "scene_json": paths.scene_json(res, s),
+            "plys": {
+                o["name"]: paths.gaussians_ply(res, s, o["name"])
+                for o in doc["objects"]
+                if o["role"] != "avoided"
+            },
+            "voxels": {
+                o["name"]: paths.voxels_npz(res, s, o["name"])
+                for o in doc["objects"]
+                if o["role"] == "dynamic"
+            },
+            "text_path": paths.text_condition(res, s),
+            "data_dir": data,
+        }
+        device = f"cuda:{index}" if torch.cuda.is_available() else "cpu"
+        stages = ["coarse", "fine"] if args.stage == "full" else [args.stage]
+        if not method.add_cp_objs:
+            stages = ["coarse"]
+        train_dir = root / "train"
+        for st in stages:
+            summary = train_stage.run_stage(
+                st,
+                inputs=inputs,
+                out=train_dir / f"{st}.pt",
+                loss_log=train_dir / f"{st}_losses.tsv",
+                checkpoint_dir=root / "checkpoints" / st,
+                method=method,
+                guidance=guidance,
+                handoff=train_dir / "coarse.pt" if st == "fine" else None,
+                device=device,
+                rank=rank,
+                world_size=world,
+            )
+            logger.info(
+                "%s: iterations %d..%d (seed %d)",
+                st,
+                summary["start"],
+                summary["last"],
+                summary["seed"],
+            )
+    finally:
+        if world > 1:
+            dist.destroy_process_group()
     return 0

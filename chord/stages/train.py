@@ -184,6 +184,8 @@ def run_stage(
     memory: train.MemoryFlags | None = None,
     handoff: Path | None = None,
     device="cpu",
+    rank: int = 0,
+    world_size: int = 1,
 ) -> dict:
     """Run ``stage`` ("coarse" or "fine"); returns a summary.
 
@@ -213,8 +215,21 @@ def run_stage(
         logger.info(
             "configuration changed since the checkpoints in %s; starting fresh", checkpoint_dir
         )
+    if world_size > 1:  # an unseeded run draws its base seed once, on rank 0
+        import torch.distributed as dist
+
+        shared = torch.tensor([seed], dtype=torch.int64)
+        dist.broadcast(shared, src=0)
+        seed = int(shared)
     trainer = build(
-        **inputs, method=method, guidance=guidance, memory=memory, seed=seed, device=device
+        **inputs,
+        method=method,
+        guidance=guidance,
+        memory=memory,
+        seed=seed,
+        device=device,
+        rank=rank,
+        world_size=world_size,
     )
     N = method.iterations
     stop = method.add_cp_layer_iter if stage == "coarse" and method.add_cp_objs else N + 1
@@ -231,13 +246,20 @@ def run_stage(
         timings = tuple(f"{p}_s" for p in phases)
         if torch.cuda.is_available():
             timings += tuple(f"{p}_peak_mb" for p in phases)
-    log = LossLog(loss_log, start, timings)
+    writer = rank == 0  # only rank 0 writes logs, checkpoints and the hand-off
+    log = LossLog(loss_log, start, timings) if writer else None
     try:
         if start < stop and (early is None or start <= early):
-            last = train.run(trainer, start, stop, config_hash=h, checkpoint_dir=ckpt_dir, log=log)
+            last = train.run(
+                trainer, start, stop, config_hash=h, checkpoint_dir=ckpt_dir, log=log, writer=writer
+            )
         else:
             last = start - 1
     finally:
-        log.close()
-    train.save_checkpoint(out, trainer.checkpoint(last, h))
+        if log is not None:
+            log.close()
+    if writer:
+        train.save_checkpoint(out, trainer.checkpoint(last, h))
+    if world_size > 1:
+        torch.distributed.barrier()
     return {"stage": stage, "start": start, "last": last, "seed": seed}

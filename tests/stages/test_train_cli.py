@@ -155,3 +155,68 @@ def test_sigkill_mid_run_then_rerun_equals_an_uninterrupted_run(tmp_path):
     for name in a["optimizers"]:
         for i, st in a["optimizers"][name]["state"].items():
             assert st["exp_avg"].equal(b["optimizers"][name]["state"][i]["exp_avg"])
+
+
+def test_torchrun_two_ranks_equal_one_process_with_twice_the_batch(tmp_path):
+    import subprocess
+    import sys
+
+    import torch
+
+    data = demo.write_demo_scene("hop", tmp_path / "data", frame_num=5)
+
+    def flags(model, batch):
+        return [
+            "train",
+            "--mesh_source_path",
+            str(data),
+            "--model",
+            str(model),
+            "--prompt",
+            "a block hops",
+            "--size",
+            "48*32",
+            "--frame_num",
+            "5",
+            "--iterations",
+            "3",
+            "--batch_size",
+            str(batch),
+            "--seed",
+            "5",
+            "--gs_init_num",
+            "400",
+            "--surface_target_num",
+            "300",
+            "--cp_num",
+            "12",
+            "--arap_sample_num",
+            "64",
+        ]
+
+    one = subprocess.run(
+        [sys.executable, "-m", "chord.cli", *flags(tmp_path / "one", 2)],
+        capture_output=True,
+        text=True,
+    )
+    assert one.returncode == 0, one.stderr[-2000:]
+    two = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "chord.cli",
+            *flags(tmp_path / "two", 1),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert two.returncode == 0, two.stderr[-3000:]
+    a = train.load_checkpoint(tmp_path / "one" / "default" / "train" / "coarse.pt")
+    b = train.load_checkpoint(tmp_path / "two" / "default" / "train" / "coarse.pt")
+    for k in a["motion"]:
+        torch.testing.assert_close(b["motion"][k], a["motion"][k], atol=1e-5, rtol=1e-4, msg=k)
