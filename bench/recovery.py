@@ -1,0 +1,230 @@
+"""Ablations on a CPU: recovery of the scripted motion with the Fenwick table vs an
+independent per-frame table, and time / peak memory of each memory mode relative to the
+default mode.
+
+    python bench/recovery.py recovery [--scene hop] [--iterations 100] [--size 128*80]
+    python bench/recovery.py memory [--repeat 2]
+
+recovery: the demo scene is generated and prepared in a temporary folder (4,000 Gaussians
+per object), then trained twice with the oracle teacher and the same seed and budget:
+once with the Fenwick table, once converted to a per-frame table before the first
+iteration (convert_cp_independent_iter = 1). It prints the recovery error every 25
+iterations: the mean over frames and Gaussians of |x_pred − x_scripted|, divided by the mean
+scripted displacement.
+
+memory: one SDS backward of a 2-video batch on the tiny random Wan components (41 frames,
+64x32) per memory mode, each in a fresh process. It prints the best wall time and the peak
+RSS above the process's baseline (models loaded, before the first backward) as ratios to
+the default mode. Not collected by pytest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+MODES = [
+    (s, r, c)
+    for s, r, c in itertools.product((False, True), (False, True), (-1, 21, 1))
+    if r or c == -1
+]
+
+
+def prepare(scene: str, root: Path, method):
+    from chord import demo, paths
+    from chord.stages import gaussians, ingest, voxelize
+
+    data = demo.write_demo_scene(scene, root / "data")
+    doc = ingest.run(
+        data=data,
+        out_json=paths.scene_json(root, scene),
+        out_meshes=paths.meshes_dir(root, scene),
+        method=method,
+        scene=scene,
+    )
+    plys, vox = {}, {}
+    for o in doc["objects"]:
+        plys[o["name"]] = paths.gaussians_ply(root, scene, o["name"])
+        gaussians.run(
+            scene_json=paths.scene_json(root, scene),
+            obj=o["name"],
+            out=plys[o["name"]],
+            method=method,
+        )
+        if o["role"] == "dynamic":
+            vox[o["name"]] = paths.voxels_npz(root, scene, o["name"])
+            voxelize.run(
+                scene_json=paths.scene_json(root, scene),
+                obj=o["name"],
+                gaussians=plys[o["name"]],
+                out=vox[o["name"]],
+                method=method,
+            )
+    return {
+        "scene_json": paths.scene_json(root, scene),
+        "plys": plys,
+        "voxels": vox,
+        "text_path": None,
+        "data_dir": data,
+    }
+
+
+def recovery_error(trainer) -> float:
+    target = trainer.guidance.target["means"]
+    errs = []
+    with torch.no_grad():
+        for name, obj in trainer.scene.dynamic.items():
+            sl = trainer.scene.slices[name]
+            pred, _ = obj.deform(range(trainer.method.frame_num))
+            gt = target[:, sl].to(pred)
+            disp = (gt - gt[0:1]).norm(dim=-1).mean()
+            errs.append(float((pred - gt).norm(dim=-1).mean() / disp))
+    return sum(errs) / len(errs)
+
+
+def recovery(args) -> None:
+    from chord import config as cc
+    from chord.stages import train as train_stage
+
+    base = {
+        "size": args.size,
+        "iterations": args.iterations,
+        "batch_size": 1,
+        "seed": 0,
+        "gs_init_num": 4000,
+        "surface_target_num": 2000,
+        "resample_timestep": True,
+    }
+    guidance = cc.guidance_from_mapping({"backend": "oracle"})
+    with tempfile.TemporaryDirectory() as tmp:
+        inputs = prepare(args.scene, Path(tmp), cc.method_from_mapping(base))
+        print(f"{args.scene}, {args.size}, {args.iterations} iterations, oracle")
+        print(
+            f"{'table':10s} "
+            + " ".join(f"it{it:>5d}" for it in range(25, args.iterations + 1, 25))
+            + "   s/it"
+        )
+        for name, extra in (("fenwick", {}), ("per-frame", {"convert_cp_independent_iter": 1})):
+            method = cc.method_from_mapping({**base, **extra})
+            trainer = train_stage.build(**inputs, method=method, guidance=guidance, seed=0)
+            row, start = [], time.perf_counter()
+            for it in range(1, args.iterations + 1):
+                trainer.step(it)
+                if it % 25 == 0:
+                    row.append(recovery_error(trainer))
+            per_it = (time.perf_counter() - start) / args.iterations
+            print(f"{name:10s} " + " ".join(f"{e:7.3f}" for e in row) + f" {per_it:6.2f}")
+
+
+def block_scene():
+    """An untextured block (dynamic, 12 control points, 41 frames) on a slab (static)."""
+    import trimesh
+
+    from chord import gaussians
+    from chord.motion.model import DynamicObject, MotionScene
+    from chord.render import splat_tensors
+
+    splats = []
+    for extents, centre in (((0.3, 0.5, 0.3), (0, 0.25, 0)), ((1.2, 0.05, 1.0), (0, -0.03, 0))):
+        mesh = trimesh.creation.box(extents=extents)
+        mesh.apply_translation(centre)
+        splats.append(splat_tensors(gaussians.init_from_mesh([mesh], 2000, seed=len(splats))))
+    dyn = splats[0]
+    obj = DynamicObject(
+        "obj_0", dyn["means"], dyn["quats"], dyn["means"][::160], dyn["means"][::4], frame_num=41
+    )
+    with torch.no_grad():
+        obj.layer1.cp_deform.normal_(0, 0.02, generator=torch.Generator().manual_seed(0))
+    return MotionScene(["obj_0", "obj_1"], splats, {"obj_0": obj})
+
+
+def one_mode(mode: str, repeat: int) -> None:
+    """Child process: time one SDS backward in the given mode; print JSON."""
+    from chord import config as cc
+    from chord import train
+    from chord.guidance import text, tiny_models, wan
+
+    s, r, c = json.loads(mode)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = tiny_models.write_tiny_wan(Path(tmp) / "wan")
+        guide = wan.WanGuidance(folder)
+        tok, enc = wan.load_text_encoder(folder)
+        e, _ = text.encode_prompts(tok, enc, ["a block hops", text.resolve_negative(".")])
+        method = cc.method_from_mapping({"size": "64*32", "batch_size": 2, "seed": 0})
+        scene = block_scene()
+        tr = train.Trainer(
+            scene=scene,
+            guidance=guide,
+            text={"prompt": e[0], "negative": e[1]},
+            method=method,
+            width=64,
+            height=32,
+            memory=train.MemoryFlags(s, r, c),
+        )
+        cams = tr.cameras_at(1)
+        for name in ("transformer", "transformer_2"):  # load both experts before measuring
+            guide._activate(name)
+        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        times = []
+        for _ in range(repeat):
+            start = time.perf_counter()
+            tr.sds(1, cams)
+            times.append(time.perf_counter() - start)
+        peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024
+    print(json.dumps({"s": min(times), "peak_mb": peak}))
+
+
+def memory(args) -> None:
+    rows = []
+    for mode in MODES:
+        out = subprocess.run(
+            [sys.executable, __file__, "one-mode", json.dumps(mode), "--repeat", str(args.repeat)],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=Path(__file__).resolve().parents[1],
+        )
+        rows.append((mode, json.loads(out.stdout.strip().splitlines()[-1])))
+    ref = rows[0][1]
+    print("tiny Wan, 41 frames, 64x32, batch 2; ratios to the default mode")
+    print(f"{'split_sds':>9s} {'split_render':>12s} {'chunk':>5s} {'time':>6s} {'peak RSS':>9s}")
+    for (s, r, c), v in rows:
+        print(
+            f"{s!s:>9s} {r!s:>12s} {c:>5d} {v['s'] / ref['s']:6.2f} "
+            f"{v['peak_mb'] / max(ref['peak_mb'], 1e-9):9.2f}"
+        )
+    print(f"(default: {ref['s']:.2f} s, {ref['peak_mb']:.0f} MB above baseline)")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="what", required=True)
+    r = sub.add_parser("recovery")
+    r.add_argument("--scene", default="hop")
+    r.add_argument("--iterations", type=int, default=100)
+    r.add_argument("--size", default="128*80")
+    m = sub.add_parser("memory")
+    m.add_argument("--repeat", type=int, default=2)
+    o = sub.add_parser("one-mode")
+    o.add_argument("mode")
+    o.add_argument("--repeat", type=int, default=2)
+    args = p.parse_args()
+    if args.what == "recovery":
+        recovery(args)
+    elif args.what == "memory":
+        memory(args)
+    else:
+        one_mode(args.mode, args.repeat)
+
+
+if __name__ == "__main__":
+    main()
