@@ -41,38 +41,14 @@ MODES = [
 
 def prepare(scene: str, root: Path, method):
     from chord import demo, paths
-    from chord.stages import gaussians, ingest, voxelize
+    from chord.stages import geometry
 
     data = demo.write_demo_scene(scene, root / "data")
-    doc = ingest.run(
-        data=data,
-        out_json=paths.scene_json(root, scene),
-        out_meshes=paths.meshes_dir(root, scene),
-        method=method,
-        scene=scene,
-    )
-    plys, vox = {}, {}
-    for o in doc["objects"]:
-        plys[o["name"]] = paths.gaussians_ply(root, scene, o["name"])
-        gaussians.run(
-            scene_json=paths.scene_json(root, scene),
-            obj=o["name"],
-            out=plys[o["name"]],
-            method=method,
-        )
-        if o["role"] == "dynamic":
-            vox[o["name"]] = paths.voxels_npz(root, scene, o["name"])
-            voxelize.run(
-                scene_json=paths.scene_json(root, scene),
-                obj=o["name"],
-                gaussians=plys[o["name"]],
-                out=vox[o["name"]],
-                method=method,
-            )
+    out = geometry.run(data=data, results=root, scene=scene, method=method)
     return {
         "scene_json": paths.scene_json(root, scene),
-        "plys": plys,
-        "voxels": vox,
+        "plys": out["plys"],
+        "voxels": out["voxels"],
         "text_path": None,
         "data_dir": data,
     }

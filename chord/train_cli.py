@@ -123,41 +123,21 @@ def parse(argv: list[str]):
 
 
 def prepare(args, method, guidance, data: Path, res: Path, s: str, scene: str) -> None:
-    """The workflow's stages for one scene under <model>/<ex_name>: ingest, Gaussians (the
-    fitted 3DGS under --model when present), voxels, text conditioning."""
+    """The workflow's stages for one scene under <model>/<ex_name>: geometry (importing the
+    fitted 3DGS under --model when present) and text conditioning."""
     from chord import paths
-    from chord.stages import condition, gaussians, ingest, voxelize
+    from chord.stages import condition, geometry
 
-    doc = ingest.run(
-        data=data,
-        out_json=paths.scene_json(res, s),
-        out_meshes=paths.meshes_dir(res, s),
-        method=method,
-        scene=scene,
-    )
     fitted = Path(args.model_path)
-    has_fitted = any(
-        (fitted / f"obj_{i}" / "point_cloud").is_dir() for i in range(len(doc["objects"]))
+    has_fitted = any(fitted.glob("obj_*/point_cloud"))
+    geometry.run(
+        data=data,
+        results=res,
+        scene=s,
+        method=method,
+        fitted=fitted if has_fitted else None,
+        name=scene,
     )
-    for o in doc["objects"]:
-        if o["role"] == "avoided":
-            continue
-        ply = paths.gaussians_ply(res, s, o["name"])
-        gaussians.run(
-            scene_json=paths.scene_json(res, s),
-            obj=o["name"],
-            out=ply,
-            method=method,
-            fitted=fitted if has_fitted else None,
-        )
-        if o["role"] == "dynamic":
-            voxelize.run(
-                scene_json=paths.scene_json(res, s),
-                obj=o["name"],
-                gaussians=ply,
-                out=paths.voxels_npz(res, s, o["name"]),
-                method=method,
-            )
     condition.run(
         out=paths.text_condition(res, s),
         prompt=args.prompt,

@@ -8,37 +8,13 @@ import pytest
 from chord import config as cc
 from chord import gaussians as gs
 from chord import paths
-from chord.stages import gaussians, ingest, voxelize
+from chord.stages import gaussians, geometry, ingest
 from tests.conftest import copy_glb
 
 
 def run_all(data, results, scene, method):
-    doc = ingest.run(
-        data=data,
-        out_json=paths.scene_json(results, scene),
-        out_meshes=paths.meshes_dir(results, scene),
-        method=method,
-        scene=scene,
-    )
-    stats = {}
-    for o in doc["objects"]:
-        if o["role"] == "avoided":
-            continue
-        gaussians.run(
-            scene_json=paths.scene_json(results, scene),
-            obj=o["name"],
-            out=paths.gaussians_ply(results, scene, o["name"]),
-            method=method,
-        )
-        if o["role"] == "dynamic":
-            stats[o["name"]] = voxelize.run(
-                scene_json=paths.scene_json(results, scene),
-                obj=o["name"],
-                gaussians=paths.gaussians_ply(results, scene, o["name"]),
-                out=paths.voxels_npz(results, scene, o["name"]),
-                method=method,
-            )
-    return doc, stats
+    out = geometry.run(data=data, results=results, scene=scene, method=method)
+    return out["doc"], out["stats"]
 
 
 def test_toy_scene_through_the_three_stages(toy_scene, tmp_path):

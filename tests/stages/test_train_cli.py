@@ -20,6 +20,34 @@ trained/<scene_name> --prompt "<prompt>" --split_sds_backward --split_render_bac
 SEED_24GB = SEED_48GB.replace("--split_sds_backward", "--enable_mmgp --split_sds_backward")
 
 
+def tiny_train_flags(data, model, **overrides) -> list[str]:
+    """`chord train` arguments for a CPU-sized run of a 5-frame demo scene."""
+    values = {
+        "size": "48*32",
+        "frame_num": 5,
+        "iterations": 3,
+        "batch_size": 1,
+        "seed": 5,
+        "gs_init_num": 400,
+        "surface_target_num": 300,
+        "cp_num": 12,
+        "arap_sample_num": 64,
+        **overrides,
+    }
+    args = [
+        "train",
+        "--mesh_source_path",
+        str(data),
+        "--model",
+        str(model),
+        "--prompt",
+        "a block hops",
+    ]
+    for key, value in values.items():
+        args += [f"--{key}", str(value)]
+    return args
+
+
 @pytest.mark.parametrize("command", [SEED_48GB, SEED_24GB])
 def test_seed_commands_parse(command):
     args, method = train_cli.parse(shlex.split(command))
@@ -97,42 +125,10 @@ def test_sigkill_mid_run_then_rerun_equals_an_uninterrupted_run(tmp_path):
     data = demo.write_demo_scene("hop", tmp_path / "data", frame_num=5)
 
     def command(model):
-        return [
-            sys.executable,
-            "-m",
-            "chord.cli",
-            "train",
-            "--mesh_source_path",
-            str(data),
-            "--model",
-            str(model),
-            "--prompt",
-            "a block hops",
-            "--size",
-            "48*32",
-            "--frame_num",
-            "5",
-            "--iterations",
-            "10",
-            "--save_interval",
-            "2",
-            "--batch_size",
-            "1",
-            "--seed",
-            "7",
-            "--gs_init_num",
-            "400",
-            "--surface_target_num",
-            "300",
-            "--cp_num",
-            "12",
-            "--arap_sample_num",
-            "64",
-            "--prev_frame_number",
-            "2",
-            "--back_iter",
-            "3",
-        ]
+        flags = tiny_train_flags(
+            data, model, iterations=10, save_interval=2, seed=7, prev_frame_number=2, back_iter=3
+        )
+        return [sys.executable, "-m", "chord.cli", *flags]
 
     assert subprocess.run(command(tmp_path / "once"), capture_output=True).returncode == 0
     victim = subprocess.Popen(
@@ -166,33 +162,7 @@ def test_torchrun_two_ranks_equal_one_process_with_twice_the_batch(tmp_path):
     data = demo.write_demo_scene("hop", tmp_path / "data", frame_num=5)
 
     def flags(model, batch):
-        return [
-            "train",
-            "--mesh_source_path",
-            str(data),
-            "--model",
-            str(model),
-            "--prompt",
-            "a block hops",
-            "--size",
-            "48*32",
-            "--frame_num",
-            "5",
-            "--iterations",
-            "3",
-            "--batch_size",
-            str(batch),
-            "--seed",
-            "5",
-            "--gs_init_num",
-            "400",
-            "--surface_target_num",
-            "300",
-            "--cp_num",
-            "12",
-            "--arap_sample_num",
-            "64",
-        ]
+        return tiny_train_flags(data, model, batch_size=batch)
 
     one = subprocess.run(
         [sys.executable, "-m", "chord.cli", *flags(tmp_path / "one", 2)],
