@@ -105,6 +105,125 @@ def cmd_voxelize(args) -> int:
     return 0
 
 
+def cmd_evaluate(args) -> int:
+    from chord.stages import evaluate
+    from chord.stages import export as export_stage
+
+    conf = _load(args)
+    spec = _spec(conf, args.scene)
+    inputs = export_stage.run_inputs(paths.scene_dir(conf.results, spec.scene))
+    final = export_stage.final_stage(spec.method)
+    stages = ["coarse", "fine"] if final == "fine" else ["coarse"]
+    motion = Path(spec.data) / "motion.json"
+    out = evaluate.run(
+        **inputs,
+        state_path=paths.train_state(conf.results, spec.scene, final),
+        ref_png=paths.reference_png(conf.results, spec.scene),
+        loss_logs={st: paths.train_losses(conf.results, spec.scene, st) for st in stages},
+        motion_json=motion if motion.is_file() else None,
+        method=spec.method,
+        out_json=paths.metrics_json(conf.results, spec.scene),
+        out_frame0=paths.frame0_png(conf.results, spec.scene),
+        out_losses=paths.loss_png(conf.results, spec.scene),
+    )
+    print(paths.metrics_json(conf.results, spec.scene))
+    logger.debug("%s", out)
+    return 0
+
+
+def _run_folder(args) -> Path:
+    root = Path(args.model_path) / args.ex_name
+    if not root.is_dir():
+        raise ValueError(f"-m/--ex_name: run folder {root} does not exist")
+    return root
+
+
+def cmd_render(args) -> int:
+    from chord.stages import export as export_stage
+
+    d = cfg.method_from_mapping({})  # the method defaults (METHOD §20)
+    w, h = cfg.parse_size(d.size, where="size")
+    out = export_stage.render_run(
+        _run_folder(args),
+        checkpoint=args.checkpoint,
+        width=args.image_width or w,
+        height=args.image_height or h,
+        azim=d.azim_l if args.azim is None else args.azim,
+        elev=d.elev_l if args.elev is None else args.elev,
+        cam_radius=d.cam_radius if args.cam_radius is None else args.cam_radius,
+        cam_height=d.cam_height if args.cam_height is None else args.cam_height,
+        fovy=d.fovy if args.fovy is None else args.fovy,
+        fps=args.save_fps or d.save_fps,
+        lst_frame=args.lst_frame,
+        invert_bg_prob=d.invert_bg_prob if args.invert_bg_prob is None else args.invert_bg_prob,
+        static_id=args.static_id,
+        exclude_objs=args.exclude_objs,
+        additional_static_objs=args.additional_static_objs,
+        no_bg=args.no_bg,
+    )
+    print(out)
+    return 0
+
+
+def cmd_export_glb(args) -> int:
+    from chord.stages import export as export_stage
+
+    if args.mesh_source_path is None:
+        raise ValueError("--mesh_source_path: required (the scene folder with obj_<i>.glb)")
+    out = export_stage.export_glb_run(
+        _run_folder(args),
+        mesh_source_path=Path(args.mesh_source_path),
+        checkpoint=args.checkpoint,
+        fps=args.save_fps or 12,  # METHOD §20: save_fps, else 12
+        lst_frame=args.lst_frame,
+        static_id=args.static_id,
+        exclude_objs=args.exclude_objs,
+        additional_static_objs=args.additional_static_objs,
+        exclude_plane=args.exclude_plane,
+    )
+    print(out)
+    return 0
+
+
+def _export_flags(sp: argparse.ArgumentParser, *, glb: bool) -> None:
+    """CHORD's render_scene.py / save_dynamic_scene_glb.py flags (METHOD §20)."""
+    sp.add_argument(
+        "-m", "--model_path", "--model", dest="model_path", required=True, help="output root"
+    )
+    sp.add_argument("--ex_name", default="default", help="run folder under -m (default: default)")
+    sp.add_argument(
+        "--mesh_source_path",
+        help="scene folder with obj_<i>.glb"
+        + (" (the source meshes that are animated)" if glb else " (accepted; not needed)"),
+    )
+    sp.add_argument(
+        "--checkpoint", type=int, default=-1, help="iteration to export; -1 = the latest"
+    )
+    sp.add_argument("--save_fps", type=int, help="frame rate" + (" (default 12)" if glb else ""))
+    sp.add_argument("--lst_frame", type=int, default=-1, help="export frames t < lst_frame")
+    sp.add_argument("--static_id", type=int, help="checked against the run's static object")
+    sp.add_argument("--exclude_objs", nargs="*", default=[], help="objects left out")
+    sp.add_argument("--additional_static_objs", nargs="*", default=[], help="objects held at rest")
+    if glb:
+        sp.add_argument(
+            "--exclude_plane",
+            action="store_true",
+            help="use <mesh_source_path>/static_obj.glb for the static object",
+        )
+        return
+    sp.add_argument("--image_width", type=int, help="default: the method size's width")
+    sp.add_argument("--image_height", type=int, help="default: the method size's height")
+    sp.add_argument("--azim", type=float, help="camera azimuth in degrees (default azim_l)")
+    sp.add_argument("--elev", type=float, help="camera elevation in degrees (default elev_l)")
+    sp.add_argument("--cam_radius", type=float, help="camera distance (default 2.0)")
+    sp.add_argument("--cam_height", type=float, help="height of the camera target (default 0)")
+    sp.add_argument("--fovy", type=float, help="vertical field of view (default 49.1)")
+    sp.add_argument(
+        "--invert_bg_prob", type=float, help="> 0: black background, else white (default -1)"
+    )
+    sp.add_argument("--no_bg", action="store_true", help="omit the static objects")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="chord", description=__doc__)
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -124,14 +243,28 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--frame-num", type=int, default=41, help="frames of the scripted motion")
     sp.set_defaults(func=cmd_demo_scenes)
 
+    sp = sub.add_parser(
+        "render", help="render a chord train run from one camera (CHORD's render_scene.py)"
+    )
+    _export_flags(sp, glb=False)
+    sp.set_defaults(func=cmd_render)
+
+    sp = sub.add_parser(
+        "export-glb",
+        help="animated dynamic_scene.glb of a chord train run (CHORD's save_dynamic_scene_glb.py)",
+    )
+    _export_flags(sp, glb=True)
+    sp.set_defaults(func=cmd_export_glb)
+
     for name, func, helptext in (
         ("ingest", cmd_ingest, "normalise a scene: scene.json and meshes"),
         ("gaussians", cmd_gaussians, "build or import each object's Gaussians"),
         ("voxelize", cmd_voxelize, "voxel sets and control points of dynamic objects"),
+        ("evaluate", cmd_evaluate, "metrics.json, loss and frame-0 plots of a trained scene"),
     ):
         sp = with_config(sub.add_parser(name, help=helptext))
         sp.add_argument("--scene", required=True, help="scene id from the sheet")
-        if name != "ingest":
+        if name not in ("ingest", "evaluate"):
             sp.add_argument("--obj", nargs="+", help="objects (default: all that apply)")
         sp.set_defaults(func=func)
     return p

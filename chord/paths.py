@@ -57,3 +57,86 @@ def train_losses(results, scene: str, stage: str) -> Path:
 def checkpoints(results, scene: str, stage: str) -> Path:
     """Resume checkpoints: kept outside the rules' declared outputs (DESIGN §3)."""
     return scene_dir(results, scene) / "checkpoints" / stage
+
+
+# -- export, evaluate, aggregate (METHOD §19–§20) -------------------------------------------
+
+FIXED_VIEWS = {"front": 0.0, "right": 90.0, "back": 180.0, "left": 270.0}  # name -> azimuth
+
+
+def export_dir(results, scene: str) -> Path:
+    return scene_dir(results, scene) / "export"
+
+
+def ref_view_mp4(results, scene: str) -> Path:
+    """Every frame from the reference camera."""
+    return export_dir(results, scene) / "ref_view.mp4"
+
+
+def orbit_mp4(results, scene: str) -> Path:
+    """The animation while the camera circles the scene once."""
+    return export_dir(results, scene) / "orbit.mp4"
+
+
+def fixed_view_mp4(results, scene: str, view: str) -> Path:
+    """The animation from one of :data:`FIXED_VIEWS` (front, right, back, left)."""
+    return export_dir(results, scene) / "views" / f"{view}.mp4"
+
+
+def preview_gif(results, scene: str) -> Path:
+    return export_dir(results, scene) / "preview.gif"
+
+
+def dynamic_glb(results, scene: str) -> Path:
+    return export_dir(results, scene) / "dynamic_scene.glb"
+
+
+def ply_sequence_dir(results, scene: str) -> Path:
+    """Per-frame 3DGS PLYs ``frame_<t>.ply`` of the whole scene."""
+    return export_dir(results, scene) / "ply"
+
+
+def metrics_json(results, scene: str) -> Path:
+    return scene_dir(results, scene) / "metrics.json"
+
+
+def eval_dir(results, scene: str) -> Path:
+    return scene_dir(results, scene) / "eval"
+
+
+def frame0_png(results, scene: str) -> Path:
+    """ref.png, the frame-0 render and their difference side by side."""
+    return eval_dir(results, scene) / "frame0_vs_ref.png"
+
+
+def loss_png(results, scene: str) -> Path:
+    """The scene's loss curves from the training logs."""
+    return eval_dir(results, scene) / "losses.png"
+
+
+def metrics_tsv(results) -> Path:
+    """One row per scene."""
+    return Path(results) / "metrics.tsv"
+
+
+def plots_dir(results) -> Path:
+    return Path(results) / "plots"
+
+
+def metrics_png(results) -> Path:
+    """Bars of the main metrics across scenes."""
+    return plots_dir(results) / "metrics.png"
+
+
+def losses_png(results) -> Path:
+    """Every scene's loss curves, one panel per scene."""
+    return plots_dir(results) / "losses.png"
+
+
+def results_log(results, name: str) -> Path:
+    """Log of a rule over all scenes (aggregate)."""
+    return Path(results) / "logs" / f"{name}.log"
+
+
+def results_bench(results, name: str) -> Path:
+    return Path(results) / "bench" / f"{name}.tsv"

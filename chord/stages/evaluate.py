@@ -1,0 +1,178 @@
+"""Stage ``evaluate``: the metrics of a trained scene (``metrics.json``, defined in the
+README's "Outputs and metrics"), its loss curves and the frame-0 comparison with ref.png."""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from chord import cameras, config, demo, losses, media, metrics, plots
+from chord.io import write_json
+from chord.stages import export as export_stage
+from chord.stages.reference import target_of
+
+logger = logging.getLogger(__name__)
+
+FORMAT = "chord-metrics/1"
+PSNR_WARN = 40.0  # dB: below this, frame 0 does not reproduce the reference render
+
+
+def _clean(value):
+    """NaN -> None (JSON null); floats rounded to 9 significant digits."""
+    if isinstance(value, float):
+        return None if math.isnan(value) else float(f"{value:.9g}")
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    return value
+
+
+def read_png(path: Path) -> np.ndarray:
+    try:
+        with Image.open(path) as im:
+            return np.asarray(im.convert("RGB"))
+    except OSError as exc:
+        raise ValueError(f"{path}: unreadable image ({exc})") from exc
+
+
+def rigidity(scene, frames: int) -> list[float]:
+    """Per-frame ARAP residual of every dynamic object's surface voxels together."""
+    Xs, nbrs, masks, offset = [], [], [], 0
+    with torch.no_grad():
+        for obj in scene.dynamic.values():
+            X, _ = obj.deform(torch.arange(frames), "surface", with_rotations=False)
+            nbr, mask = losses.arap_connectivity(obj.surface)
+            Xs.append(X)
+            nbrs.append(nbr + offset)
+            masks.append(mask)
+            offset += X.shape[1]
+    if not Xs:
+        return [0.0] * frames
+    k = max(n.shape[1] for n in nbrs)  # objects with fewer voxels have fewer neighbours
+    nbr = torch.cat([torch.nn.functional.pad(n, (0, k - n.shape[1])) for n in nbrs])
+    mask = torch.cat([torch.nn.functional.pad(m, (0, k - m.shape[1])) for m in masks])
+    return metrics.arap_residual(torch.cat(Xs, 1), nbr, mask)
+
+
+def scripted_means(doc: dict, scene, motion_json: Path, frames: int) -> torch.Tensor:
+    """Ground-truth means [T, N_dyn, 3] of the dynamic Gaussians under motion.json."""
+    from chord.guidance.oracle import scripted_gaussians
+
+    motion = demo.load_motion(motion_json)
+    rest = {n: {"means": o.rest_means, "quats": o.rest_quats} for n, o in scene.dynamic.items()}
+    return scripted_gaussians(doc, rest, motion, frames)[0]
+
+
+def run(
+    *,
+    scene_json: Path,
+    plys: dict[str, Path],
+    voxels: dict[str, Path],
+    state_path: Path,
+    ref_png: Path,
+    loss_logs: dict[str, Path],
+    motion_json: Path | None,
+    method,
+    out_json: Path,
+    out_frame0: Path,
+    out_losses: Path,
+) -> dict:
+    """Compute and write the metrics of one trained scene; returns them."""
+    doc, scene, ckpt = export_stage.load_trained(
+        scene_json=scene_json,
+        plys=plys,
+        voxels=voxels,
+        state_path=state_path,
+        frame_num=method.frame_num,
+        sh_degree=method.sh_degree,
+    )
+    T = export_stage.scene_frame_num(scene, method)
+    dynamic = list(scene.dynamic)
+    with torch.no_grad():
+        X = (
+            scene.frame_gaussians(torch.arange(T), objects=dynamic)["means"].double()
+            if dynamic
+            else torch.zeros(T, 0, 3, dtype=torch.float64)
+        )  # [T, N_dyn, 3]
+    out = {
+        "format": FORMAT,
+        "scene": doc["scene"],
+        "stage": export_stage.final_stage(method),
+        "iteration": ckpt["iteration"],
+        "seed": ckpt["seed"],
+        "frames": T,
+        "gaussians": int(scene.means.shape[0]),
+        "dynamic_gaussians": int(X.shape[1]),
+    }
+    out.update(metrics.displacement(X))
+    out.update(metrics.smoothness(X))
+    arap = rigidity(scene, T)
+    out["arap_residual_mean"] = float(np.mean(arap[1:])) if T > 1 else 0.0
+    out["arap_residual_max"] = float(np.max(arap[1:])) if T > 1 else 0.0
+
+    # frame-0 fidelity: the rest pose rendered from the reference camera against ref.png
+    width, height = config.parse_size(method.size, where="method: size")
+    ref = read_png(ref_png)
+    if ref.shape[:2] != (height, width):
+        raise ValueError(
+            f"{ref_png}: {ref.shape[1]}x{ref.shape[0]}, but method size is {width}x{height}; "
+            "rerun the reference stage"
+        )
+    g0 = export_stage.scene_frames(scene, 1, objects=scene.names)
+    view = cameras.reference_view(
+        method.elev_l, method.elev_r, method.ref_azim, method.ref_cam_radius, target_of(method, doc)
+    )
+    from chord.export import render_frames
+
+    bg = cameras.background_for(method.invert_bg_prob)
+    frame0 = media.to_uint8(render_frames(g0, view, cameras.intrinsics(width, height, method.fovy),
+                                          width, height, bg)[0])  # fmt: skip
+    out["psnr_frame0"] = metrics.psnr(frame0, ref)
+    out["ssim_frame0"] = metrics.ssim(frame0, ref)
+    if out["psnr_frame0"] < PSNR_WARN:
+        logger.warning(
+            "%s: frame 0 differs from %s (PSNR %.1f dB): the rest pose should reproduce it",
+            doc["scene"],
+            ref_png,
+            out["psnr_frame0"],
+        )
+    plots.frame0_comparison(
+        out_frame0, ref, frame0, psnr=out["psnr_frame0"], ssim=out["ssim_frame0"]
+    )
+
+    ground = method.ground_level if method.ground_level is not None else doc["ground_level"]
+    out["ground_level"] = float(ground)
+    out.update(metrics.ground_penetration(X[..., 1], float(ground)))
+
+    per_frame = {
+        "mean_displacement": [float(d) for d in (X - X[:1]).norm(dim=-1).mean(1)]
+        if X.shape[1]
+        else [0.0] * T,
+        "arap_residual": arap,
+    }
+    if motion_json is not None and Path(motion_json).is_file():
+        rec = metrics.recovery_error(X, scripted_means(doc, scene, Path(motion_json), T))
+        per_frame["recovery_error"] = rec.pop("recovery_per_frame")
+        out.update(rec)
+    else:
+        out.update(recovery_error=None, recovery_max_error=None, recovery_relative=None)
+    out["per_frame"] = per_frame
+    out = _clean(out)
+    write_json(out_json, out)
+    plots.loss_curves(out_losses, loss_logs, title=doc["scene"])
+    logger.info(
+        "%s: displacement %.4g (max %.4g), ARAP %.3g, PSNR %.2f dB, recovery %s",
+        doc["scene"],
+        out["mean_displacement"],
+        out["max_displacement"],
+        out["arap_residual_mean"],
+        out["psnr_frame0"],
+        out["recovery_error"],
+    )
+    return out

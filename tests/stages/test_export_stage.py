@@ -1,0 +1,287 @@
+"""Stages export, evaluate and aggregate, and ``chord render`` / ``chord export-glb``, on the
+demo scene `sway` (two dynamic objects) trained for two oracle iterations."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from PIL import Image
+
+from chord import cli, demo, export, gaussians, media, paths
+from chord import config as cc
+from chord.stages import aggregate, evaluate, geometry, reference
+from chord.stages import export as export_stage
+from chord.stages import train as train_stage
+from tests.unit.test_export import gltf_validator, validate_glb  # noqa: F401
+
+T, W, H = 5, 32, 16
+
+
+@pytest.fixture(scope="module")
+def sway(tmp_path_factory):
+    root = tmp_path_factory.mktemp("export")
+    data = demo.write_demo_scene("sway", root / "data", frame_num=T)
+    m = cc.method_from_mapping(
+        {
+            "gs_init_num": 300,
+            "surface_target_num": 200,
+            "cp_num": 8,
+            "size": f"{W}*{H}",
+            "frame_num": T,
+            "iterations": 2,
+            "batch_size": 1,
+            "seed": 1,
+            "save_interval": 1,
+            "prev_frame_number": 2,
+            "back_iter": 3,
+            "arap_sample_num": 32,
+            "save_fps": 5,
+            "deform_lr_init": 0.05,
+        }
+    )
+    res, s = root / "results", "sway"
+    out = geometry.run(data=data, results=res, scene=s, method=m)
+    reference.run(
+        scene_json=paths.scene_json(res, s),
+        plys=out["plys"],
+        out_png=paths.reference_png(res, s),
+        out_orbit=paths.static_orbit_mp4(res, s),
+        method=m,
+    )
+    inputs = {"scene_json": paths.scene_json(res, s), "plys": out["plys"], "voxels": out["voxels"]}
+    train_stage.run_stage(
+        "coarse",
+        inputs={**inputs, "text_path": None, "data_dir": data},
+        out=paths.train_state(res, s, "coarse"),
+        loss_log=paths.train_losses(res, s, "coarse"),
+        checkpoint_dir=paths.checkpoints(res, s, "coarse"),
+        method=m,
+        guidance=cc.guidance_from_mapping({"backend": "oracle"}),
+    )
+    sources = {f"obj_{i}": data / f"obj_{i}.glb" for i in range(3)}
+    return SimpleNamespace(root=root, data=data, m=m, res=res, s=s, inputs=inputs, sources=sources)
+
+
+@pytest.fixture(scope="module")
+def exported(sway):
+    res, s = sway.res, sway.s
+    outs = {
+        "out_ref_view": paths.ref_view_mp4(res, s),
+        "out_orbit": paths.orbit_mp4(res, s),
+        "out_views": {v: paths.fixed_view_mp4(res, s, v) for v in paths.FIXED_VIEWS},
+        "out_gif": paths.preview_gif(res, s),
+        "out_glb": paths.dynamic_glb(res, s),
+        "out_ply_dir": paths.ply_sequence_dir(res, s),
+    }
+    summary = export_stage.run(
+        **sway.inputs,
+        state_path=paths.train_state(res, s, "coarse"),
+        sources=sway.sources,
+        method=sway.m,
+        **outs,
+    )
+    return summary, outs
+
+
+def test_export_writes_videos_gif_and_ply_sequence(sway, exported):
+    summary, outs = exported
+    assert summary == {"frames": T, "iteration": 2, "nodes": 2, "targets": T - 1}
+    videos = [outs["out_ref_view"], outs["out_orbit"], *outs["out_views"].values()]
+    assert sorted(outs["out_views"]) == ["back", "front", "left", "right"]
+    frames = {}
+    for path in videos:
+        frames[path.stem], meta = media.read_mp4(path)
+        assert frames[path.stem].shape == (T, H, W, 3), path
+        assert meta["fps"] == sway.m.save_fps and meta["codec"].startswith("h264")
+    ref = np.asarray(Image.open(paths.reference_png(sway.res, sway.s)).convert("RGB"), float)
+    assert np.abs(frames["ref_view"][0] - ref).mean() < 4  # frame 0 is the reference (H.264)
+    assert np.abs(frames["front"][0].astype(float) - frames["back"][0]).mean() > 1  # other views
+    with Image.open(outs["out_gif"]) as gif:
+        assert gif.n_frames == T
+    plys = sorted(outs["out_ply_dir"].iterdir())
+    assert [p.name for p in plys] == [f"frame_{t:04d}.ply" for t in range(T)]
+    rest = gaussians.concat([gaussians.read_ply(sway.inputs["plys"][f"obj_{i}"]) for i in range(3)])
+    first, last = gaussians.read_ply(plys[0]), gaussians.read_ply(plys[-1])
+    np.testing.assert_array_equal(first.means, rest.means)  # frame 0 is the rest pose
+    assert np.abs(last.means - rest.means).max() > 1e-4  # the trained motion moves something
+    np.testing.assert_array_equal(last.opacity_logits, rest.opacity_logits)
+
+
+def test_exported_glb_follows_the_trained_motion(sway, exported):
+    _, outs = exported
+    doc, blob = export.read_glb(outs["out_glb"])
+    names = [doc["nodes"][r]["name"] for r in doc["scenes"][0]["nodes"]]
+    assert names == ["obj_0", "obj_1", "obj_2"]
+    _, scene, _ = export_stage.load_trained(
+        **sway.inputs, state_path=paths.train_state(sway.res, sway.s, "coarse")
+    )
+    nd = json.loads(paths.scene_json(sway.res, sway.s).read_text())["normalisation"]
+    c, s = np.asarray(nd["centre"]), nd["scale"]
+    (anim,) = doc["animations"]
+    for ch in anim["channels"]:  # one node per dynamic object (the demo GLBs place each once)
+        n = ch["target"]["node"]
+        obj = next(name for r, name in zip(doc["scenes"][0]["nodes"], names, strict=True)
+                   if n in export.world_matrices(doc, [r]))  # fmt: skip
+        assert obj in ("obj_0", "obj_2")
+        M = export.world_matrices(doc, doc["scenes"][0]["nodes"])[n]
+        (prim,) = doc["meshes"][doc["nodes"][n]["mesh"]]["primitives"]
+        base = export.read_accessor(doc, blob, prim["attributes"]["POSITION"])
+        to_n = lambda v, M=M: ((v @ M[:3, :3].T + M[:3, 3]) - c) * s  # noqa: E731
+        with torch.no_grad():
+            X, _ = scene.dynamic[obj].deform(
+                torch.arange(T), torch.as_tensor(to_n(base), dtype=torch.float32)
+            )
+        assert len(prim["targets"]) == T - 1
+        for k, target in enumerate(prim["targets"], start=1):
+            moved = base + export.read_accessor(doc, blob, target["POSITION"])
+            np.testing.assert_allclose(to_n(moved), X[k].numpy(), atol=2e-5)
+    sampler = anim["samplers"][0]
+    assert sampler["interpolation"] == "STEP"
+    assert doc["accessors"][sampler["input"]]["count"] == T
+    assert doc["accessors"][sampler["input"]]["max"] == [pytest.approx((T - 1) / sway.m.save_fps)]
+
+
+def test_exported_glb_passes_the_khronos_validator(exported, gltf_validator, tmp_path):  # noqa: F811
+    report = validate_glb(gltf_validator, exported[1]["out_glb"], tmp_path)
+    assert report["numErrors"] == 0 and report["numWarnings"] == 0, report["messages"]
+
+
+def test_glb_honours_exclude_objs(sway, tmp_path):
+    doc, scene, _ = export_stage.load_trained(
+        **sway.inputs, state_path=paths.train_state(sway.res, sway.s, "coarse")
+    )
+    out = tmp_path / "x.glb"
+    summary = export_stage.write_glb(
+        out, doc=doc, scene=scene, sources=sway.sources, frames=3, fps=4, exclude_objs=["obj_2"]
+    )
+    assert summary == {"nodes": 1, "targets": 2, "frames": 3}
+    got, _ = export.read_glb(out)
+    assert [got["nodes"][r]["name"] for r in got["scenes"][0]["nodes"]] == ["obj_0", "obj_1"]
+    with pytest.raises(ValueError, match=r"exclude_objs: \['obj_9'\] are not objects"):
+        export_stage.write_glb(
+            out, doc=doc, scene=scene, sources=sway.sources, frames=3, fps=4, exclude_objs=["obj_9"]
+        )
+
+
+def test_evaluate_and_aggregate(sway, tmp_path):
+    res, s = sway.res, sway.s
+    kw = {
+        **sway.inputs,
+        "state_path": paths.train_state(res, s, "coarse"),
+        "ref_png": paths.reference_png(res, s),
+        "loss_logs": {"coarse": paths.train_losses(res, s, "coarse")},
+        "method": sway.m,
+        "out_frame0": tmp_path / "frame0.png",
+        "out_losses": tmp_path / "losses.png",
+    }
+    out = evaluate.run(**kw, motion_json=sway.data / "motion.json", out_json=tmp_path / "a.json")
+    doc = json.loads((tmp_path / "a.json").read_text())
+    assert doc == out and doc["scene"] == "sway" and doc["iteration"] == 2 and doc["seed"] == 1
+    assert doc["psnr_frame0"] == 100.0 and doc["ssim_frame0"] == pytest.approx(1.0)
+    assert 0 < doc["mean_displacement"] < doc["max_displacement"]
+    assert doc["arap_residual_mean"] >= 0 and doc["arap_residual_max"] >= doc["arap_residual_mean"]
+    assert doc["ground_depth"] == 0.0 and doc["ground_fraction"] == 0.0
+    assert 0.5 < doc["recovery_relative"] < 1.2  # two iterations recover little of the motion
+    assert {len(v) for v in doc["per_frame"].values()} == {T}
+    assert doc["per_frame"]["arap_residual"][0] == 0.0
+    for png in ("frame0.png", "losses.png"):
+        with Image.open(tmp_path / png) as im:
+            assert im.format == "PNG" and im.size[0] > 300
+    # without a scripted motion there is no recovery error
+    bare = evaluate.run(**kw, motion_json=None, out_json=tmp_path / "b.json")
+    assert bare["recovery_error"] is None
+    # a reference of another size is an input error naming the file
+    Image.new("RGB", (W * 2, H)).save(tmp_path / "ref.png")
+    with pytest.raises(ValueError, match="ref.png: 64x16, but method size is 32x16"):
+        evaluate.run(**{**kw, "ref_png": tmp_path / "ref.png"}, motion_json=None,
+                     out_json=tmp_path / "c.json")  # fmt: skip
+
+    logs = {"coarse": paths.train_losses(res, s, "coarse")}
+    df = aggregate.run(
+        metrics={"sway": tmp_path / "a.json", "sway_bare": tmp_path / "b.json"},
+        loss_logs={"sway": logs, "sway_bare": logs},
+        out_tsv=tmp_path / "metrics.tsv",
+        out_metrics_png=tmp_path / "bars.png",
+        out_losses_png=tmp_path / "all_losses.png",
+    )
+    table = pd.read_csv(tmp_path / "metrics.tsv", sep="\t", index_col="scene")
+    assert list(table.index) == ["sway", "sway_bare"] and len(df) == 2
+    assert table.loc["sway", "recovery_error"] == pytest.approx(doc["recovery_error"], rel=1e-5)
+    assert np.isnan(table.loc["sway_bare", "recovery_error"])
+    for png in ("bars.png", "all_losses.png"):
+        with Image.open(tmp_path / png) as im:
+            assert im.format == "PNG"
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(ValueError, match="bad.json: not a chord-metrics/1 file"):
+        aggregate.table({"x": tmp_path / "bad.json"})
+
+
+def test_cli_render_and_export_glb(sway, capsys):
+    """CHORD's render_scene.py / save_dynamic_scene_glb.py flags on a run folder
+    (<model>/<ex_name> holds scene/, gaussians/, voxels/, train/, checkpoints/)."""
+    model, ex = str(sway.res), sway.s
+    rc = cli.main(
+        ["render", "-m", model, "--ex_name", ex, "--image_width", "32", "--image_height", "16",
+         "--azim", "30", "--elev", "10", "--lst_frame", "3", "--save_fps", "4"]
+    )  # fmt: skip
+    assert rc == 0
+    out = sway.res / ex / "rendered_videos" / "iteration_2" / "azim_30_elev_10.mp4"
+    frames, meta = media.read_mp4(out)
+    assert frames.shape == (3, 16, 32, 3) and meta["fps"] == 4
+    rc = cli.main(
+        ["render", "-m", model, "--ex_name", ex, "--image_width", "32", "--image_height", "16",
+         "--checkpoint", "1", "--no_bg", "--exclude_objs", "obj_2"]
+    )  # fmt: skip
+    assert rc == 0
+    frames, _ = media.read_mp4(sway.res / ex / "rendered_videos/iteration_1/azim_0_elev_-10.mp4")
+    assert frames.shape == (T, 16, 32, 3)
+    rc = cli.main(
+        ["export-glb", "-m", model, "--ex_name", ex, "--mesh_source_path", str(sway.data),
+         "--exclude_objs", "obj_0", "--lst_frame", "4", "--static_id", "1"]
+    )  # fmt: skip
+    assert rc == 0
+    doc, _ = export.read_glb(sway.res / ex / "saved_meshes/iteration_2/dynamic_scene.glb")
+    assert [doc["nodes"][r]["name"] for r in doc["scenes"][0]["nodes"]] == ["obj_1", "obj_2"]
+    (anim,) = doc["animations"]
+    assert doc["accessors"][anim["samplers"][0]["input"]]["max"] == [pytest.approx(3 / 12)]
+    capsys.readouterr()
+    for argv, message in (
+        (["--checkpoint", "7"], "no state of iteration 7"),
+        (["--static_id", "0"], "--static_id: 0, but the run was trained with static_id 1"),
+        (["--exclude_objs", "obj_5"], "--exclude_objs: ['obj_5'] are not objects"),
+    ):
+        base = [
+            "render",
+            "-m",
+            model,
+            "--ex_name",
+            ex,
+            "--image_width",
+            "16",
+            "--image_height",
+            "16",
+        ]
+        assert cli.main(base + argv) == cli.EXIT_INPUT
+        assert message in capsys.readouterr().err
+    missing = ["export-glb", "-m", model, "--ex_name", "nothing", "--mesh_source_path", "x"]
+    assert cli.main(missing) == cli.EXIT_INPUT
+    assert "run folder" in capsys.readouterr().err
+
+
+def test_exclude_plane_needs_static_obj_glb(sway, tmp_path):
+    data = tmp_path / "data"
+    shutil.copytree(sway.data, data)
+    with pytest.raises(ValueError, match="--exclude_plane: .*static_obj.glb does not exist"):
+        export_stage.export_glb_run(sway.res / sway.s, mesh_source_path=data, exclude_plane=True)
+    shutil.copy(data / "obj_1.glb", data / "static_obj.glb")
+    out = export_stage.export_glb_run(
+        sway.res / sway.s, mesh_source_path=data, exclude_plane=True, lst_frame=2
+    )
+    doc, _ = export.read_glb(out)
+    assert len(doc["scenes"][0]["nodes"]) == 3
