@@ -16,9 +16,19 @@ include: "rules/voxelize.smk"
 include: "rules/reference.smk"
 include: "rules/condition.smk"
 include: "rules/train.smk"
+include: "rules/export.smk"
+include: "rules/evaluate.smk"
+include: "rules/report.smk"
 
 
 rule all:
     default_target: True
     input:
         all_targets(),
+
+
+# `snakemake debug --config debug_scene=<id>`: one scene, few iterations, frequent checkpoints,
+# outputs under debug.results (never the production results).
+rule debug:
+    input:
+        debug_inputs,

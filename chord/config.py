@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,11 +56,14 @@ class ConfigError(ValueError):
     """A configuration or scene-sheet value is invalid; the message names where and why."""
 
 
+@functools.cache
 def read_schema(path: Path) -> dict:
+    """The parsed schema at ``path``, read once per process (shared: treat it as read-only)."""
     with open(path) as f:
         return yaml.safe_load(f)
 
 
+@functools.cache
 def _with_defaults(validator_class):
     """A validator that fills ``default`` values in place, as ``snakemake.utils.validate`` does."""
     validate_props = validator_class.VALIDATORS["properties"]
@@ -164,6 +168,8 @@ class GuidanceConfig:
     tiny_vae_path: str | None
     tiny_vae_normalize: bool
     oracle_pool: int
+    max_nonfinite_steps: int = 5
+    nonfinite_fallback: str = "float32"
 
 
 @dataclass(frozen=True)
@@ -251,13 +257,19 @@ def load(config: dict, *, base: Path | None = None) -> Config:
         raise ConfigError(f"config: scene_overrides: unknown scene(s) {unknown}; sheet has {names}")
     tiers = config["tiers"]
     scenes = {}
+    shared = {}  # scenes without overrides share one validated method (1000s of scenes)
     for row in rows:
         name = row["scene"]
         over = config["scene_overrides"].get(name, {})
-        method = method_from_mapping(
-            {**config["method"], **over},
-            where=f"config: scene_overrides.{name}" if over else "config: method",
-        )
+        if over or not shared:
+            method = method_from_mapping(
+                {**config["method"], **over},
+                where=f"config: scene_overrides.{name}" if over else "config: method",
+            )
+            if not over:
+                shared["method"] = method
+        else:
+            method = shared["method"]
         tier = row.get("tier") or "auto"
         if tier != "auto" and tier not in tiers:
             raise ConfigError(

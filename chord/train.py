@@ -467,6 +467,7 @@ def run(
     checkpoint_dir: Path | None = None,
     log=None,
     max_nonfinite_steps: int = 5,
+    fallback: str = "float32",
     writer: bool = True,
 ) -> int:
     """Iterations [start, stop) (early stop honoured); returns the last iteration run.
@@ -474,8 +475,9 @@ def run(
     Checkpoints go to ``checkpoint_dir`` at METHOD §19's save points and at the end. SIGTERM
     (a preempted job) finishes the current iteration, writes a checkpoint and raises
     :class:`Interrupted`. Only the ``writer`` (rank 0) saves. After ``max_nonfinite_steps``
-    skipped steps in a row the run rolls back to the newest checkpoint and runs the guidance
-    in float32 from then on (draws are deterministic, so only a change like this can help);
+    skipped steps in a row the run rolls back to the newest checkpoint and, with ``fallback``
+    "float32", runs the guidance in float32 from then on (draws are deterministic, so only a
+    change like this can help);
     if the steps keep failing it stops with a clear error instead of looping.
     """
     import signal
@@ -520,7 +522,7 @@ def run(
                     )
                 rolled_back_to = ckpts[-1]
                 it = trainer.load_checkpoint(load_checkpoint(ckpts[-1]))
-                if hasattr(trainer.guidance, "use_float32"):  # the configured fallback
+                if fallback == "float32" and hasattr(trainer.guidance, "use_float32"):
                     trainer.guidance.use_float32()
                 trainer.nonfinite = 0
                 logger.warning("rolled back to %s after non-finite steps", ckpts[-1].name)

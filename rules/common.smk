@@ -1,4 +1,5 @@
 # Validation first, then the scene sheet, wildcard constraints, input functions and targets.
+import os
 import re
 from pathlib import Path
 
@@ -11,21 +12,34 @@ import chord.config as cc
 import chord.demo as demo
 import chord.gaussians
 import chord.paths as P
+import chord.tiers as ct
 
 validate(config, cc.CONFIG_SCHEMA)
+DEBUG_SCENE = config["debug_scene"]
+if DEBUG_SCENE:  # a debug run: one scene, the debug method values, its own results root
+    if config["debug"]["results"] == config["results"]:
+        raise WorkflowError("config: debug.results must differ from results")
+    config["results"] = config["debug"]["results"]
+    _over = config["scene_overrides"].get(DEBUG_SCENE, {})
+    config["scene_overrides"][DEBUG_SCENE] = {**_over, **config["debug"]["method"]}
 try:
     _rows = cc.read_sheet(config["scenes"])
+    if DEBUG_SCENE and DEBUG_SCENE not in [r["scene"] for r in _rows]:
+        raise cc.ConfigError(
+            f"debug_scene: {DEBUG_SCENE!r} is not a scene of {config['scenes']}"
+        )
     validate(
         pd.DataFrame([{k: v for k, v in r.items() if k != "_line"} for r in _rows]),
         cc.SCENES_SCHEMA,
     )
     CONF = cc.load(config)
+    TIERS = ct.parse(CONF.tiers)
 except cc.ConfigError as exc:
     raise WorkflowError(str(exc))
 
 RESULTS = config["results"]
 DEMO_DIR = config["demo_dir"]
-SCENES = list(CONF.scenes)
+SCENES = [DEBUG_SCENE] if DEBUG_SCENE else list(CONF.scenes)
 PKG = Path(chord.__file__).parent
 
 # A code change in a stage's modules re-runs that stage and what follows.
@@ -54,11 +68,33 @@ CODE = {
         PKG / "guidance/tiny_models.py",
         PKG / "stages/condition.py",
     ],
+    "export": [
+        PKG / "export.py",
+        PKG / "cameras.py",
+        PKG / "media.py",
+        *sorted((PKG / "render").glob("*.py")),
+        *sorted((PKG / "motion").glob("*.py")),
+        PKG / "stages/export.py",
+    ],
+    "evaluate": [
+        PKG / "metrics.py",
+        PKG / "plots.py",
+        PKG / "losses.py",
+        PKG / "export.py",
+        PKG / "guidance/oracle.py",
+        *sorted((PKG / "render").glob("*.py")),
+        *sorted((PKG / "motion").glob("*.py")),
+        PKG / "stages/export.py",
+        PKG / "stages/evaluate.py",
+    ],
+    "aggregate": [PKG / "plots.py", PKG / "stages/aggregate.py"],
 }
 
 
+# The sheet's id pattern, not the list of ids: a 1000-name alternation in every output pattern
+# makes the DAG build several times slower (bench/dag.py).
 wildcard_constraints:
-    scene="|".join(re.escape(s) for s in SCENES) or "(?!)",
+    scene=r"[A-Za-z0-9_-]+",
     obj=r"obj_\d+",
 
 
@@ -164,15 +200,144 @@ def train_inputs(wildcards):
 
 
 def train_params(scene):
-    """The result-changing method values and guidance (memory flags are not params)."""
+    """The result-changing method values and guidance (memory flags are not params; the size
+    of a lowres start tier is)."""
     import chord.stages.train as st
 
-    return st.config_hash(CONF.scenes[scene].method, CONF.guidance)
+    method = ct.apply(CONF.scenes[scene].method, TIERS[scene_tier(scene)])
+    return st.config_hash(method, CONF.guidance)
+
+
+_GPU_MEM = {}
+
+
+def gpu_mem_gb():
+    """GPU memory for `auto` tiers: config gpu_mem_gb (set by the profile), else the local GPU's
+    (None without one)."""
+    if config["gpu_mem_gb"] is not None:
+        return config["gpu_mem_gb"]
+    if "local" not in _GPU_MEM:
+        _GPU_MEM["local"] = ct.gpu_memory_gb(os.environ)
+    return _GPU_MEM["local"]
+
+
+def scene_tier(scene):
+    """The tier a scene's training starts on: its sheet column, or auto."""
+    name = CONF.scenes[scene].tier
+    return ct.base(name, TIERS, gpu_mem_gb() if name == ct.AUTO else None)
+
+
+def train_tier(scene, stage, attempt):
+    """The tier of a training attempt: the start tier, moved past tiers that ran out of memory."""
+    oom = []
+    if attempt > 1:
+        record = P.checkpoints(RESULTS, scene, stage) / ct.OOM_RECORD
+        oom = ct.read_out_of_memory(record)
+    return TIERS[ct.for_attempt(scene_tier(scene), attempt, TIERS, oom)]
+
+
+def tier_resource(stage, key):
+    """A training resource as a function of the attempt: tier, mem_mb, runtime, gpu_model or
+    slurm_partition (None, i.e. unset, where the tier has none)."""
+    attr = {"tier": "name", "runtime": "runtime_min"}.get(key, key)
+
+    def resource(wildcards, attempt):
+        return getattr(train_tier(wildcards.scene, stage, attempt), attr)
+
+    return resource
+
+
+def final_state(scene):
+    """The training state a scene's result is: fine.pt with a second layer, else coarse.pt."""
+    import chord.stages.export as se
+
+    return str(P.train_state(RESULTS, scene, se.final_stage(CONF.scenes[scene].method)))
+
+
+def loss_logs(scene):
+    """{training stage: loss log} of a scene, in run order."""
+    import chord.stages.export as se
+
+    final = se.final_stage(CONF.scenes[scene].method)
+    stages = ["coarse", "fine"] if final == "fine" else ["coarse"]
+    return {st: str(P.train_losses(RESULTS, scene, st)) for st in stages}
+
+
+def trained_inputs(wildcards):
+    """What export and evaluate read: scene.json, the Gaussians, the dynamic objects'
+    voxels and the final training state."""
+    scene = wildcards.scene
+    inputs = {
+        "scene_json": str(P.scene_json(RESULTS, scene)),
+        "state": final_state(scene),
+    }
+    for obj, role in object_roles(scene).items():
+        if role != "avoided":
+            inputs[f"ply_{obj}"] = str(P.gaussians_ply(RESULTS, scene, obj))
+        if role == "dynamic":
+            inputs[f"vox_{obj}"] = str(P.voxels_npz(RESULTS, scene, obj))
+    return inputs
+
+
+def export_inputs(wildcards):
+    """trained_inputs plus the source GLB of every exported object (src_obj_<i>)."""
+    inputs = trained_inputs(wildcards)
+    roles = object_roles(wildcards.scene)
+    for f in scene_files(wildcards.scene):
+        obj = Path(f).stem
+        if roles.get(obj, "avoided") != "avoided":
+            inputs[f"src_{obj}"] = f
+    return inputs
+
+
+def scripted_motion(scene):
+    """The scene's scripted ground-truth motion.json, or None when it has none."""
+    path = Path(CONF.scenes[scene].data) / "motion.json"
+    return str(path) if demo_name(scene) or path.is_file() else None
+
+
+def evaluate_inputs(wildcards):
+    """trained_inputs plus ref.png, the loss logs (losses_<stage>) and motion.json if any."""
+    scene = wildcards.scene
+    inputs = trained_inputs(wildcards)
+    inputs["ref"] = str(P.reference_png(RESULTS, scene))
+    for stage, path in loss_logs(scene).items():
+        inputs[f"losses_{stage}"] = path
+    motion = scripted_motion(scene)
+    if motion:
+        inputs["motion"] = motion
+    return inputs
+
+
+def aggregate_inputs(wildcards):
+    """Every scene's metrics.json (metrics_<scene>) and loss logs (losses_<scene>_<stage>)."""
+    inputs = {f"metrics_{s}": str(P.metrics_json(RESULTS, s)) for s in SCENES}
+    for s in SCENES:
+        for stage, path in loss_logs(s).items():
+            inputs[f"losses_{s}_{stage}"] = path
+    return inputs
+
+
+def result_params(scene, stage):
+    """The method values that change the export or evaluate stage beyond its inputs."""
+    import chord.stages.export as se
+
+    method = CONF.scenes[scene].method
+    return {k: getattr(method, k) for k in se.PARAM_KEYS[stage]}
+
+
+def debug_inputs(wildcards):
+    """`snakemake debug --config debug_scene=<id>`: that scene's targets under debug.results."""
+    if not DEBUG_SCENE:
+        raise WorkflowError("the debug target needs a scene: --config debug_scene=<id>")
+    return all_targets()
 
 
 def all_targets():
     targets = []
     for scene in SCENES:
+        stage = "fine" if CONF.scenes[scene].method.add_cp_objs else "coarse"
+        targets.append(str(P.train_state(RESULTS, scene, stage)))
         targets.append(str(P.scene_json(RESULTS, scene)))
         targets.append(str(P.reference_png(RESULTS, scene)))
         targets.append(str(P.text_condition(RESULTS, scene)))
@@ -181,4 +346,19 @@ def all_targets():
                 targets.append(str(P.gaussians_ply(RESULTS, scene, obj)))
             if role == "dynamic":
                 targets.append(str(P.voxels_npz(RESULTS, scene, obj)))
+        targets += [
+            str(P.ref_view_mp4(RESULTS, scene)),
+            str(P.orbit_mp4(RESULTS, scene)),
+            *[str(P.fixed_view_mp4(RESULTS, scene, v)) for v in P.FIXED_VIEWS],
+            str(P.preview_gif(RESULTS, scene)),
+            str(P.dynamic_glb(RESULTS, scene)),
+            str(P.ply_sequence_dir(RESULTS, scene)),
+            str(P.metrics_json(RESULTS, scene)),
+        ]
+    if SCENES:
+        targets += [
+            str(P.metrics_tsv(RESULTS)),
+            str(P.metrics_png(RESULTS)),
+            str(P.losses_png(RESULTS)),
+        ]
     return targets

@@ -1,3 +1,8 @@
+# Training runs on a memory tier (DESIGN §6). The tier, and the host RAM, wall time and GPU kind
+# it needs, are resources computed from `attempt`, never params: a tier change re-runs nothing.
+# After an out-of-memory exit the retry runs on the next leaner tier.
+
+
 rule train_coarse:
     input:
         unpack(train_inputs),
@@ -9,8 +14,16 @@ rule train_coarse:
         P.log(RESULTS, "{scene}", "train_coarse"),
     benchmark:
         P.bench(RESULTS, "{scene}", "train_coarse")
+    retries: len(TIERS)
     conda:
         "../workflow/envs/chord.yaml"
+    resources:
+        gpu=1,
+        tier=tier_resource("coarse", "tier"),
+        mem_mb=tier_resource("coarse", "mem_mb"),
+        runtime=tier_resource("coarse", "runtime"),
+        gpu_model=tier_resource("coarse", "gpu_model"),
+        slurm_partition=tier_resource("coarse", "slurm_partition"),
     params:
         method=lambda wc: train_params(wc.scene),
         checkpoints=lambda wc: str(P.checkpoints(RESULTS, wc.scene, "coarse")),
@@ -30,8 +43,16 @@ rule train_fine:
         P.log(RESULTS, "{scene}", "train_fine"),
     benchmark:
         P.bench(RESULTS, "{scene}", "train_fine")
+    retries: len(TIERS)
     conda:
         "../workflow/envs/chord.yaml"
+    resources:
+        gpu=1,
+        tier=tier_resource("fine", "tier"),
+        mem_mb=tier_resource("fine", "mem_mb"),
+        runtime=tier_resource("fine", "runtime"),
+        gpu_model=tier_resource("fine", "gpu_model"),
+        slurm_partition=tier_resource("fine", "slurm_partition"),
     params:
         method=lambda wc: train_params(wc.scene),
         checkpoints=lambda wc: str(P.checkpoints(RESULTS, wc.scene, "fine")),

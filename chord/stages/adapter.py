@@ -9,16 +9,20 @@ import sys
 from collections.abc import Iterator
 
 from chord import config as cfg
+from chord.tiers import is_out_of_memory
 
 logger = logging.getLogger("chord")
 
 EXIT_INPUT = 2
+# A training ran out of GPU memory: its retry runs on the next leaner memory tier (DESIGN §6).
+EXIT_OUT_OF_MEMORY = 3
 
 
 @contextlib.contextmanager
 def stage_logging(log_path: str) -> Iterator[None]:
     """Route ``chord`` logging to the rule's log; an input error ends the job with a one-line
-    message (in the log and on stderr) and exit status 2 instead of a traceback."""
+    message (in the log and on stderr) and exit status 2 instead of a traceback, running out of
+    GPU memory with exit status 3."""
     root = logging.getLogger()
     root.setLevel(logging.INFO)
     handler = logging.FileHandler(log_path, mode="w")
@@ -30,7 +34,11 @@ def stage_logging(log_path: str) -> Iterator[None]:
         logger.error("%s", exc)
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(EXIT_INPUT)
-    except Exception:
+    except Exception as exc:
+        if is_out_of_memory(exc):
+            logger.error("out of GPU memory: %s", exc)
+            print(f"error: out of GPU memory: {exc}", file=sys.stderr)
+            sys.exit(EXIT_OUT_OF_MEMORY)
         logger.exception("stage failed")
         raise
     finally:

@@ -186,8 +186,13 @@ def run_stage(
     device="cpu",
     rank: int = 0,
     world_size: int = 1,
+    tier: str | None = None,
 ) -> dict:
     """Run ``stage`` ("coarse" or "fine"); returns a summary.
+
+    ``method`` is the effective one, with the memory tier's flags and size applied
+    (:func:`chord.tiers.apply`); the hand-off state records that size and ``tier``. The fine
+    stage continues the coarse hand-off at the size it was trained at.
 
     On a CPU, torch's deterministic algorithms are switched on for the process, so resume and
     coarse → fine reproduce an uninterrupted run bit for bit (METHOD §7); on a GPU results
@@ -195,13 +200,18 @@ def run_stage(
     """
     if torch.device(device).type == "cpu":
         torch.use_deterministic_algorithms(True)
-    h = config_hash(method, guidance)
-    seed = rng.base_seed(method.seed)
     start_ckpt = None
     if stage == "fine":
         if handoff is None:
             raise ValueError("train_fine needs the coarse hand-off state")
         start_ckpt = train.load_checkpoint(handoff)
+        size = start_ckpt.get("size", method.size)
+        if size != method.size:  # e.g. the coarse stage escalated to a lowres tier
+            logger.info("continuing the coarse hand-off at its size %s, not %s", size, method.size)
+            method = dataclasses.replace(method, size=size)
+    h = config_hash(method, guidance)
+    seed = rng.base_seed(method.seed)
+    if start_ckpt is not None:
         if start_ckpt["config_hash"] != h:
             raise ValueError(f"{handoff}: written with another configuration; rerun coarse")
         seed = start_ckpt["seed"]
@@ -251,15 +261,24 @@ def run_stage(
     try:
         if start < stop and (early is None or start <= early):
             last = train.run(
-                trainer, start, stop, config_hash=h, checkpoint_dir=ckpt_dir, log=log, writer=writer
+                trainer,
+                start,
+                stop,
+                config_hash=h,
+                checkpoint_dir=ckpt_dir,
+                log=log,
+                writer=writer,
+                max_nonfinite_steps=guidance.max_nonfinite_steps,
+                fallback=guidance.nonfinite_fallback,
             )
         else:
             last = start - 1
     finally:
         if log is not None:
             log.close()
-    if writer:
-        train.save_checkpoint(out, trainer.checkpoint(last, h))
+    if writer:  # the hand-off records the size trained at (a lowres tier changes it) and the tier
+        final = {**trainer.checkpoint(last, h), "size": method.size, "tier": tier}
+        train.save_checkpoint(out, final)
     if world_size > 1:
         torch.distributed.barrier()
     return {"stage": stage, "start": start, "last": last, "seed": seed}

@@ -249,6 +249,25 @@ def test_non_finite_steps_roll_back_and_fall_back_to_float32(tmp_path):
         )
 
 
+def test_non_finite_fallback_none_keeps_the_guidance_precision(tmp_path):
+    tr = make_trainer(method(iterations=6, batch_size=1, save_interval=2))
+    tr.guidance = FlakyTeacher(tr.guidance)
+    tr.guidance.fp32 = True
+    train.run(tr, 1, 3, config_hash="h", checkpoint_dir=tmp_path)
+    tr.guidance.fp32 = False
+    with pytest.raises(RuntimeError, match="persist after rolling back"):
+        train.run(
+            tr,
+            3,
+            7,
+            config_hash="h",
+            checkpoint_dir=tmp_path,
+            max_nonfinite_steps=2,
+            fallback="none",
+        )
+    assert not tr.guidance.fp32  # never switched
+
+
 def test_sigterm_writes_a_checkpoint_and_stops(tmp_path):
     import os
     import signal

@@ -1,0 +1,315 @@
+"""Memory tiers (DESIGN §6): named sets of memory flags with the GPU memory, host RAM and wall
+time a training needs; the tier a scene starts on; the leaner tier an out-of-memory retry moves
+to; and the GPU a local training job runs on.
+
+Memory flags change memory and time, never results, so they are Snakemake resources of the
+training rules (computed from ``attempt``), not params. A tier's ``size`` (the ``lowres``
+tiers) does change results: :func:`apply` puts it into the method, so it enters the training's
+configuration hash and checkpoint folder. Nothing here imports Snakemake; ``rules/common.smk``
+and ``workflow/scripts/train.py`` call these functions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import logging
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from chord import config as cc
+
+logger = logging.getLogger(__name__)
+
+AUTO = "auto"
+# The method keys a tier may set (METHOD §15); a tier that leaves one out keeps the method's value.
+FLAG_KEYS = (
+    "split_sds_backward",
+    "split_render_backward",
+    "split_render_chunk_size",
+    "enable_mmgp",
+    "mmgp_profile",
+    "mmgp_transformer_budget",
+)
+# Written next to a stage's checkpoints: one tier name per line that ran out of GPU memory.
+OOM_RECORD = "out_of_memory.txt"
+
+
+@dataclass(frozen=True)
+class Tier:
+    """One memory tier: what it needs (GPU memory, host RAM, wall time), its memory flags, an
+    optional lower SDS ``size`` and, where a profile maps tiers to GPU kinds, the GPU model and
+    Slurm partition its jobs ask for."""
+
+    name: str
+    gpu_mem_gb: float
+    host_mem_gb: float = 32.0
+    runtime_h: float = 24.0
+    flags: dict = field(default_factory=dict)  # FLAG_KEYS -> value, only those the tier sets
+    size: str | None = None
+    gpu_model: str | None = None
+    slurm_partition: str | None = None
+
+    @property
+    def mem_mb(self) -> int:
+        """Host RAM in MB (Snakemake's ``mem_mb``)."""
+        return int(round(self.host_mem_gb * 1024))
+
+    @property
+    def runtime_min(self) -> int:
+        """Wall time in minutes (Snakemake's ``runtime``)."""
+        return int(math.ceil(self.runtime_h * 60))
+
+
+def parse(mapping: Mapping[str, Mapping]) -> dict[str, Tier]:
+    """The config's ``tiers:`` block (schema-validated) -> ordered ``{name: Tier}``.
+
+    Order is escalation order: fullest first, each tier needing no more GPU memory than the one
+    before it.
+    """
+    tiers: dict[str, Tier] = {}
+    for name, spec in mapping.items():
+        if name == AUTO:
+            raise cc.ConfigError("config: tiers: 'auto' is reserved (the sheet's automatic choice)")
+        size = spec.get("size")
+        if size is not None:
+            cc.parse_size(size, where=f"config: tiers.{name}.size")
+        tiers[name] = Tier(
+            name=name,
+            gpu_mem_gb=float(spec["gpu_mem_gb"]),
+            host_mem_gb=float(spec.get("host_mem_gb", 32)),
+            runtime_h=float(spec.get("runtime_h", 24)),
+            flags={k: spec[k] for k in FLAG_KEYS if k in spec},
+            size=size,
+            gpu_model=spec.get("gpu_model"),
+            slurm_partition=spec.get("slurm_partition"),
+        )
+    names = list(tiers)
+    for before, after in zip(names, names[1:], strict=False):
+        if tiers[after].gpu_mem_gb > tiers[before].gpu_mem_gb:
+            raise cc.ConfigError(
+                f"config: tiers: {after!r} needs {tiers[after].gpu_mem_gb} GB of GPU memory, more "
+                f"than {before!r} before it ({tiers[before].gpu_mem_gb} GB); list tiers fullest "
+                "first (that order is the out-of-memory escalation order)"
+            )
+    return tiers
+
+
+def auto(tiers: Mapping[str, Tier], gpu_mem_gb: float | None) -> str:
+    """The first (fullest) tier that fits ``gpu_mem_gb`` of GPU memory.
+
+    ``None`` means no GPU (a CPU run, where the memory flags do not matter): the first tier. A
+    GPU smaller than every tier gets the leanest one.
+    """
+    if not tiers:
+        raise cc.ConfigError("config: tiers: empty; at least one memory tier is needed")
+    names = list(tiers)
+    if gpu_mem_gb is None:
+        return names[0]
+    for name in names:
+        if tiers[name].gpu_mem_gb <= gpu_mem_gb:
+            return name
+    logger.warning(
+        "a %.0f GB GPU is smaller than every tier; using the leanest, %s", gpu_mem_gb, names[-1]
+    )
+    return names[-1]
+
+
+def base(name: str, tiers: Mapping[str, Tier], gpu_mem_gb: float | None) -> str:
+    """A scene's first-attempt tier: its sheet value, or :func:`auto` for ``auto``."""
+    if name == AUTO:
+        return auto(tiers, gpu_mem_gb)
+    if name not in tiers:
+        raise cc.ConfigError(f"tier {name!r} is not one of {[AUTO, *tiers]}")
+    return name
+
+
+def for_attempt(
+    start: str, attempt: int, tiers: Mapping[str, Tier], out_of_memory: Iterable[str] = ()
+) -> str:
+    """The tier of attempt ``attempt`` (1-based) of a training that starts on ``start``.
+
+    Attempt 1 runs on ``start``. A retry moves past every tier from ``start`` on that ran out of
+    memory (``out_of_memory``, see :func:`read_out_of_memory`), stopping at the leanest; a retry
+    after another failure (a preempted job, say) stays on its tier.
+    """
+    names = list(tiers)
+    i = names.index(start)
+    if attempt <= 1:
+        return start
+    failed = set(out_of_memory)
+    while names[i] in failed and i < len(names) - 1:
+        i += 1
+    return names[i]
+
+
+def pixels(size: str) -> int:
+    w, h = cc.parse_size(size)
+    return w * h
+
+
+def apply(method, tier: Tier):
+    """``method`` with ``tier``'s memory flags and, for a tier with a lower ``size``, that size.
+
+    The size only ever goes down: a tier's size larger than the method's is ignored.
+    """
+    values = dict(tier.flags)
+    if tier.size is not None and pixels(tier.size) < pixels(method.size):
+        values["size"] = tier.size
+    return dataclasses.replace(method, **values) if values else method
+
+
+def read_out_of_memory(path: Path) -> set[str]:
+    """Tier names recorded in ``path`` (missing file: none)."""
+    try:
+        return {line.strip() for line in Path(path).read_text().splitlines() if line.strip()}
+    except FileNotFoundError:
+        return set()
+
+
+def record_out_of_memory(path: Path, tier: str) -> None:
+    """Note that a training on ``tier`` ran out of GPU memory (read by the next attempt)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.write(f"{tier}\n")
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """torch's out-of-memory error (``torch.cuda.OutOfMemoryError``, since torch 2.5 also
+    ``torch.OutOfMemoryError``); torch is only consulted if already imported."""
+    torch = sys.modules.get("torch")
+    oom = getattr(getattr(torch, "cuda", None), "OutOfMemoryError", None)
+    return oom is not None and isinstance(exc, oom)
+
+
+@contextlib.contextmanager
+def out_of_memory_record(path: Path, tier: str) -> Iterator[None]:
+    """Run a training on ``tier``: if it runs out of GPU memory, note ``tier`` in ``path`` (the
+    next attempt reads it) and re-raise; if it completes, remove the record."""
+    try:
+        yield
+    except BaseException as exc:
+        if is_out_of_memory(exc):
+            record_out_of_memory(path, tier)
+        raise
+    Path(path).unlink(missing_ok=True)
+
+
+def inject_out_of_memory(tiers_spec: str, tier: str) -> None:
+    """Test hook: raise torch's out-of-memory error when ``tier`` is one of the comma-separated
+    names in ``tiers_spec`` (the train adapter passes ``$CHORD_TEST_OOM_TIERS``). It lets a CPU
+    test drive the real exit-and-escalate path; unset, it does nothing."""
+    if tier in {t.strip() for t in tiers_spec.split(",") if t.strip()}:
+        import torch
+
+        raise torch.cuda.OutOfMemoryError(
+            f"injected out-of-memory on tier {tier!r} (test hook CHORD_TEST_OOM_TIERS)"
+        )
+
+
+def visible_gpus(env: Mapping[str, str]) -> list[str]:
+    """GPU ids this process may use: ``CUDA_VISIBLE_DEVICES`` when set, else every GPU that
+    ``nvidia-smi -L`` lists (none without the NVIDIA driver)."""
+    if "CUDA_VISIBLE_DEVICES" in env:
+        return [g.strip() for g in env["CUDA_VISIBLE_DEVICES"].split(",") if g.strip()]
+    out = _nvidia_smi(["-L"])
+    return [str(i) for i, line in enumerate(out.splitlines()) if line.startswith("GPU ")]
+
+
+def gpu_memory_gb(env: Mapping[str, str]) -> float | None:
+    """Memory of the smallest visible GPU in GB (``nvidia-smi``), or None without a GPU."""
+    gpus = visible_gpus(env)
+    if not gpus:
+        return None
+    out = _nvidia_smi(["--query-gpu=index,uuid,memory.total", "--format=csv,noheader,nounits"])
+    sizes = []
+    for line in out.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 3 and (parts[0] in gpus or parts[1] in gpus):
+            sizes.append(float(parts[2]) / 1024)  # MiB -> GiB
+    return min(sizes) if sizes else None
+
+
+def gpu_slots(env: Mapping[str, str]) -> int:
+    """How many training jobs may run at once on this machine: one per visible GPU, and one on
+    a machine without GPUs (it trains on the CPU with all cores)."""
+    return max(1, len(visible_gpus(env)))
+
+
+def _nvidia_smi(args: list[str]) -> str:
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return ""
+    try:
+        proc = subprocess.run([exe, *args], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return proc.stdout if proc.returncode == 0 else ""
+
+
+@contextlib.contextmanager
+def gpu_slot(gpus: list[str], lock_dir: Path, *, poll_s: float = 2.0) -> Iterator[str]:
+    """Hold one of ``gpus`` while the block runs; yields its id.
+
+    Snakemake counts GPUs (the ``gpu`` resource) but does not say which one a job gets. Each
+    job takes an exclusive lock on ``lock_dir/gpu_<id>.lock`` (the first free one), so jobs
+    running at once on one machine get distinct GPUs; the kernel drops the lock when the process
+    ends, however it ends. Waits while every GPU is taken (e.g. by another Snakemake run).
+    """
+    if not gpus:
+        raise ValueError("gpu_slot: no GPUs to choose from")
+    lock_dir = Path(lock_dir)
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    waited = False
+    while True:
+        for gpu in gpus:
+            f = open(lock_dir / f"gpu_{gpu}.lock", "a")
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                f.close()
+                continue
+            try:
+                yield gpu
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+                f.close()
+            return
+        if not waited:
+            logger.info("all GPUs %s are taken by other jobs; waiting for one", gpus)
+            waited = True
+        time.sleep(poll_s)
+
+
+@contextlib.contextmanager
+def job_gpu(env: MutableMapping[str, str], lock_dir: Path | None = None) -> Iterator[str | None]:
+    """Pin a training job to one GPU while the block runs; yields its id (None without GPUs).
+
+    With several GPUs visible, takes a free one (:func:`gpu_slot`) and narrows
+    ``CUDA_VISIBLE_DEVICES`` in ``env`` to it, before CUDA starts; with one or none (a Slurm job
+    sees only its own), ``env`` stays as it is.
+    """
+    gpus = visible_gpus(env)
+    if len(gpus) <= 1:
+        yield gpus[0] if gpus else None
+        return
+    with gpu_slot(gpus, lock_dir or default_lock_dir()) as gpu:
+        env["CUDA_VISIBLE_DEVICES"] = gpu
+        logger.info("GPU %s of %s", gpu, gpus)
+        yield gpu
+
+
+def default_lock_dir() -> Path:
+    """Per-user, per-machine folder of the GPU locks."""
+    import tempfile
+
+    return Path(tempfile.gettempdir()) / f"chord-gpu-locks-{os.getuid()}"

@@ -1,0 +1,271 @@
+"""The workflow at scale (issue 8): out-of-memory escalation across memory tiers, the Slurm
+profile's submissions per tier, re-run semantics and the debug target.
+
+One tiny demo scene is run end to end once (module fixture, with an injected out-of-memory on
+its first attempt); the re-run tests are dry runs against that finished state, with config
+changes passed as an extra --configfile, so they share it without copying.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from tests.conftest import REPO
+from tests.workflow.test_workflow import planned_jobs
+
+pytestmark = pytest.mark.slow
+
+# Small enough for a CPU: few Gaussians, 2 iterations of one 64x32 video.
+TINY = {
+    "gs_init_num": 500,
+    "surface_target_num": 500,
+    "iterations": 2,
+    "batch_size": 1,
+    "size": "64*32",
+    "seed": 0,
+}
+PROMPT = "A toy block with a painted face hops twice to the right."
+UPSTREAM = {"demo_hop", "ingest", "gaussians", "voxelize", "reference", "condition"}
+AFTER_TRAINING = {"export", "evaluate", "aggregate"}  # the stages that read a trained state
+
+
+def snakemake(work: Path, *args: str, env: dict | None = None, check: bool = True):
+    """Snakemake in ``work`` on its copy of the workflow (work/wf: :func:`copy_workflow`; its
+    default profile applies)."""
+    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(work / "wf/Snakefile")]
+    cmd += ["--cores", "2", *args]
+    full_env = {k: v for k, v in os.environ.items() if k != "CHORD_TEST_OOM_TIERS"}
+    full_env.update({"PYTHONPATH": str(work / "wf"), **(env or {})})
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=full_env, cwd=work)
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"{' '.join(args)} failed:\n{proc.stdout[-3000:]}{proc.stderr[-6000:]}"
+        )
+    return proc
+
+
+def copy_workflow(work: Path) -> None:
+    """The workflow and the chord package, copied to work/wf: Snakemake imports chord from
+    beside the Snakefile, so a test can edit a module of the copy without touching the
+    repository."""
+    skip = shutil.ignore_patterns("__pycache__")
+    (work / "wf").mkdir(parents=True)
+    shutil.copy2(REPO / "Snakefile", work / "wf/Snakefile")
+    for folder in ("rules", "workflow", "chord", "profiles"):
+        shutil.copytree(REPO / folder, work / "wf" / folder, ignore=skip)
+
+
+def write_sheet(path: Path, tier: str, prompt: str = PROMPT) -> None:
+    path.write_text(f"scene\tdata\tprompt\ttier\nhop\tresources/demo/hop\t{prompt}\t{tier}\n")
+
+
+def extra_config(work: Path, name: str, values: dict) -> str:
+    """A config file merged over config/config.yaml (--configfile): a change without editing."""
+    path = work / "config" / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(values))
+    return str(path)
+
+
+def tiny_workdir(work: Path) -> Path:
+    """The default config with the demo scene hop (tier full), TINY, one extra lean tier with
+    a smaller size, and a copy of the chord package (so a test can edit a module)."""
+    copy_workflow(work)
+    (work / "config").mkdir(parents=True)
+    conf = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    conf["scene_overrides"] = {"hop": dict(TINY)}
+    leanest = dict(list(conf["tiers"].values())[-1])
+    conf["tiers"]["lowres_tiny"] = {**leanest, "gpu_mem_gb": 8, "size": "32*16"}
+    (work / "config/config.yaml").write_text(yaml.safe_dump(conf, sort_keys=False))
+    write_sheet(work / "config/scenes.tsv", "full")
+    return work
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """hop run end to end; attempt 1 of its training runs out of memory on tier full."""
+    work = tiny_workdir(tmp_path_factory.mktemp("scale"))
+    proc = snakemake(work, env={"CHORD_TEST_OOM_TIERS": "full"})
+    return work, proc.stdout + proc.stderr
+
+
+def rules_in_workflow(work: Path) -> set[str]:
+    return set(snakemake(work, "--list-rules").stdout.split())
+
+
+def after_training(work: Path) -> set[str]:
+    return AFTER_TRAINING & rules_in_workflow(work)
+
+
+def test_out_of_memory_on_attempt_1_retries_on_the_next_tier(finished):
+    work, log = finished
+    train = [line for line in log.splitlines() if "tier=" in line]
+    assert len(train) == 2, log[-4000:]  # train_coarse's two attempts
+    assert "tier=full" in train[0] and "tier=split" in train[1]
+    assert "mem_mb=65536" in train[1] and "runtime=960" in train[1]  # split's needs
+    assert "returned non-zero exit status 3" in log  # the out-of-memory exit
+    state = torch.load(work / "results/hop/train/coarse.pt", weights_only=True)
+    assert state["tier"] == "split" and state["size"] == "64*32" and state["iteration"] == 2
+    assert not (work / "results/hop/checkpoints/coarse" / "out_of_memory.txt").exists()
+    # the scene completed: every target is there and up to date
+    assert planned_jobs(snakemake(work, "-n")) == {}
+
+
+def test_memory_flag_or_tier_change_reruns_nothing(finished):
+    work, _ = finished
+    flags = {"split_sds_backward": True, "split_render_backward": True, "enable_mmgp": True}
+    extra = extra_config(work, "flags", {"scene_overrides": {"hop": flags}})
+    assert planned_jobs(snakemake(work, "-n", "--configfile", extra)) == {}
+    write_sheet(work / "config/split.tsv", "offload")
+    extra = extra_config(work, "tier", {"scenes": "config/split.tsv"})
+    assert planned_jobs(snakemake(work, "-n", "--configfile", extra)) == {}
+
+
+def test_tier_with_a_lower_size_reruns_training_onward(finished):
+    work, _ = finished
+    write_sheet(work / "config/tiny.tsv", "lowres_tiny")
+    extra = extra_config(work, "tiny", {"scenes": "config/tiny.tsv"})
+    jobs = planned_jobs(snakemake(work, "-n", "--configfile", extra))
+    assert set(jobs) == {"train_coarse"} | after_training(work)
+
+
+@pytest.mark.parametrize(
+    "change, first",
+    [
+        ({"lambda_arap": 1.0}, set()),
+        ({"init_voxel_size": 0.02}, {"voxelize"}),
+    ],
+    ids=["lambda_arap", "init_voxel_size"],
+)
+def test_method_change_reruns_the_stages_that_read_it(finished, change, first):
+    work, _ = finished
+    extra = extra_config(work, "method", {"scene_overrides": {"hop": change}})
+    jobs = planned_jobs(snakemake(work, "-n", "--configfile", extra))
+    assert set(jobs) == first | {"train_coarse"} | after_training(work)
+
+
+def test_prompt_change_reruns_condition_onward(finished):
+    work, _ = finished
+    write_sheet(work / "config/prompt.tsv", "full", PROMPT.replace("twice", "three times"))
+    extra = extra_config(work, "prompt", {"scenes": "config/prompt.tsv"})
+    jobs = planned_jobs(snakemake(work, "-n", "--configfile", extra))
+    assert set(jobs) == {"condition", "train_coarse"} | after_training(work)
+
+
+@pytest.mark.parametrize(
+    "module, first",
+    [("losses.py", set()), ("voxels.py", {"voxelize"})],
+)
+def test_module_edit_reruns_the_stages_that_import_it(finished, module, first):
+    work, _ = finished
+    path = work / "wf/chord" / module
+    text, stat = path.read_text(), path.stat()
+    try:
+        path.write_text(text + "\n# edited\n")
+        jobs = planned_jobs(snakemake(work, "-n"))
+    finally:  # restore content and time: the other tests share this state
+        path.write_text(text)
+        os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert set(jobs) == first | {"train_coarse"} | after_training(work)
+    assert not set(jobs) & (UPSTREAM - first)
+
+
+def test_debug_target_runs_one_scene_apart_from_production(finished):
+    """The debug target plans the scene's whole chain under debug/ (the finished production
+    results satisfy none of it); its training runs 20 iterations with a checkpoint every 5,
+    and production stays untouched and complete."""
+    work, _ = finished
+    production = work / "results/hop/train/coarse.pt"
+    before = production.stat().st_mtime_ns
+    dry = snakemake(work, "debug", "--config", "debug_scene=hop", "-n")
+    jobs = planned_jobs(dry)
+    expected = UPSTREAM - {"demo_hop"} | {"train_coarse", "debug"} | after_training(work)
+    assert set(jobs) == expected
+    lines = [line.strip() for line in dry.stdout.splitlines()]
+    outputs = [p.strip() for s in lines if s.startswith("output:") for p in s[7:].split(",")]
+    assert outputs and all(p.startswith("debug/") for p in outputs), outputs
+    # the training of the debug run, for real (the stages after it are covered by the dry run)
+    snakemake(work, "debug/hop/train/coarse.pt", "--config", "debug_scene=hop")
+    ckpts = sorted(p.name for p in (work / "debug/hop/checkpoints/coarse").glob("*/ckpt_*.pt"))
+    assert ckpts == [f"ckpt_{i:06d}.pt" for i in (1, 5, 10, 13, 15, 20)]  # save_interval 5
+    state = torch.load(work / "debug/hop/train/coarse.pt", weights_only=True)
+    assert state["iteration"] == 20  # debug.method: iterations 20
+    assert production.stat().st_mtime_ns == before
+    assert planned_jobs(snakemake(work, "-n")) == {}  # production untouched and complete
+    proc = snakemake(work, "debug", "-n", check=False)
+    assert proc.returncode != 0 and "debug_scene=<id>" in proc.stdout + proc.stderr
+
+
+FAKE_SBATCH = """#!/bin/sh
+echo "$*" >> "{log}"
+echo "sbatch: error: test stub, nothing submitted" >&2
+exit 1
+"""
+
+
+def test_slurm_profile_submits_each_tier_with_its_gpu_memory_and_time(tmp_path):
+    """With stub Slurm commands on PATH, the submitted sbatch lines carry each tier's GPU kind,
+    partition, host memory and wall time (profiles/slurm and its site.yaml)."""
+    pytest.importorskip("snakemake_executor_plugin_slurm")
+    work = tmp_path / "w"
+    copy_workflow(work)
+    (work / "config").mkdir()
+    conf = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    conf["scene_overrides"] = {}
+    (work / "config/config.yaml").write_text(yaml.safe_dump(conf, sort_keys=False))
+    scenes = {"sfull": "full", "ssplit": "split", "soff": "offload", "slow": "lowres"}
+    rows = [f"{s}\tdata/toy\tp\t{t}" for s, t in scenes.items()]
+    (work / "config/scenes.tsv").write_text("scene\tdata\tprompt\ttier\n" + "\n".join(rows) + "\n")
+    data = work / "data/toy"
+    data.mkdir(parents=True)
+    for name in ("scene.glb", "obj_0.glb", "obj_1.glb", "motion.json"):
+        (data / name).touch()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "sbatch.log"
+    (bin_dir / "sbatch").write_text(FAKE_SBATCH.format(log=log))
+    for tool in ("sacct", "sacctmgr", "sshare", "sinfo", "squeue", "scontrol"):
+        (bin_dir / tool).write_text("#!/bin/sh\nexit 0\n")
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    # Everything before training exists (written after the inputs, so it is up to date).
+    for scene in scenes:
+        (work / "results" / scene / "scene/meshes").mkdir(parents=True)
+        for rel in (
+            "scene/scene.json",
+            "condition/text.safetensors",
+            "gaussians/obj_0.ply",
+            "gaussians/obj_1.ply",
+            "voxels/obj_0.npz",
+        ):
+            path = work / "results" / scene / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.touch()
+    env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    targets = [f"results/{s}/train/coarse.pt" for s in scenes]
+    profile = ["--workflow-profile", str(work / "wf/profiles/slurm")]
+    quick = ["--slurm-init-seconds-before-status-checks", "1"]
+    snakemake(work, *profile, *quick, *targets, env=env, check=False)
+    calls = {}
+    for line in log.read_text().splitlines():
+        if "rule_train_coarse_wildcards_" not in line:
+            continue  # the --wrap'ed command's own lines
+        scene = line.split("rule_train_coarse_wildcards_")[1].split()[0]
+        calls.setdefault(scene, line)  # the first attempt
+    assert set(calls) == set(scenes)
+    site = yaml.safe_load((REPO / "profiles/slurm/site.yaml").read_text())["tiers"]
+    for scene, tier in scenes.items():
+        spec = conf["tiers"][tier]
+        args = calls[scene].split()
+        assert f"--gpus={site[tier]['gpu_model']}:1" in args, calls[scene]
+        assert args[args.index("-p") + 1] == site[tier]["slurm_partition"]
+        assert args[args.index("--mem") + 1] == str(int(spec["host_mem_gb"] * 1024))
+        assert args[args.index("-t") + 1] == str(int(spec["runtime_h"] * 60))
+        assert "--cpus-per-gpu=8" in args and "--requeue" in args  # resumes after preemption
