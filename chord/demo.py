@@ -57,13 +57,13 @@ DEMO_SCENES: dict[str, dict] = {
     "hop": {
         "objects": 2,
         "prompt": (
-            "a toy block with a painted face hops twice to the right along a gentle curve "
-            "across a grey table, turning to face the way it hops and leaning into each hop"
+            "a toy block with a painted face hops once to the right along a gentle curve "
+            "across a grey table, turning towards the way it hops and leaning into the hop"
         ),
         "description": (
             "obj_0: a striped toy block (0.30 x 0.50 x 0.30) with a face on its front that makes "
-            "two hops along a short arc (0.3 along +x, bulging 0.1 towards +z, 0.15 high), "
-            "yawing 70 degrees about +y to face +x and leaning towards +x while airborne "
+            "one hop along a short arc (0.25 along +x, bulging 0.08 towards +z, 0.12 high), "
+            "yawing 35 degrees about +y towards +x and leaning towards +x while airborne "
             "(rigid motion); "
             "obj_1: a static grey table slab (2.0 x 1.4, factor colour only)."
         ),
@@ -71,16 +71,16 @@ DEMO_SCENES: dict[str, dict] = {
     "sway": {
         "objects": 3,
         "prompt": (
-            "a green plant stalk sways from side to side in the wind while a colourful block "
-            "next to it twists back and forth and slides a little backward and back on a "
-            "checkered table"
+            "a green plant stalk leans over in the wind and straightens again while a "
+            "colourful block next to it twists and untwists and slides a little backward and "
+            "back on a checkered table"
         ),
         "description": (
             "obj_0: a tapered, banded green column (0.9 tall) that bends sideways and back "
-            "(height-weighted bend about the z axis through its base: 0.35 sin(2 pi s) rad, "
-            "top towards -x first); obj_1: a static checkered slab (2.0 x 1.4); obj_2: a "
+            "(height-weighted bend about the z axis through its base: 0.6 sin^2(pi s) rad, "
+            "top towards -x); obj_1: a static checkered slab (2.0 x 1.4); obj_2: a "
             "vertex-coloured square block (0.6 tall) that twists about its vertical axis "
-            "(0.7 sin(3 pi s) sin(pi s) rad at the top) while sliding 0.15 towards -z and back."
+            "(0.8 sin^2(pi s) rad at the top) while sliding 0.15 towards -z and back."
         ),
     },
 }
@@ -668,12 +668,14 @@ def _build_hop(frame_num: int) -> tuple[list[_DemoObject], dict]:
     )
 
     s = np.linspace(0.0, 1.0, frame_num)
-    hops, hop_h, lean = 2, 0.15, 0.30
-    air = np.sin(np.pi * hops * s) ** 2  # 0 on the ground, 1 at the top of each hop
+    # One slow hop: the demo trains a few hundred iterations, not CHORD's 3000, so its motion
+    # is smooth in time and of moderate size (faster, larger motions need the longer run).
+    hops, hop_h, lean = 1, 0.12, 0.20
+    air = np.sin(np.pi * hops * s) ** 2  # 0 on the ground, 1 at the top of the hop
     # Leaning by lean * air about the base centre lowers a base corner by at most
-    # half_diagonal * lean * air (~0.064 air), less than the lift hop_h * air: no penetration.
-    trans = np.stack([0.3 * _ease(s), hop_h * air, 0.1 * np.sin(np.pi * s)], -1)
-    yaw = math.radians(70.0) * _ease(s)  # ends facing +x, the way it hops
+    # half_diagonal * lean * air (~0.042 air), less than the lift hop_h * air: no penetration.
+    trans = np.stack([0.25 * _ease(s), hop_h * air, 0.08 * np.sin(np.pi * s)], -1)
+    yaw = math.radians(35.0) * _ease(s)  # turns towards +x, the way it hops
     rots = np.stack(
         [
             _quat_mul(_quat_axis_angle((0, 0, 1), -lean * a), _quat_axis_angle((0, 1, 0), y))
@@ -741,8 +743,8 @@ def _build_sway(frame_num: int) -> tuple[list[_DemoObject], dict]:
     block_tf = _yaw_matrix(math.radians(30.0), block_base)
 
     s = np.linspace(0.0, 1.0, frame_num)
-    bend = 0.35 * np.sin(2.0 * np.pi * s)
-    twist = 0.70 * np.sin(3.0 * np.pi * s) * np.sin(np.pi * s)
+    bend = 0.60 * np.sin(np.pi * s) ** 2  # leans over and back
+    twist = 0.80 * np.sin(np.pi * s) ** 2
     slide = np.stack([np.zeros_like(s), np.zeros_like(s), -0.15 * np.sin(np.pi * s) ** 2], -1)
     identity = np.tile([1.0, 0.0, 0.0, 0.0], (frame_num, 1))
     zeros = np.zeros((frame_num, 3))

@@ -12,5 +12,6 @@ for _name in demo.DEMO_SCENES:
             "../workflow/envs/chord.yaml"
         params:
             name=_name,
+            frame_num=demo_frame_num(_name),
         script:
             "../workflow/scripts/demo.py"

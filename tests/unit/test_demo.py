@@ -335,7 +335,7 @@ def test_twist_preserves_height_and_radius(demo_dir):
     disp = np.linalg.norm(moved - rest, axis=1)
     y = rest[:, 1]
     assert disp[np.isclose(y, y.min())].max() < 1e-9
-    assert disp[np.isclose(y, y.max())].max() > 0.1
+    assert disp[np.isclose(y, y.max())].max() > 0.05
     # the rotation angle at the top equals the scripted angle
     top = np.isclose(y, y.max()) & (radius(rest) > 1e-3)
     a0 = np.arctan2((rest - pivot)[top, 2], (rest - pivot)[top, 0])
