@@ -168,6 +168,7 @@ class GuidanceConfig:
     tiny_vae_path: str | None
     tiny_vae_normalize: bool
     oracle_pool: int
+    oracle_gain: float = 1.0
     max_nonfinite_steps: int = 5
     nonfinite_fallback: str = "float32"
 

@@ -240,9 +240,10 @@ def gpu_memory_gb(env: Mapping[str, str]) -> float | None:
 
 
 def gpu_slots(env: Mapping[str, str]) -> int:
-    """How many training jobs may run at once on this machine: one per visible GPU, and one on
-    a machine without GPUs (it trains on the CPU with all cores)."""
-    return max(1, len(visible_gpus(env)))
+    """How many training jobs may run at once on this machine: one per visible GPU; without
+    GPUs they train on the CPU, one thread each, so the ``cores`` limit alone governs."""
+    gpus = len(visible_gpus(env))
+    return gpus if gpus else max(1, os.cpu_count() or 1)
 
 
 def _nvidia_smi(args: list[str]) -> str:

@@ -83,20 +83,33 @@ class OracleGuidance:
 
     ``target``: per-frame Gaussians (``scripted_gaussians``) plus the constant appearance
     (scales [N, 3], opacities [N], sh [N, K, 3], sh_degree); ``pool``: the encoder's spatial
-    average-pooling factor.
+    average-pooling factor; ``gain``: a constant factor on the latent, so on the SDS gradient
+    squared: the teacher's strength against the regularisers, which a real model sets through
+    its latent normalisation.
     """
 
     def __init__(
-        self, target: dict, *, width: int, height: int, pool: int = 4, backend: str = "auto"
+        self,
+        target: dict,
+        *,
+        width: int,
+        height: int,
+        pool: int = 4,
+        gain: float = 1.0,
+        backend: str = "auto",
     ):
         if width % pool or height % pool:
             raise ValueError(f"oracle pool {pool} must divide the size {width}x{height}")
+        if not gain > 0:
+            raise ValueError(f"oracle gain must be positive, got {gain}")
         self.target, self.width, self.height, self.pool = target, width, height, pool
-        self.backend = backend
+        self.gain, self.backend = float(gain), backend
 
     def encode_video(self, video: Tensor) -> Tensor:
-        """z [3, T, H/p, W/p] of a video [T, 3, H, W]: average pooling, differentiable."""
-        return F.avg_pool2d(video, self.pool).transpose(0, 1)
+        """z [3, T, H/p, W/p] of a video [T, 3, H, W]: average pooling times the gain,
+        differentiable."""
+        z = F.avg_pool2d(video, self.pool).transpose(0, 1)
+        return z * self.gain if self.gain != 1.0 else z
 
     @torch.no_grad()
     def render_target(self, viewmat: Tensor, K: Tensor, background: Tensor) -> Tensor:

@@ -40,6 +40,7 @@ def config_hash(method, guidance) -> str:
         "backend": guidance.backend,
         "ckpt_dir": guidance.ckpt_dir,
         "oracle_pool": guidance.oracle_pool,
+        "oracle_gain": guidance.oracle_gain,
     }
     return state.config_hash(values)
 
@@ -74,7 +75,9 @@ def oracle_for(doc: dict, gsets: dict, data_dir: Path, method, guidance, width, 
         "sh": sh,
         "sh_degree": degree,
     }
-    return OracleGuidance(target, width=width, height=height, pool=guidance.oracle_pool)
+    return OracleGuidance(
+        target, width=width, height=height, pool=guidance.oracle_pool, gain=guidance.oracle_gain
+    )
 
 
 def build(

@@ -27,7 +27,9 @@ def test_method_defaults_match_method_md():
 def test_default_workflow_config_loads():
     conf = cc.load(yaml.safe_load((REPO / "config/config.yaml").read_text()), base=REPO)
     assert set(conf.scenes) == {"hop", "sway"}
-    assert conf.scenes["hop"].method.gs_init_num == 20000  # scene override
+    hop = conf.scenes["hop"].method
+    assert hop.gs_init_num == 1500 and hop.frame_num == 21  # the demo's scene overrides
+    assert conf.scenes["sway"].method == hop  # one YAML anchor for both demo scenes
     assert conf.scenes["hop"].n_prompt == "."
     assert conf.guidance.backend == "oracle"
     assert list(conf.tiers)[:3] == ["full", "split", "offload"]

@@ -92,3 +92,10 @@ def test_oracle_sds_gradient_is_z_minus_target_over_t(hop):
     # the target video moves: the last frame differs from the first
     video = oracle.render_target(view, K, bg)
     assert float((video[-1] - video[0]).abs().max()) > 0.1
+    # the gain scales the latent (so the target and the gradient) and must be positive
+    strong = OracleGuidance(target, width=32, height=24, pool=4, gain=3.0, backend="torch")
+    torch.testing.assert_close(
+        strong.condition(None, viewmat=view, K=K, background=bg), 3.0 * z_star, rtol=1e-12, atol=0
+    )
+    with pytest.raises(ValueError, match="gain must be positive"):
+        OracleGuidance(target, width=32, height=24, pool=4, gain=0.0)

@@ -126,7 +126,8 @@ def test_out_of_memory_exits_with_its_own_status(tmp_path, capsys):
 def test_visible_gpus_and_slots(monkeypatch, tmp_path):
     assert tiers.visible_gpus({"CUDA_VISIBLE_DEVICES": "2,5"}) == ["2", "5"]
     assert tiers.visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) == []
-    assert tiers.gpu_slots({"CUDA_VISIBLE_DEVICES": ""}) == 1  # CPU: one training at a time
+    # CPU only: trainings run side by side, limited by the cores
+    assert tiers.gpu_slots({"CUDA_VISIBLE_DEVICES": ""}) == max(1, os.cpu_count() or 1)
     fake = tmp_path / "nvidia-smi"
     fake.write_text(
         textwrap.dedent(
