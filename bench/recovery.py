@@ -2,15 +2,15 @@
 independent per-frame table, and time / peak memory of each memory mode relative to the
 default mode.
 
-    python bench/recovery.py recovery [--scene hop] [--iterations 100] [--size 128*80]
+    python bench/recovery.py recovery [--scene hop] [--iterations N]
     python bench/recovery.py memory [--repeat 2]
 
-recovery: the demo scene is generated and prepared in a temporary folder (4,000 Gaussians
-per object), then trained twice with the oracle teacher and the same seed and budget:
-once with the Fenwick table, once converted to a per-frame table before the first
-iteration (convert_cp_independent_iter = 1). It prints the recovery error every 25
-iterations: the mean over frames and Gaussians of |x_pred − x_scripted|, divided by the mean
-scripted displacement.
+recovery: the demo scene is generated and prepared in a temporary folder with the shipped
+demo config (config/config.yaml's method, scene_overrides and guidance), then trained twice
+with the oracle teacher and the same seed and budget: once with the Fenwick table, once
+converted to a per-frame table before the first iteration (convert_cp_independent_iter =
+1). It prints metrics.json's recovery_relative six times per run: the mean over frames and
+dynamic Gaussians of |x_pred − x_scripted|, divided by the mean scripted displacement.
 
 memory: one SDS backward of a 2-video batch on the tiny random Wan components (41 frames,
 64x32) per memory mode, each in a fresh process. It prints the best wall time and the peak
@@ -21,6 +21,7 @@ the default mode. Not collected by pytest.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import resource
@@ -40,10 +41,10 @@ MODES = [
 
 
 def prepare(scene: str, root: Path, method):
-    from chord import demo, paths
+    from chord import paths
     from chord.stages import geometry
 
-    data = demo.write_demo_scene(scene, root / "data")
+    data = root / "data" / scene
     out = geometry.run(data=data, results=root, scene=scene, method=method)
     return {
         "scene_json": paths.scene_json(root, scene),
@@ -55,49 +56,61 @@ def prepare(scene: str, root: Path, method):
 
 
 def recovery_error(trainer) -> float:
+    """metrics.json's recovery_relative: mean |x_pred − x_scripted| over frames and the
+    dynamic Gaussians, divided by their mean scripted displacement."""
+    from chord import metrics
+
     target = trainer.guidance.target["means"]
-    errs = []
     with torch.no_grad():
+        pred, true = [], []
         for name, obj in trainer.scene.dynamic.items():
-            sl = trainer.scene.slices[name]
-            pred, _ = obj.deform(range(trainer.method.frame_num))
-            gt = target[:, sl].to(pred)
-            disp = (gt - gt[0:1]).norm(dim=-1).mean()
-            errs.append(float((pred - gt).norm(dim=-1).mean() / disp))
-    return sum(errs) / len(errs)
+            pred.append(obj.deform(range(trainer.method.frame_num))[0])
+            true.append(target[:, trainer.scene.slices[name]].to(pred[-1]))
+    return metrics.recovery_error(torch.cat(pred, 1), torch.cat(true, 1))["recovery_relative"]
+
+
+def demo_config(scene: str, iterations: int | None):
+    """The shipped config's method (with the scene's overrides) and guidance for ``scene``."""
+    import yaml
+
+    from chord import config as cc
+
+    conf = yaml.safe_load((Path(__file__).resolve().parents[1] / "config/config.yaml").read_text())
+    values = {**conf["method"], **conf["scene_overrides"].get(scene, {})}
+    if iterations:
+        values["iterations"] = iterations
+    return cc.method_from_mapping(values), cc.guidance_from_mapping(conf["guidance"])
 
 
 def recovery(args) -> None:
-    from chord import config as cc
     from chord.stages import train as train_stage
 
-    base = {
-        "size": args.size,
-        "iterations": args.iterations,
-        "batch_size": 1,
-        "seed": 0,
-        "gs_init_num": 4000,
-        "surface_target_num": 2000,
-        "resample_timestep": True,
-    }
-    guidance = cc.guidance_from_mapping({"backend": "oracle"})
+    method, guidance = demo_config(args.scene, args.iterations)
+    every = max(1, method.iterations // 6)
     with tempfile.TemporaryDirectory() as tmp:
-        inputs = prepare(args.scene, Path(tmp), cc.method_from_mapping(base))
-        print(f"{args.scene}, {args.size}, {args.iterations} iterations, oracle")
+        root = Path(tmp)
+        from chord import demo
+
+        demo.write_demo_scene(args.scene, root / "data", frame_num=method.frame_num)
+        inputs = prepare(args.scene, root, method)
+        print(
+            f"{args.scene}: the shipped demo config ({method.size}, {method.frame_num} frames, "
+            f"{method.iterations} iterations, batch {method.batch_size}), oracle"
+        )
         print(
             f"{'table':10s} "
-            + " ".join(f"it{it:>5d}" for it in range(25, args.iterations + 1, 25))
+            + " ".join(f"it{it:>5d}" for it in range(every, method.iterations + 1, every))
             + "   s/it"
         )
         for name, extra in (("fenwick", {}), ("per-frame", {"convert_cp_independent_iter": 1})):
-            method = cc.method_from_mapping({**base, **extra})
-            trainer = train_stage.build(**inputs, method=method, guidance=guidance, seed=0)
+            m = dataclasses.replace(method, **extra)
+            trainer = train_stage.build(**inputs, method=m, guidance=guidance, seed=0)
             row, start = [], time.perf_counter()
-            for it in range(1, args.iterations + 1):
+            for it in range(1, m.iterations + 1):
                 trainer.step(it)
-                if it % 25 == 0:
+                if it % every == 0:
                     row.append(recovery_error(trainer))
-            per_it = (time.perf_counter() - start) / args.iterations
+            per_it = (time.perf_counter() - start) / m.iterations
             print(f"{name:10s} " + " ".join(f"{e:7.3f}" for e in row) + f" {per_it:6.2f}")
 
 
@@ -186,8 +199,7 @@ def main() -> None:
     sub = p.add_subparsers(dest="what", required=True)
     r = sub.add_parser("recovery")
     r.add_argument("--scene", default="hop")
-    r.add_argument("--iterations", type=int, default=100)
-    r.add_argument("--size", default="128*80")
+    r.add_argument("--iterations", type=int, help="default: the demo config's")
     m = sub.add_parser("memory")
     m.add_argument("--repeat", type=int, default=2)
     o = sub.add_parser("one-mode")
