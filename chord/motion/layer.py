@@ -26,6 +26,19 @@ def init_log_radius(centres: Tensor) -> Tensor:
     return torch.as_tensor(0.5 * np.log(np.maximum(msq, 1e-30)), dtype=centres.dtype)
 
 
+def rotate(q: Tensor, v: Tensor) -> Tensor:
+    """:func:`chord.quaternion.rotate` written per component: the same formula,
+    v + 2w(u × v) + 2u × (u × v), without ``linalg.cross`` on broadcast operands, which is
+    3-4x slower on a CPU for the [F, N, K] blends of every frame (forward and backward)."""
+    w, x, y, z = q.unbind(-1)
+    vx, vy, vz = v.unbind(-1)
+    cx, cy, cz = y * vz - z * vy, z * vx - x * vz, x * vy - y * vx  # u × v
+    dx, dy, dz = y * cz - z * cy, z * cx - x * cz, x * cy - y * cx  # u × (u × v)
+    return torch.stack(
+        [vx + 2.0 * (w * cx + dx), vy + 2.0 * (w * cy + dy), vz + 2.0 * (w * cz + dz)], -1
+    )
+
+
 class ControlPointLayer(nn.Module):
     """M control points with fixed centres c, log-radii ρ [M, 3], rotations r [M, 4] and a
     Fenwick table D [P+1, M, 7]; all parameters start at the identity motion."""
@@ -86,8 +99,11 @@ class ControlPointLayer(nn.Module):
         """
         q, tau = self.transforms(frames)  # [F, M, 4], [F, M, 3]
         v = points[:, None, :] - self.centres[idx]  # [N, K, 3]
-        qk, tk = q[:, idx], tau[:, idx]  # [F, N, K, 4], [F, N, K, 3]
-        moved = quat.rotate(qk, v) - v + tk  # [F, N, K, 3]
+        F, (N, K) = q.shape[0], idx.shape
+        flat = idx.reshape(-1)  # index_select: a cheaper gather and backward than q[:, idx]
+        qk = q.index_select(1, flat).reshape(F, N, K, 4)
+        tk = tau.index_select(1, flat).reshape(F, N, K, 3)
+        moved = rotate(qk, v) - v + tk  # [F, N, K, 3]
         dx = (w[None, :, :, None] * moved).sum(2)  # [F, N, 3]
         b = (w[None, :, :, None] * qk).sum(2)  # [F, N, 4]
         return dx, b

@@ -1,6 +1,12 @@
 """The CPU rasterizer: gsplat's conventions (EWA splatting, antialiased mode, packed=False)
 in plain differentiable torch, with a sparse pair-list compositor.
 
+The compositor enumerates, per image, the (Gaussian, pixel) pairs whose alpha can reach
+1/255 (row by row from the conic, inside the footprint box), composites them front to back
+per pixel and, with gradients, keeps only each composited pair's indices, alpha and
+transmittance for an analytic backward pass (as gsplat's kernels do): no autograd graph and
+no recomputation over millions of pairs.
+
 Conventions mirrored from gsplat's CUDA path (METHOD §8): pixel centres at +0.5; camera
 space is OpenCV (x right, y down, z forward); the 2D covariance gets the 0.3 low-pass and,
 in antialiased mode, opacities are multiplied by sqrt(det(Σ)/det(Σ + 0.3·I)); the screen
@@ -16,7 +22,6 @@ import math
 
 import torch
 from torch import Tensor
-from torch.utils.checkpoint import checkpoint
 
 from chord.quaternion import to_rotmat
 from chord.render.sh import spherical_harmonics
@@ -25,7 +30,7 @@ ALPHA_THRESHOLD = 1.0 / 255.0
 MAX_ALPHA = 0.999
 T_THRESHOLD = 1e-4
 EXTEND = 3.33
-PAIR_BUDGET = 1_000_000  # (Gaussian, pixel) pairs per checkpointed chunk: ~0.3 GB peak
+PAIR_BUDGET = 1_000_000  # footprint-box pairs per chunk of images: bounds the transient memory
 
 
 def project(
@@ -55,29 +60,38 @@ def project(
         [B, C, N], opacities [B, C, N] (compensated in antialiased mode), radii
         [B, C, N, 2] int (0 = culled, no gradient).
     """
-    R = viewmats[..., :3, :3]  # [B, C, 3, 3]
-    t = viewmats[..., :3, 3]  # [B, C, 3]
-    mc = torch.einsum("bcij,bnj->bcni", R, means) + t[:, :, None, :]  # [B, C, N, 3]
-    M = to_rotmat(quats) * scales[..., None, :]  # [B, N, 3, 3] = R_q·S
-    covar = M @ M.transpose(-1, -2)  # [B, N, 3, 3]
-    covar_c = torch.einsum("bcij,bnjk,bclk->bcnil", R, covar, R)  # [B, C, N, 3, 3]
+    # Per-Gaussian 3×3 algebra is written per component on [B, C, N] tensors: batched tiny
+    # matmuls, einsums and broadcast reductions cost several times more on a CPU.
+    Rv = viewmats[..., :3, :3].unsqueeze(2)  # [B, C, 1, 3, 3]
+    R = [[Rv[..., i, j] for j in range(3)] for i in range(3)]  # R[i][j]: [B, C, 1]
+    t = viewmats[..., :3, 3].unsqueeze(2)  # [B, C, 1, 3]
+    m = [means[:, None, :, j] for j in range(3)]  # [B, 1, N]
+    x, y, z = (  # camera space [B, C, N]
+        R[i][0] * m[0] + R[i][1] * m[1] + R[i][2] * m[2] + t[..., i] for i in range(3)
+    )
+    Mq = to_rotmat(quats) * scales[..., None, :]  # [B, N, 3, 3] = R_q·S, Σ = M·Mᵀ
+    M = [[Mq[:, None, :, j, k] for k in range(3)] for j in range(3)]  # [B, 1, N]
 
     fx, fy = Ks[..., 0, 0, None], Ks[..., 1, 1, None]  # [B, C, 1]
     cx, cy = Ks[..., 0, 2, None], Ks[..., 1, 2, None]
-    x, y, z = mc.unbind(-1)  # [B, C, N]
     # Clamp the Jacobian's x/z, y/z to 1.3× the frustum, as gsplat does.
     tan_x, tan_y = 0.5 * width / fx, 0.5 * height / fy
     lim_xp, lim_xn = (width - cx) / fx + 0.3 * tan_x, cx / fx + 0.3 * tan_x
     lim_yp, lim_yn = (height - cy) / fy + 0.3 * tan_y, cy / fy + 0.3 * tan_y
     tx = z * torch.minimum(torch.maximum(x / z, -lim_xn), lim_xp)
     ty = z * torch.minimum(torch.maximum(y / z, -lim_yn), lim_yp)
-    zero = torch.zeros_like(z)
-    J = torch.stack([fx / z, zero, -fx * tx / (z * z), zero, fy / z, -fy * ty / (z * z)], -1)
-    J = J.reshape(*z.shape, 2, 3)  # [B, C, N, 2, 3]
-    cov2d = J @ covar_c @ J.transpose(-1, -2)  # [B, C, N, 2, 2]
+    # Σ2D = J·R·Σ·Rᵀ·Jᵀ = P·Pᵀ with P = J·R·M [2, 3]; J's rows are
+    # (fx/z, 0, −fx·tx/z²) and (0, fy/z, −fy·ty/z²), so the rows of J·R mix R's rows.
+    u0, w0, u1, w1 = fx / z, fx * tx / (z * z), fy / z, fy * ty / (z * z)
+    JR0 = [u0 * R[0][j] - w0 * R[2][j] for j in range(3)]  # [B, C, N] each
+    JR1 = [u1 * R[1][j] - w1 * R[2][j] for j in range(3)]
+    P0 = [JR0[0] * M[0][k] + JR0[1] * M[1][k] + JR0[2] * M[2][k] for k in range(3)]
+    P1 = [JR1[0] * M[0][k] + JR1[1] * M[1][k] + JR1[2] * M[2][k] for k in range(3)]
     means2d = torch.stack([fx * x / z + cx, fy * y / z + cy], dim=-1)  # [B, C, N, 2]
 
-    a, b, c = cov2d[..., 0, 0], 0.5 * (cov2d[..., 0, 1] + cov2d[..., 1, 0]), cov2d[..., 1, 1]
+    a = P0[0] * P0[0] + P0[1] * P0[1] + P0[2] * P0[2]  # Σ2D entries
+    b = P0[0] * P1[0] + P0[1] * P1[1] + P0[2] * P1[2]
+    c = P1[0] * P1[0] + P1[1] * P1[1] + P1[2] * P1[2]
     det_orig = a * c - b * b
     a, c = a + eps2d, c + eps2d
     det = a * c - b * b
@@ -105,74 +119,251 @@ def project(
     return {"means2d": means2d, "conics": conics, "depths": z, "opacities": opac, "radii": radii}
 
 
-def _pairs(means2d, radii, depths, width, height):
-    """(Gaussian, pixel) pairs of one image in compositing order (pixel, then depth).
+def _pairs(means2d, conics, opacities, depths, radii, width, height):
+    """Candidate (Gaussian, pixel) pairs of I images, without gradient.
 
-    All [N]-indexed inputs are detached; returns (gid [P], pix [P]) int64.
+    Inputs [I, N, ...] (detached). Per image the visible Gaussians are taken front to back
+    (stable depth order); each covers the pixels of its footprint box whose centre can reach
+    alpha ≥ 1/255, found row by row from the conic with a small margin: a superset of the
+    pairs the compositor keeps (its exact test decides), several times smaller than the box.
+    Returns gid [P] (flat indices into I·N) and pix [P] (flat indices into I·H·W), int64,
+    ordered by image, then depth, then row-major pixel.
     """
-    vis = torch.nonzero(radii.any(-1)).squeeze(1)
-    vis = vis[torch.argsort(depths[vis], stable=True)]  # front to back
-    m, r = means2d[vis], radii[vis].to(means2d.dtype)
-    x0 = torch.floor(m[:, 0] - r[:, 0]).clamp(0, width).long()
-    x1 = torch.ceil(m[:, 0] + r[:, 0]).clamp(0, width).long()
-    y0 = torch.floor(m[:, 1] - r[:, 1]).clamp(0, height).long()
-    y1 = torch.ceil(m[:, 1] + r[:, 1]).clamp(0, height).long()
-    w, h = x1 - x0, y1 - y0
-    counts = w * h
-    gid = torch.repeat_interleave(vis, counts)
+    I, N = depths.shape
+    device = means2d.device
+    valid = radii.any(-1)
+    order = torch.argsort(torch.where(valid, depths, torch.inf), dim=1, stable=True)
+    sel = torch.arange(N, device=device)[None] < valid.sum(1)[:, None]
+    img = torch.arange(I, device=device)[:, None].expand(I, N)[sel]
+    flat = img * N + order[sel]  # [G] visible, image-major, front to back
+    m = means2d.reshape(I * N, 2).index_select(0, flat)
+    r = radii.reshape(I * N, 2).index_select(0, flat).to(m.dtype)
+    x0 = torch.floor(m[:, 0] - r[:, 0]).clamp(0, width)
+    x1 = torch.ceil(m[:, 0] + r[:, 0]).clamp(0, width)
+    y0 = torch.floor(m[:, 1] - r[:, 1]).clamp(0, height)
+    y1 = torch.ceil(m[:, 1] + r[:, 1]).clamp(0, height)
+    # alpha = o·exp(−σ) ≥ 1/255  <=>  σ ≤ ln(255·o): per row an interval of x (float64),
+    # widened so that rounding in the compositor's σ never loses a pair: σ's terms reach
+    # s·ac/(ac − b²) inside the ellipse, so the margin grows with that ratio.
+    o = opacities.reshape(I * N).index_select(0, flat).double()
+    con = conics.reshape(I * N, 3).index_select(0, flat).double()
+    ac = con[:, 0] * con[:, 2]
+    kappa = ac / (ac - con[:, 1] ** 2).clamp_min(1e-300)
+    s = torch.log((o / ALPHA_THRESHOLD).clamp_min(1.0))
+    s = s * (1 + 1e-4 * kappa.clamp(1, 1e6)) + 1e-4
+    per_g = torch.cat(  # one row gather for every per-row quantity
+        [
+            m.double(),
+            con,
+            torch.stack([s, x0, x1, y0, img * (width * height), flat], -1).double(),
+        ],
+        -1,
+    )
+    h = (y1 - y0).long()  # rows of each box: (Gaussian, y)
+    row_g = torch.repeat_interleave(torch.arange(len(flat), device=device), h)
+    mx, my, a, b, c, s, x0, x1, y0, base, gid = per_g.index_select(0, row_g).unbind(-1)
+    y = y0 + _local_index(h, row_g)
+    dy = my - (y + 0.5)
+    disc = (b * dy) ** 2 - a * (c * dy * dy - 2 * s)
+    root = torch.sqrt(disc.clamp_min(0))
+    lo = torch.ceil(mx - (-b * dy + root) / a - 0.5 - 1e-6)  # pixel x with centre x + 0.5
+    hi = torch.floor(mx - (-b * dy - root) / a - 0.5 + 1e-6) + 1  # exclusive
+    lo = torch.maximum(torch.nan_to_num(lo, nan=0.0), x0)
+    hi = torch.minimum(torch.nan_to_num(hi, nan=float(width)), x1)
+    w = torch.where(disc >= 0, hi - lo, 0).clamp_min(0).long()
+    # pixel k of row j: pix = base_j + y_j·W + lo_j + (k − first_j)
+    first = torch.cumsum(w, 0) - w
+    per_row = torch.stack([(base + y * width + lo).long() - first, gid.long()], -1)
+    pr = torch.repeat_interleave(torch.arange(len(w), device=device), w)
+    start, gid = per_row.index_select(0, pr).unbind(-1)
+    return gid, start + torch.arange(len(pr), device=device)
+
+
+def _local_index(counts: Tensor, owner: Tensor) -> Tensor:
+    """0, 1, …, counts[k] − 1 for each k, concatenated (``owner`` = repeat_interleave(k))."""
     first = torch.cumsum(counts, 0) - counts
-    local = torch.arange(int(counts.sum()), device=means2d.device)
-    local = local - torch.repeat_interleave(first, counts)
-    wg = torch.repeat_interleave(w, counts)
-    px = torch.repeat_interleave(x0, counts) + local % wg
-    py = torch.repeat_interleave(y0, counts) + local // wg
-    return gid, py * width + px
+    return torch.arange(len(owner), device=counts.device) - first.index_select(0, owner)
 
 
-def _composite_chunk(
-    means2d, conics, opac, colors, backgrounds, gids, pixs, offsets, width, height
-):
-    """Sparse front-to-back compositing of a chunk of I images (autograd-friendly).
+def _take(t: Tensor, index: Tensor) -> Tensor:
+    return t.index_select(0, index)
 
-    means2d [I, N, 2], conics [I, N, 3], opac [I, N], colors [I, N, D], backgrounds [I, D];
-    gids/pixs: per-image pair lists concatenated with an image offset folded into pixs.
-    Returns colours [I, H, W, D] and alphas [I, H, W, 1].
+
+def _sigma(table, gid, pix, width, height):
+    """Per pair from the Gaussian table [I·N, 6] (x, y, conic a, b, c, opacity): offsets
+    dx, dy of the centre from the pixel centre, a, b, c, the opacity and
+    σ = ½(a·dx² + c·dy²) + b·dx·dy."""
+    mx, my, a, b, c, o = _take(table, gid).unbind(-1)
+    local = pix % (width * height)
+    px = (local % width).to(table.dtype) + 0.5
+    py = (local // width).to(table.dtype) + 0.5
+    dx, dy = mx - px, my - py
+    sigma = 0.5 * (a * dx * dx + c * dy * dy) + b * dx * dy
+    return dx, dy, a, b, c, o, sigma
+
+
+def _segments(pix: Tensor) -> tuple[Tensor, Tensor]:
+    """For pairs sorted by pixel: the first-of-pixel mask and each pair's segment id."""
+    new_seg = torch.ones_like(pix, dtype=torch.bool)
+    new_seg[1:] = pix[1:] != pix[:-1]
+    return new_seg, torch.cumsum(new_seg, 0) - 1
+
+
+def _composite_chunk(table, colors, pairs, width, height, out, log_tf):
+    """Sparse front-to-back compositing of one chunk of images, without gradient.
+
+    ``table`` [I·N, 6] (means2d, conic, opacity), colors [I·N, D]; ``pairs`` from
+    :func:`_pairs`. Accumulates Σ α·T·c into ``out`` [I·H·W, D] and Σ log(1 − α) into
+    ``log_tf`` [I·H·W] (float64) over the pairs a pixel composites, and returns those pairs
+    (gid, pix, alpha, T), sorted by pixel then depth, for the backward pass.
     """
-    I, N, D = colors.shape
-    HW = width * height
-    img = pixs // HW
-    flat_g = img * N + gids  # index into [I·N]
-    pix_local = pixs % HW
-    px = (pix_local % width).to(means2d.dtype) + 0.5
-    py = (pix_local // width).to(means2d.dtype) + 0.5
-    m = means2d.reshape(I * N, 2)[flat_g]
-    con = conics.reshape(I * N, 3)[flat_g]
-    dx, dy = m[:, 0] - px, m[:, 1] - py
-    sigma = 0.5 * (con[:, 0] * dx * dx + con[:, 2] * dy * dy) + con[:, 1] * dx * dy
-    alpha = torch.clamp(opac.reshape(-1)[flat_g] * torch.exp(-sigma), max=MAX_ALPHA)
+    gid, pix = pairs
+    *_, o, sigma = _sigma(table, gid, pix, width, height)
+    alpha = torch.clamp(o * torch.exp(-sigma), max=MAX_ALPHA)
     keep = (sigma >= 0) & (alpha >= ALPHA_THRESHOLD)
-    alpha, pixs, flat_g = alpha[keep], pixs[keep], flat_g[keep]
-    # Stable sort by pixel keeps each pixel's pairs front to back.
-    pixs, order = torch.sort(pixs, stable=True)
-    alpha, flat_g = alpha[order], flat_g[order]
+    if not bool(keep.all()):
+        k = keep.nonzero().squeeze(1)
+        alpha, pix, gid = _take(alpha, k), _take(pix, k), _take(gid, k)
+    # A stable sort by pixel keeps each pixel's pairs front to back.
+    key = pix.to(torch.int32) if len(out) < 2**31 else pix
+    pix, order = torch.sort(key, stable=True)
+    pix = pix.long()
+    alpha, gid = _take(alpha, order), _take(gid, order)
     # Segmented exclusive cumulative sum of log(1 − α): transmittance before each pair.
     # float64 keeps the global running sum exact enough across millions of pairs.
     log1m = torch.log1p(-alpha.double())
-    incl = torch.cumsum(log1m, 0)
-    new_seg = torch.ones_like(pixs, dtype=torch.bool)
-    new_seg[1:] = pixs[1:] != pixs[:-1]
-    seg_id = torch.cumsum(new_seg, 0) - 1
-    base = (incl - log1m)[new_seg][seg_id]
-    log_t = incl - log1m - base  # log T before this pair
-    live = (log_t + log1m).detach() > math.log(T_THRESHOLD)  # pixel not yet done
-    weight = (alpha * torch.exp(log_t).to(alpha.dtype))[live]
-    out = torch.zeros(I * HW, D, dtype=colors.dtype, device=colors.device)
-    out = out.index_add(0, pixs[live], weight[:, None] * colors.reshape(I * N, D)[flat_g[live]])
-    log_tf = torch.zeros(I * HW, dtype=torch.float64, device=colors.device)
-    log_tf = log_tf.index_add(0, pixs[live], log1m[live])
-    t_final = torch.exp(log_tf).to(colors.dtype).reshape(I, HW, 1)
-    out = out.reshape(I, HW, D) + t_final * backgrounds[:, None, :]
-    return out.reshape(I, height, width, D), (1 - t_final).reshape(I, height, width, 1)
+    excl = torch.cumsum(log1m, 0) - log1m
+    new_seg, seg_id = _segments(pix)
+    log_t = excl - _take(_take(excl, new_seg.nonzero().squeeze(1)), seg_id)  # log T before
+    live = (log_t + log1m) > math.log(T_THRESHOLD)  # pixel not yet done
+    if not bool(live.all()):
+        k = live.nonzero().squeeze(1)
+        gid, pix, alpha, log1m, log_t = (_take(t, k) for t in (gid, pix, alpha, log1m, log_t))
+    T = torch.exp(log_t).to(alpha.dtype)
+    out.index_add_(0, pix, (alpha * T)[:, None] * _take(colors, gid))
+    log_tf.index_add_(0, pix, log1m)
+    return gid, pix, alpha, T
+
+
+def _chunks_of_images(radii, pair_budget):
+    """Image ranges whose footprint boxes hold at most ``pair_budget`` pairs (at least one
+    image per range): bounds the memory of one chunk's pair lists."""
+    r = radii.to(torch.int64)
+    boxes = ((2 * r[..., 0] + 1) * (2 * r[..., 1] + 1) * (r.any(-1))).sum(-1).tolist()
+    chunks, start, total = [], 0, 0
+    for i, n in enumerate(boxes):
+        if i > start and total + n > pair_budget:
+            chunks.append((start, i))
+            start, total = i, 0
+        total += n
+    chunks.append((start, len(boxes)))
+    return chunks
+
+
+def _table(means2d, conics, opacities) -> Tensor:
+    """The per-Gaussian table [I·N, 6] the pair computations gather rows from."""
+    return torch.cat([means2d, conics, opacities[..., None]], -1).reshape(-1, 6)
+
+
+def _composite_forward(means2d, conics, opacities, colors, depths, radii, bgs, w, h, budget):
+    """Composite every image without gradient: colours [I, H·W, D], T_final [I·H·W] and the
+    per-chunk pair records of :func:`_composite_chunk`."""
+    I, N, D = colors.shape
+    HW = w * h
+    with torch.no_grad():
+        table = _table(means2d.detach(), conics.detach(), opacities.detach())
+        col = colors.detach().reshape(I * N, D)
+        out = torch.zeros(I * HW, D, dtype=colors.dtype, device=colors.device)
+        log_tf = torch.zeros(I * HW, dtype=torch.float64, device=colors.device)
+        saved = []
+        for s, e in _chunks_of_images(radii, budget):
+            gid, pix = _pairs(
+                means2d[s:e].detach(),
+                conics[s:e].detach(),
+                opacities[s:e].detach(),
+                depths[s:e].detach(),
+                radii[s:e],
+                w,
+                h,
+            )
+            pairs = (gid + s * N, pix + s * HW)
+            saved.append(_composite_chunk(table, col, pairs, w, h, out, log_tf))
+        t_final = torch.exp(log_tf).to(colors.dtype)
+        rgb = out.reshape(I, HW, D) + t_final.reshape(I, HW, 1) * bgs.detach()[:, None, :]
+    return rgb, t_final, saved
+
+
+class _Composite(torch.autograd.Function):
+    """Sparse compositing with an analytic backward (as gsplat's kernels): the forward keeps
+    each composited pair's α and the transmittance T before it; the backward needs no
+    recomputation of the pair lists and no autograd graph over millions of pairs."""
+
+    @staticmethod
+    def forward(ctx, means2d, conics, opacities, colors, backgrounds, depths, radii, w, h, budget):
+        I, N, D = colors.shape
+        rgb, t_final, saved = _composite_forward(
+            means2d, conics, opacities, colors, depths, radii, backgrounds, w, h, budget
+        )
+        ctx.save_for_backward(
+            means2d, conics, opacities, colors, backgrounds, t_final, *[t for p in saved for t in p]
+        )
+        ctx.size = (I, N, D, w, h)
+        return rgb.reshape(I, h, w, D), (1 - t_final).reshape(I, h, w, 1)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_rgb, grad_alpha):
+        """C = Σ α_i·T_i·c_i + T_f·bg and A = 1 − T_f per pixel, with T_i = Π_{j<i}(1 − α_j):
+        ∂L/∂α_i = T_i·(c_i·G) − (Σ_{j>i} α_j·T_j·(c_j·G) + T_f·(bg·G − G_A))/(1 − α_i),
+        then through α = min(0.999, o·exp(−σ)) to the opacity, conic and 2D mean."""
+        means2d, conics, opacities, colors, backgrounds, t_final, *saved = ctx.saved_tensors
+        I, N, D, w, h = ctx.size
+        HW = w * h
+        dtype = colors.dtype
+        G = grad_rgb.reshape(I * HW, D).to(dtype)
+        q = (G.reshape(I, HW, D) * backgrounds[:, None, :]).sum(-1).reshape(-1)
+        if grad_alpha is not None:
+            q = q - grad_alpha.reshape(-1).to(dtype)
+        q = t_final * q
+        table = _table(means2d, conics, opacities)
+        col = colors.reshape(I * N, D)
+        grad = torch.zeros(I * N, 6 + D, dtype=dtype, device=colors.device)
+        for k in range(0, len(saved), 4):
+            gid, pix, alpha, T = saved[k : k + 4]
+            wgt = alpha * T
+            g = _take(G, pix)
+            cg = (_take(col, gid) * g).sum(-1)
+            # Σ over the later pairs of the same pixel of α_j·T_j·(c_j·G): reverse segmented sum
+            u = torch.cumsum((wgt * cg).double(), 0)
+            new_seg, seg_id = _segments(pix)
+            last = torch.ones_like(new_seg)
+            last[:-1] = new_seg[1:]
+            after = (_take(_take(u, last.nonzero().squeeze(1)), seg_id) - u).to(dtype)
+            d_alpha = T * cg - (after + _take(q, pix)) / (1 - alpha)
+            dx, dy, a, b, c, o, sigma = _sigma(table, gid, pix, w, h)
+            e = torch.exp(-sigma)
+            raw = o * e
+            d_alpha = torch.where(raw <= MAX_ALPHA, d_alpha, 0)  # clamp(max) passes at ≤
+            d_sigma = -d_alpha * raw
+            rows = torch.empty(len(gid), 6 + D, dtype=dtype, device=colors.device)
+            rows[:, 0] = (a * dx + b * dy) * d_sigma
+            rows[:, 1] = (c * dy + b * dx) * d_sigma
+            rows[:, 2] = 0.5 * dx * dx * d_sigma
+            rows[:, 3] = dx * dy * d_sigma
+            rows[:, 4] = 0.5 * dy * dy * d_sigma
+            rows[:, 5] = d_alpha * e
+            torch.mul(wgt[:, None], g, out=rows[:, 6:])
+            grad.index_add_(0, gid, rows)
+        g_bg = (t_final.reshape(I, HW, 1) * G.reshape(I, HW, D)).sum(1)
+        need = ctx.needs_input_grad
+        return (
+            grad[:, :2].reshape(means2d.shape) if need[0] else None,
+            grad[:, 2:5].reshape(conics.shape) if need[1] else None,
+            grad[:, 5].reshape(opacities.shape) if need[2] else None,
+            grad[:, 6:].reshape(colors.shape) if need[3] else None,
+            g_bg if need[4] else None,
+            *([None] * 5),
+        )
 
 
 def composite(
@@ -190,50 +381,23 @@ def composite(
 ):
     """Composite I images: inputs [I, N, ...] -> (colours [I, H, W, D], alphas [I, H, W, 1]).
 
-    Pairs are enumerated without gradient; images are composited in chunks of at most
-    ``pair_budget`` candidate pairs, each under activation checkpointing so that memory stays
-    bounded by one chunk when gradients are needed.
+    Pairs are enumerated without gradient and composited a chunk of at most ``pair_budget``
+    candidate pairs at a time; with gradients, :class:`_Composite` keeps only each composited
+    pair's indices, α and transmittance for its analytic backward.
     """
-    I = means2d.shape[0]
-    HW = width * height
-    with torch.no_grad():
-        lists = [
-            _pairs(means2d[i].detach(), radii[i], depths[i].detach(), width, height)
-            for i in range(I)
-        ]
-    chunks, start, total = [], 0, 0
-    for i, (g, _) in enumerate(lists):
-        if i > start and total + len(g) > pair_budget:
-            chunks.append((start, i))
-            start, total = i, 0
-        total += len(g)
-    chunks.append((start, I))
+    I, N, D = colors.shape
     needs_grad = torch.is_grad_enabled() and any(
         t.requires_grad for t in (means2d, conics, opacities, colors, backgrounds)
     )
-    rgb, alpha = [], []
-    for s, e in chunks:
-        gids = torch.cat([lists[i][0] for i in range(s, e)])
-        pixs = torch.cat([lists[i][1] + (i - s) * HW for i in range(s, e)])
-        args = (
-            means2d[s:e],
-            conics[s:e],
-            opacities[s:e],
-            colors[s:e],
-            backgrounds[s:e],
-            gids,
-            pixs,
-            None,
-            width,
-            height,
-        )
-        if needs_grad:
-            c, a = checkpoint(_composite_chunk, *args, use_reentrant=False)
-        else:
-            c, a = _composite_chunk(*args)
-        rgb.append(c)
-        alpha.append(a)
-    return torch.cat(rgb), torch.cat(alpha)
+    if needs_grad:
+        return _Composite.apply(
+            means2d, conics, opacities, colors, backgrounds, depths, radii, width, height,
+            pair_budget,
+        )  # fmt: skip
+    rgb, t_final, _ = _composite_forward(
+        means2d, conics, opacities, colors, depths, radii, backgrounds, width, height, pair_budget
+    )
+    return rgb.reshape(I, height, width, D), (1 - t_final).reshape(I, height, width, 1)
 
 
 def composite_dense(means2d, conics, opacities, colors, depths, radii, backgrounds, width, height):
