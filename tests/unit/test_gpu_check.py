@@ -1,0 +1,101 @@
+"""bench/gpu_check.py: the --tiny CPU run of the GPU check's code path, and its fail-soft rows."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "bench" / "gpu_check.py"
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the --tiny run is the CPU check")
+def test_tiny_run_prints_every_tier_and_fails_soft(tmp_path):
+    out = tmp_path / "check.json"
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--tiny", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for name in ("full", "split", "offload", "lowres", "lowres_min"):
+        assert f"\n{name} " in proc.stdout
+    report = json.loads(out.read_text())
+    rows = {r["tier"]: r for r in report["rows"]}
+    assert [r["tier"] for r in report["rows"]] == [
+        "full",
+        "split",
+        "offload",
+        "lowres",
+        "lowres_min",
+    ]
+    for name in ("full", "split"):
+        r = rows[name]
+        assert r["status"] == "ok"
+        assert r["s_it"] > 0 and r["render"] > 0 and r["encode"] > 0 and r["dit"] > 0
+        assert r["allocated"] > 0 and r["estimate"] > 0
+    # split renders and encodes again instead of keeping the graphs: less memory
+    assert rows["split"]["allocated"] < rows["full"]["allocated"]
+    # mmgp needs CUDA: those tiers are rows with the reason, not a crash
+    for name in ("offload", "lowres", "lowres_min"):
+        assert "needs a CUDA GPU" in rows[name]["status"]
+    assert (rows["lowres"]["size"], rows["lowres_min"]["size"]) == ("48x32", "32x16")
+    assert report["parity"]["status"].startswith("skipped")
+
+
+def test_an_out_of_memory_tier_is_a_row_and_the_next_tier_runs(monkeypatch, capsys):
+    mod = _module()
+    calls = []
+
+    def fake_run_tier(name, flags, size, ctx):
+        calls.append(name)
+        if name == "split":
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        if name == "offload":
+            raise RuntimeError("something else broke")
+        return {"status": "ok", "allocated": 1, "reserved": 2, "s_it": 1.0}
+
+    monkeypatch.setattr(mod, "run_tier", fake_run_tier)
+    ctx = {
+        "tiny": True,
+        "cuda": False,
+        "width": 64,
+        "height": 48,
+        "frames": 9,
+        "batch": 2,
+        "gaussians": 2000,
+        "peak": mod.Peak(False),
+        "shape": mod.memory.A14B,
+        "verbose": False,
+    }
+    rows = mod.tier_rows(ctx, ["full", "split", "offload", "lowres"])
+    assert calls == ["full", "split", "offload", "lowres"]
+    assert [r["status"] for r in rows] == [
+        "ok",
+        "out of memory",
+        "error: RuntimeError: something else broke",
+        "ok",
+    ]
+    assert "out of memory" in capsys.readouterr().out
+
+
+def test_without_a_gpu_the_full_check_asks_for_tiny():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(SystemExit):
+        _module().main([])

@@ -1,0 +1,175 @@
+"""The peak-memory model: exact weights, the documented tier figures, growth and fits()."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from chord import memory
+
+SPLIT = {"split_sds_backward": True, "split_render_backward": True, "split_render_chunk_size": 21}
+OFFLOAD = {**SPLIT, "enable_mmgp": True}
+TIERS = {  # config/config.yaml's tiers (flags and size)
+    "full": {},
+    "split": SPLIT,
+    "offload": OFFLOAD,
+    "lowres": {**OFFLOAD, "size": "576*320"},
+    "lowres_min": {**OFFLOAD, "size": "416*240"},
+}
+# METHOD §21's documented command: 832x480, 41 frames, batch 4, Tiny VAE, early stop
+DOC = {"width": 832, "height": 480, "frames": 41, "batch": 4, "gaussians": 200_000}
+
+
+def _diffusers_dit(**kw):
+    from diffusers import WanTransformer3DModel
+
+    with torch.device("meta"):
+        return WanTransformer3DModel(
+            patch_size=(1, 2, 2),
+            in_channels=36,
+            out_channels=16,
+            cross_attn_norm=True,
+            qk_norm="rms_norm_across_heads",
+            eps=1e-6,
+            image_dim=None,
+            **kw,
+        )
+
+
+def test_expert_parameters_match_the_diffusers_model_exactly():
+    m = _diffusers_dit(
+        num_attention_heads=40,
+        attention_head_dim=128,
+        text_dim=4096,
+        freq_dim=256,
+        ffn_dim=13824,
+        num_layers=40,
+        rope_max_seq_len=1024,
+    )
+    assert memory.dit_params(memory.A14B) == sum(p.numel() for p in m.parameters())
+    assert memory.dit_params(memory.A14B) == 14_288_901_184  # 26.6 GiB in bf16
+    small = memory.ModelShape(
+        layers=2,
+        heads=3,
+        head_dim=8,
+        ffn=40,
+        text_dim=24,
+        in_channels=36,
+        out_channels=16,
+        patch=(1, 2, 2),
+        freq_dim=32,
+    )
+    m = _diffusers_dit(
+        num_attention_heads=3,
+        attention_head_dim=8,
+        text_dim=24,
+        freq_dim=32,
+        ffn_dim=40,
+        num_layers=2,
+        rope_max_seq_len=64,
+    )
+    assert memory.dit_params(small) == sum(p.numel() for p in m.parameters())
+
+
+def test_vae_parameter_counts_match_the_models():
+    from diffusers import AutoencoderKLWan
+
+    from chord.guidance.tiny_vae import TinyVAEEncoder
+
+    with torch.device("meta"):
+        vae = AutoencoderKLWan()
+    assert memory.A14B.vae_params == sum(p.numel() for p in vae.parameters())
+    assert memory.A14B.tiny_vae_params == sum(p.numel() for p in TinyVAEEncoder().parameters())
+
+
+def test_tokens_follow_the_method_table():
+    assert memory.tokens(832, 480, 41) == 17_160
+    assert memory.tokens(576, 320, 41) == 7_920
+    assert memory.tokens(416, 240, 41) == 4_290
+
+
+def test_documented_tier_figures():
+    """METHOD §21: the default needs more than 48 GB; split fits 48 GB; split + mmgp 24 GB;
+    the low-resolution tiers fit their smaller GPUs."""
+    gpu = {"full": 80, "split": 48, "offload": 24, "lowres": 16, "lowres_min": 12}
+    for name, flags in TIERS.items():
+        assert memory.fits(flags, gpu[name], **DOC), name
+    assert not memory.fits(TIERS["full"], 48, **DOC)
+    assert not memory.fits(TIERS["split"], 24, **DOC)
+    full = memory.estimate(TIERS["full"], **DOC)
+    split = memory.estimate(TIERS["split"], **DOC)
+    assert full["gpu_bytes"] > 48 * memory.GiB
+    assert split["gpu_bytes"] < 48 * memory.GiB
+    # mmgp keeps the expert in host RAM: it needs more host memory, far less GPU memory
+    off = memory.estimate(TIERS["offload"], **DOC)
+    assert off["host_bytes"] > split["host_bytes"]
+    assert off["parts"]["dit_weights"] < 2 * memory.GiB < split["parts"]["dit_weights"]
+
+
+def test_split_phases_do_not_overlap_the_dit_with_the_graphs():
+    full = memory.estimate(TIERS["full"], **DOC)
+    split = memory.estimate(TIERS["split"], **DOC)
+    p = full["parts"]
+    assert full["phase"] == "sds"
+    assert full["phases"]["sds"] >= p["render_graph"] + p["encoder_graph"] + p["dit_weights"]
+    assert set(split["phases"]) == {"regularisers", "sds_targets", "sds_backward"}
+    # the target pass holds the expert and its activations but neither graph
+    targets = split["phases"]["sds_targets"]
+    assert targets <= full["phases"]["sds"] - p["render_graph"] - p["encoder_graph"] + p["targets"]
+    assert targets >= p["dit_weights"] + p["dit_activations"]
+
+
+@pytest.mark.parametrize("name", list(TIERS))
+@pytest.mark.parametrize(
+    "key,small,large",
+    [("frames", 21, 41), ("batch", 1, 4), ("gaussians", 50_000, 400_000)],
+)
+def test_peak_grows_with_frames_batch_and_gaussians(name, key, small, large):
+    lo = memory.estimate(TIERS[name], **{**DOC, key: small})
+    hi = memory.estimate(TIERS[name], **{**DOC, key: large})
+    assert hi["gpu_bytes"] >= lo["gpu_bytes"]
+    assert sum(hi["parts"].values()) > sum(lo["parts"].values())
+
+
+def test_peak_grows_with_size_and_lower_tiers_need_less():
+    peaks = [
+        memory.estimate(TIERS["split"], **{**DOC, "width": w, "height": h})["gpu_bytes"]
+        for w, h in [(416, 240), (576, 320), (832, 480)]
+    ]
+    assert peaks == sorted(peaks) and peaks[0] < peaks[-1]
+    order = [memory.estimate(TIERS[n], **DOC)["gpu_bytes"] for n in TIERS]
+    assert order == sorted(order, reverse=True)
+
+
+def test_a_tier_size_applies_only_when_smaller():
+    assert memory.effective_size({"size": "576*320"}, 832, 480) == (576, 320)
+    assert memory.effective_size({"size": "576*320"}, 416, 240) == (416, 240)
+    assert memory.effective_size({}, 832, 480) == (832, 480)
+    e = memory.estimate(TIERS["lowres"], **DOC)
+    assert (e["width"], e["height"], e["tokens"]) == (576, 320, 7_920)
+
+
+def test_fits_takes_tier_objects_and_the_method_flags_under_them():
+    tier = SimpleNamespace(flags={"enable_mmgp": True}, size=None)
+    # the tier sets only mmgp; the method's split flags stay (a tier keeps what it leaves out)
+    assert memory.fits(tier, 24, base_flags=SPLIT, **DOC)
+    assert not memory.fits(tier, 24, **DOC)  # without split, the graphs overlap the DiT
+    assert not memory.fits(SimpleNamespace(flags={}, size=None), 48, **DOC)
+    assert memory.fits(TIERS["split"], 48, host_mem_gb=64, **DOC)
+    assert not memory.fits(TIERS["offload"], 24, host_mem_gb=32, **DOC)  # host RAM
+
+
+def test_full_vae_path_and_sequential_cfg():
+    tiny = memory.estimate(TIERS["split"], **DOC)
+    full_vae = memory.estimate(TIERS["split"], **DOC, use_tiny_vae=False)
+    assert full_vae["parts"]["encoder_graph"] > tiny["parts"]["encoder_graph"]
+    seq = memory.estimate(TIERS["split"], **DOC, sds_cfg_batch=False)
+    assert seq["parts"]["dit_activations"] * 2 == tiny["parts"]["dit_activations"]
+
+
+def test_invalid_shapes_are_errors():
+    with pytest.raises(ValueError, match="positive"):
+        memory.estimate({}, **{**DOC, "batch": 0})
+    assert "GiB" in memory.describe(memory.estimate({}, **DOC))
