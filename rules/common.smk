@@ -110,7 +110,9 @@ def demo_frame_num(name):
     """The frame count of a demo scene's motion.json: that of the sheet rows using it."""
     counts = {CONF.scenes[s].method.frame_num for s in SCENES if demo_name(s) == name}
     if len(counts) > 1:
-        raise WorkflowError(f"scenes using demo {name} ask for different frame_num: {counts}")
+        raise WorkflowError(
+            f"scenes using demo {name} ask for different frame_num: {counts}"
+        )
     return counts.pop() if counts else demo.DEFAULT_FRAME_NUM
 
 
