@@ -185,11 +185,12 @@ def test_gpu_slots_across_processes(tmp_path):
 
 
 def test_default_profile_caps_gpus_at_the_local_count(monkeypatch):
-    """profiles/default is rendered by Snakemake's profile parser (YTE) on this machine."""
+    """profiles/default is rendered by Snakemake's profile parser (YTE) on this machine; with
+    no GPU the trainings run side by side on the CPU, limited by the cores."""
     from snakemake.profiles import ProfileConfigFileParser
 
     path = REPO / "profiles/default/config.yaml"
-    for visible, slots in (("0,1,2", 3), ("", 1)):
+    for visible, slots in (("0,1,2", 3), ("", max(1, os.cpu_count() or 1))):
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
         with open(path) as f:
             parsed = ProfileConfigFileParser().parse(f)
@@ -201,9 +202,9 @@ def test_default_profile_caps_gpus_at_the_local_count(monkeypatch):
 def test_lowres_size_is_recorded_and_the_fine_stage_continues_at_it(tmp_path):
     """A lowres tier's size enters the hash and checkpoint folder and is recorded in the
     hand-off; the fine stage, on a fuller tier, continues at that size."""
-    from chord import demo, paths
+    from chord import demo
     from chord.stages import train as train_stage
-    from tests.stages.test_geometry_stages import run_all
+    from tests.stages.test_geometry_stages import train_inputs
 
     data = demo.write_demo_scene("hop", tmp_path / "data", frame_num=5)
     m = cc.method_from_mapping(
@@ -224,15 +225,7 @@ def test_lowres_size_is_recorded_and_the_fine_stage_continues_at_it(tmp_path):
             "add_cp_num": 12,
         }
     )
-    results = tmp_path / "results"
-    run_all(data, results, "hop", m)
-    inputs = {
-        "scene_json": paths.scene_json(results, "hop"),
-        "plys": {o: paths.gaussians_ply(results, "hop", o) for o in ("obj_0", "obj_1")},
-        "voxels": {"obj_0": paths.voxels_npz(results, "hop", "obj_0")},
-        "text_path": None,
-        "data_dir": data,
-    }
+    inputs = train_inputs(data, tmp_path / "results", "hop", m)
     guidance = cc.guidance_from_mapping({"backend": "oracle"})
     t = tiers.parse({"full": {"gpu_mem_gb": 80}, "tiny": {"gpu_mem_gb": 8, "size": "32*16"}})
     lean = tiers.apply(m, t["tiny"])
