@@ -17,6 +17,18 @@ def run_all(data, results, scene, method):
     return out["doc"], out["stats"]
 
 
+def train_inputs(data, results, scene, method) -> dict:
+    """Run the geometry stages; the inputs of ``chord.stages.train.build`` (oracle guidance)."""
+    out = geometry.run(data=data, results=results, scene=scene, method=method)
+    return {
+        "scene_json": paths.scene_json(results, scene),
+        "plys": out["plys"],
+        "voxels": out["voxels"],
+        "text_path": None,
+        "data_dir": data,
+    }
+
+
 def test_toy_scene_through_the_three_stages(toy_scene, tmp_path):
     method = cc.method_from_mapping({"gs_init_num": 3000, "surface_target_num": 1500})
     doc, stats = run_all(toy_scene, tmp_path / "results", "toy", method)

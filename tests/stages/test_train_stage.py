@@ -8,9 +8,9 @@ import csv
 import pytest
 
 from chord import config as cc
-from chord import demo, paths, train
+from chord import demo, train
 from chord.stages import train as train_stage
-from tests.stages.test_geometry_stages import run_all
+from tests.stages.test_geometry_stages import train_inputs
 
 
 @pytest.fixture(scope="module")
@@ -33,15 +33,7 @@ def hop(tmp_path_factory):
             "arap_sample_num": 64,
         }
     )
-    results = root / "results"
-    run_all(data, results, "hop", m)
-    inputs = {
-        "scene_json": paths.scene_json(results, "hop"),
-        "plys": {o: paths.gaussians_ply(results, "hop", o) for o in ("obj_0", "obj_1")},
-        "voxels": {"obj_0": paths.voxels_npz(results, "hop", "obj_0")},
-        "text_path": None,
-        "data_dir": data,
-    }
+    inputs = train_inputs(data, root / "results", "hop", m)
     return root, m, inputs
 
 
