@@ -30,12 +30,16 @@ MEMORY_KEYS = (
     "mmgp_transformer_budget",
     "log_run_time",
 )
+# Read only by the reference view, export and naming, never by training: a change to them must
+# not re-run hours of training.
+VIEW_KEYS = ("ref_azim", "ref_cam_radius", "save_fps", "ex_name")
 LOG_FIELDS = ("it", "sds", "ground", "temporal", "arap", "t", "cfg", "skipped")
 
 
 def config_hash(method, guidance) -> str:
-    """Hash of everything that changes the result (memory flags excluded)."""
-    values = {k: v for k, v in dataclasses.asdict(method).items() if k not in MEMORY_KEYS}
+    """Hash of everything that changes the result (memory flags and view keys excluded)."""
+    skip = MEMORY_KEYS + VIEW_KEYS
+    values = {k: v for k, v in dataclasses.asdict(method).items() if k not in skip}
     values["guidance"] = {
         "backend": guidance.backend,
         "ckpt_dir": guidance.ckpt_dir,
