@@ -156,7 +156,6 @@ def run(argv: list[str]) -> int:
     import torch
 
     from chord import paths
-    from chord.stages import ingest
     from chord.stages import train as train_stage
 
     args, method = parse(argv)
@@ -182,19 +181,8 @@ def run(argv: list[str]) -> int:
             prepare(args, method, guidance, data, res, s, data.name or "scene")
         if world > 1:
             dist.barrier()
-        doc = ingest.read(paths.scene_json(res, s))
         inputs = {
-            "scene_json": paths.scene_json(res, s),
-            "plys": {
-                o["name"]: paths.gaussians_ply(res, s, o["name"])
-                for o in doc["objects"]
-                if o["role"] != "avoided"
-            },
-            "voxels": {
-                o["name"]: paths.voxels_npz(res, s, o["name"])
-                for o in doc["objects"]
-                if o["role"] == "dynamic"
-            },
+            **train_stage.run_inputs(res / s),
             "text_path": paths.text_condition(res, s),
             "data_dir": data,
         }

@@ -14,6 +14,7 @@ from chord import cameras, config, export, gaussians, media, paths, train
 from chord.motion import build_scene, state
 from chord.stages import ingest
 from chord.stages.reference import target_of
+from chord.stages.train import run_inputs
 
 logger = logging.getLogger(__name__)
 
@@ -236,29 +237,6 @@ def scene_frame_num(scene, method) -> int:
 
 
 # -- run folders of ``chord train`` (``chord render``, ``chord export-glb``) ----------------
-
-
-def run_inputs(root: Path) -> dict:
-    """scene.json, Gaussians and voxels of a ``chord train`` run folder <model>/<ex_name>."""
-    root = Path(root)
-    res, s = root.parent, root.name
-    scene_json = paths.scene_json(res, s)
-    if not scene_json.is_file():
-        raise ValueError(f"{root}: not a chord train run folder ({scene_json} is missing)")
-    doc = ingest.read(scene_json)
-    return {
-        "scene_json": scene_json,
-        "plys": {
-            o["name"]: paths.gaussians_ply(res, s, o["name"])
-            for o in doc["objects"]
-            if o["role"] != "avoided"
-        },
-        "voxels": {
-            o["name"]: paths.voxels_npz(res, s, o["name"])
-            for o in doc["objects"]
-            if o["role"] == "dynamic"
-        },
-    }
 
 
 def find_state(root: Path, checkpoint: int = -1) -> tuple[Path, int]:

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 import trimesh
 
-from chord import cameras, config, demo, gaussians, rng, train
+from chord import cameras, config, demo, gaussians, paths, rng, train
 from chord.guidance import text as text_cond
 from chord.motion import build_scene, state
 from chord.render import splat_tensors
@@ -142,6 +142,29 @@ def build(
         meshes=meshes,
         surface_voxel_size={n: float(v["surface_voxel_size"]) for n, v in vox.items()},
     )
+
+
+def run_inputs(root: Path) -> dict:
+    """scene.json, Gaussians and voxels of a ``chord train`` run folder <model>/<ex_name>."""
+    root = Path(root)
+    res, s = root.parent, root.name
+    scene_json = paths.scene_json(res, s)
+    if not scene_json.is_file():
+        raise ValueError(f"{root}: not a chord train run folder ({scene_json} is missing)")
+    doc = ingest.read(scene_json)
+    return {
+        "scene_json": scene_json,
+        "plys": {
+            o["name"]: paths.gaussians_ply(res, s, o["name"])
+            for o in doc["objects"]
+            if o["role"] != "avoided"
+        },
+        "voxels": {
+            o["name"]: paths.voxels_npz(res, s, o["name"])
+            for o in doc["objects"]
+            if o["role"] == "dynamic"
+        },
+    }
 
 
 def newest_checkpoint(folder: Path) -> dict | None:
