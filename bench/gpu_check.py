@@ -16,7 +16,9 @@ training iterations (chord.train.Trainer.step, the real code path) at 832x480, 4
 batch 4, Tiny VAE on:
 
     full        no memory flags
-    split       split_sds_backward, split_render_backward, split_render_chunk_size 21
+    split       split_sds_backward, split_render_backward, split_render_chunk_size 21,
+                checkpoint_tiny_vae
+    split_plain split without checkpoint_tiny_vae (what the checkpoints save)
     offload     split + enable_mmgp (profile 4.0, transformer budget 100 MB)
     lowres      offload at 576x320
     lowres_min  offload at 416x240
@@ -86,11 +88,17 @@ from scaling import block_scene  # noqa: E402
 from chord import config as cc  # noqa: E402
 from chord import memory, train  # noqa: E402
 
-SPLIT = {"split_sds_backward": True, "split_render_backward": True, "split_render_chunk_size": 21}
+SPLIT_PLAIN = {
+    "split_sds_backward": True,
+    "split_render_backward": True,
+    "split_render_chunk_size": 21,
+}
+SPLIT = {**SPLIT_PLAIN, "checkpoint_tiny_vae": True}
 MMGP = {**SPLIT, "enable_mmgp": True, "mmgp_profile": 4.0, "mmgp_transformer_budget": 100}
 TIERS = {
     "full": ({}, None),
     "split": (SPLIT, None),
+    "split_plain": (SPLIT_PLAIN, None),
     "offload": (MMGP, None),
     "lowres": (MMGP, (576, 320)),
     "lowres_min": (MMGP, (416, 240)),

@@ -242,8 +242,11 @@ def child_tiny_vae(p: dict) -> dict:
     enc = TinyVAEEncoder()
     video = torch.rand(1, p["frames"], 3, p["height"], p["width"], requires_grad=True)
     base = _rss_mb()
-    z = enc.encode(video)
-    return {"graph_mb": _rss_mb() - base, "out_mb": z.numel() * 4 / 2**20}
+    z = enc.encode(video, checkpoint=p.get("checkpoint", False))
+    graph = _rss_mb() - base
+    z.backward(torch.ones_like(z))
+    # peak of forward + backward (the gradients included): what checkpointing lowers
+    return {"graph_mb": graph, "peak_mb": _maxrss_mb() - base, "out_mb": z.numel() * 4 / 2**20}
 
 
 def child_wan_vae(p: dict) -> dict:
@@ -502,6 +505,18 @@ def memory_fit(args) -> None:
         feats.append([fp * w * h])
         vals.append(r["graph_mb"] * MB)
     out["tiny_vae"] = _lstsq(feats, vals)[0]
+    # checkpointed Tiny VAE (checkpoint_tiny_vae): peak of forward + backward, c'·F_pad·H·W
+    feats, vals = [], []
+    print("Tiny VAE, checkpointed: peak of forward + backward, MB (plain in brackets):")
+    for f, w, h in [(41, 64, 48), (41, 128, 80), (21, 128, 80), (41, 192, 112)]:
+        r = run_child("tiny_vae", {"frames": f, "width": w, "height": h, "checkpoint": True})
+        plain = run_child("tiny_vae", {"frames": f, "width": w, "height": h})
+        fp = f + (-f % 4)
+        print(f"  F={f:3d} {w}x{h}: {r['peak_mb']:8.1f}  ({plain['peak_mb']:.1f})", flush=True)
+        feats.append([fp * w * h, 1.0])
+        vals.append(r["peak_mb"] * MB)
+    # with an intercept: the CPU's fixed checkpoint/oneDNN workspaces (~90 MB) are no graph
+    out["tiny_vae_ckpt"] = _lstsq(feats, vals)[0]
     # Wan VAE: graph c·base·F·H·W, no-grad peak d·base·H·W
     feats, vals, nfeats, nvals = [], [], [], []
     print("Wan VAE (random weights), MB:")
@@ -524,6 +539,7 @@ def memory_fit(args) -> None:
         ("render bytes / (frame·pixel)", out["render"][1], "render_per_pixel"),
         ("deform bytes / (frame·Gaussian)", out["deform"], "deform_per_gaussian"),
         ("Tiny VAE bytes / (frame·pixel)", out["tiny_vae"], "tiny_vae_per_pixel"),
+        ("Tiny VAE ckpt peak / (frame·pixel)", out["tiny_vae_ckpt"], "tiny_vae_ckpt_per_pixel"),
         ("Wan VAE bytes / (base·frame·pixel)", out["wan_vae"], "wan_vae_per_base_pixel"),
         ("Wan VAE no-grad / (base·pixel)", out["wan_vae_nograd"], "wan_vae_nograd_per_base_pixel"),
     ]

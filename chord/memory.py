@@ -11,8 +11,9 @@ largest phase:
   (always: the image condition y uses it), the Tiny VAE and the cached text embeddings;
 - **render graph** of one video with gradients (deform, projection, rasteriser):
   a·F·N + b·F·H·W bytes;
-- **encoder graph** with gradients: the Tiny VAE, c·F₄·H·W (F₄ = F padded to a multiple of 4),
-  else the Wan VAE, d·base·F·H·W;
+- **encoder graph** with gradients: the Tiny VAE, c·F₄·H·W (F₄ = F padded to a multiple of 4;
+  with ``checkpoint_tiny_vae`` the smaller c′, the peak of its checkpointed forward and
+  backward), else the Wan VAE, d·base·F·H·W;
 - **condition**: the Wan VAE's no-grad encode of [I₀, 0, …, 0], e·base·H·W (it runs causally,
   a few frames at a time);
 - **DiT activations** of inference: 2 (CFG batch) × tokens × (β_h·dim + β_f·ffn) bytes, with
@@ -29,7 +30,7 @@ encoder graph plus the video leaf and the render graph of one ``split_render_chu
 chunk). Without mmgp the active expert stays resident through the backward (METHOD §15); with
 it, mmgp unloads it after the targets.
 
-Calibration. a, b, a_d, c and d are least-squares fits of CPU proxy measurements of the same
+Calibration. a, b, a_d, c, c′ and d are least-squares fits of CPU proxy measurements of the same
 graphs (``python bench/scaling.py memory-fit``: autograd-graph RSS of the torch renderer, the
 deformation, the Tiny VAE and random-weight Wan VAEs at small shapes; the graphs are linear
 in the counts); the renderer term is the torch backend's, an upper bound for gsplat's, which
@@ -94,6 +95,9 @@ CPU_PROXY = {
     "render_per_pixel": 106.0,  # per frame and pixel: the rasteriser's pair lists and images
     "deform_per_gaussian": 136.0,  # per frame and Gaussian: the deformation alone
     "tiny_vae_per_pixel": 994.0,  # per (padded) frame and pixel: the Tiny VAE graph
+    # ... with checkpoint_tiny_vae: the peak of its forward + backward (block inputs, one
+    # block's recomputed graph, gradients); the fit's ~90 MB intercept (CPU workspaces) is left out
+    "tiny_vae_ckpt_per_pixel": 366.0,
     "wan_vae_per_base_pixel": 123.0,  # per unit of base width, frame and pixel: Wan VAE graph
     # Per unit of base width and pixel: the Wan VAE's no-grad encode (4-frame causal chunks,
     # 2-frame caches per convolution). Analytic: ~6 live full-resolution tensors of a chunk
@@ -118,6 +122,7 @@ FLAG_DEFAULTS = {
     "split_render_chunk_size": -1,
     "enable_mmgp": False,
     "mmgp_transformer_budget": 100,
+    "checkpoint_tiny_vae": False,
 }
 
 
@@ -244,7 +249,9 @@ def estimate(
         "render_graph": int(c["render_per_gaussian"] * T * N + c["render_per_pixel"] * T * px),
         "video": T * 3 * px * 4,
         "encoder_graph": int(
-            c["tiny_vae_per_pixel"] * f4 * px
+            (c["tiny_vae_ckpt_per_pixel"] if f["checkpoint_tiny_vae"] else c["tiny_vae_per_pixel"])
+            * f4
+            * px
             if use_tiny_vae
             else c["wan_vae_per_base_pixel"] * s.vae_base_dim * T * px
         ),

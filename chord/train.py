@@ -32,6 +32,7 @@ class MemoryFlags:
     split_sds_backward: bool = False
     split_render_backward: bool = False
     split_render_chunk_size: int = -1
+    checkpoint_tiny_vae: bool = False  # ours: activation checkpoints in the Tiny VAE encoder
 
     @classmethod
     def from_method(cls, method, **overrides) -> MemoryFlags:
@@ -90,8 +91,9 @@ class Trainer:
 
     def __post_init__(self):
         m = self.method
-        self.frames = torch.arange(m.frame_num)
-        self.K = cameras.intrinsics(self.width, self.height, m.fovy)
+        self.device = self.scene.means.device  # the scene's: cameras and frames follow it
+        self.frames = torch.arange(m.frame_num, device=self.device)
+        self.K = cameras.intrinsics(self.width, self.height, m.fovy).to(self.device)
         self.sds_scale, self.temporal_scale = rfsds.resolution_scales(self.width, self.height)
         self.optimizers = {
             name: optim.make_optimizer(obj.param_groups(), m, 1)
@@ -131,16 +133,18 @@ class Trainer:
         c = T if c == -1 else c
         return [self.frames[s : s + c] for s in range(0, T, c)]
 
-    def backprop_video(self, viewmat, background, loss_of_video) -> None:
+    def backprop_video(self, viewmat, background, loss_of_video, video=None) -> None:
         """Render with grad and backpropagate ``loss_of_video(video)``; with
-        ``split_render_backward``: render without grad into a leaf, backprop the loss to it,
-        then re-render chunk by chunk and backpropagate its gradient (METHOD §15)."""
+        ``split_render_backward``: render without grad into a leaf (or take ``video``, the same
+        render made earlier without grad), backprop the loss to it, then re-render chunk by
+        chunk and backpropagate its gradient (METHOD §15)."""
         if not self.memory.split_render_backward:
             loss_of_video(self.render(viewmat, background, self.frames)).backward()
             return
-        with torch.no_grad():
-            video = self.render(viewmat, background, self.frames)
-        leaf = video.requires_grad_(True)
+        if video is None:
+            with torch.no_grad():
+                video = self.render(viewmat, background, self.frames)
+        leaf = video.detach().to(self.device).requires_grad_(True)
         loss_of_video(leaf).backward()
         grad = leaf.grad
         del leaf, video
@@ -207,7 +211,7 @@ class Trainer:
                         )
                         for b in range(B)
                     ]
-                )
+                ).to(self.device)
                 loss = losses.arap_energy(X, nbr, mask, sample) * lam_a / B
                 total = total + loss
                 out["arap"] += float(loss.detach())
@@ -245,7 +249,7 @@ class Trainer:
 
                 def loss_of_video(video, b=b):
                     nonlocal reported
-                    z = self.guidance.encode_video(video)
+                    z = self.encode(video)
                     loss, rep = rfsds.sds_loss(z, target_grad(z, video, b))
                     reported += float(rep) * scale
                     return loss * scale
@@ -254,7 +258,7 @@ class Trainer:
                 self.guidance.unload()
             return reported
         # split: targets without grad, release the expert, then re-render with grad
-        targets = []
+        targets, videos = [], []
         with torch.no_grad():
             for b in range(B):
                 video = self.render(cams["viewmats"][b], cams["backgrounds"][b], self.frames)
@@ -262,16 +266,33 @@ class Trainer:
                 g = target_grad(z, video, b)
                 reported += float(0.5 * g.square().sum()) * scale
                 targets.append(rfsds.sds_target(z, g))
+                if self.memory.split_render_backward:
+                    # the backward's video leaf is this same render: keep it (in host RAM when
+                    # on a GPU) instead of rendering it again
+                    videos.append(video.cpu() if video.is_cuda else video)
         self.guidance.unload()
         for b in range(B):
 
             def loss_of_video(video, b=b):
-                z = self.guidance.encode_video(video)
+                z = self.encode(video)
                 loss, _ = rfsds.sds_loss(z, z.detach() - targets[b])
                 return loss * scale
 
-            self.backprop_video(cams["viewmats"][b], cams["backgrounds"][b], loss_of_video)
+            self.backprop_video(
+                cams["viewmats"][b],
+                cams["backgrounds"][b],
+                loss_of_video,
+                video=videos[b] if videos else None,
+            )
+            if videos:
+                videos[b] = None
         return reported
+
+    def encode(self, video: Tensor) -> Tensor:
+        """Latents of a video with grad, under the Tiny VAE's checkpoints when asked."""
+        if self.memory.checkpoint_tiny_vae:
+            return self.guidance.encode_video(video, checkpoint=True)
+        return self.guidance.encode_video(video)
 
     # -- table operations (METHOD §6, §7) ---------------------------------------------------
     def before_step(self, it: int) -> None:
@@ -305,7 +326,7 @@ class Trainer:
             first_layer_count=obj.layer1.centres.shape[0],
             method=m,
         )
-        t = lambda a: torch.as_tensor(a, dtype=obj.rest_means.dtype)  # noqa: E731
+        t = lambda a: torch.as_tensor(a).to(obj.rest_means)  # noqa: E731
         obj.add_second_layer(
             t(centres), t(surface), mult_rot_way=m.mult_rot_way, detach_first=m.add_cp_detach_first
         )
@@ -338,7 +359,8 @@ class Trainer:
             )
             for b in range(m.batch_size)
         ]
-        return {k: torch.cat([c[k] for c in per_video]) for k in per_video[0]}
+        # drawn on the CPU (seeded generators), used where the scene lives
+        return {k: torch.cat([c[k] for c in per_video]).to(self.device) for k in per_video[0]}
 
     def step(self, it: int) -> dict:
         """METHOD §17's order: table operations, LRs and cameras, regularisers, SDS, Adam."""

@@ -2,7 +2,8 @@
 
 Two implementations of one small interface, chosen by ``guidance.backend``:
 
-- ``encode_video(video [T, 3, H, W]) -> z``: differentiable latents of a rendered video;
+- ``encode_video(video [T, 3, H, W], *, checkpoint=False) -> z``: differentiable latents of a
+  rendered video (``checkpoint``: trade compute for a smaller graph, same result);
 - ``condition(video, *, viewmat, K, background) -> cond``: per-video conditioning, without
   gradient (Wan: the image condition y from frame 0; oracle: the target latent z*);
 - ``velocity(z_t [B, ...], t, conds, text, cfg_scale) -> v̂``: the guided velocity;

@@ -105,9 +105,10 @@ class OracleGuidance:
         self.target, self.width, self.height, self.pool = target, width, height, pool
         self.gain, self.backend = float(gain), backend
 
-    def encode_video(self, video: Tensor) -> Tensor:
+    def encode_video(self, video: Tensor, *, checkpoint: bool = False) -> Tensor:
         """z [3, T, H/p, W/p] of a video [T, 3, H, W]: average pooling times the gain,
-        differentiable."""
+        differentiable (``checkpoint`` is accepted for the interface: a pool keeps no graph
+        worth checkpointing)."""
         z = F.avg_pool2d(video, self.pool).transpose(0, 1)
         return z * self.gain if self.gain != 1.0 else z
 

@@ -238,10 +238,12 @@ class TinyVAEEncoder(nn.Module):
                 )
         return video.to(weight.dtype)
 
-    def forward(self, video: torch.Tensor) -> torch.Tensor:
+    def forward(self, video: torch.Tensor, *, checkpoint: bool = False) -> torch.Tensor:
         """METHOD §10. Raw latents: video ``[N, T, 3, H, W]`` in [0, 1] -> ``[N, T', 16, h, w]``.
 
         T' = ceil(T/4) (T padded at the end by repeating the last frame), h, w = H/8, W/8.
+        ``checkpoint`` (the ``checkpoint_tiny_vae`` memory flag) trades one more forward pass in
+        the backward for a smaller autograd graph; the result and gradients are the same.
         """
         x = self._check_video(video)
         n, t, _, h, w = x.shape
@@ -249,22 +251,58 @@ class TinyVAEEncoder(nn.Module):
         if pad:
             x = torch.cat([x, x[:, -1:].expand(n, pad, 3, h, w)], dim=1)
         x = x.reshape(n * (t + pad), 3, h, w)
-        for layer in self.encoder:
-            x = layer(x, n) if isinstance(layer, (MemBlock, TPool)) else layer(x)
+        if checkpoint and torch.is_grad_enabled() and x.requires_grad:
+            x = self._checkpointed(x, n)
+        else:
+            for layer in self.encoder:
+                x = self._run_layer(layer, x, n)
         return x.reshape(n, -1, *x.shape[1:])
+
+    @staticmethod
+    def _run_layer(layer: nn.Module, x: torch.Tensor, n: int) -> torch.Tensor:
+        return layer(x, n) if isinstance(layer, (MemBlock, TPool)) else layer(x)
+
+    def _checkpointed(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        """The encoder under activation checkpoints: only each block's input is kept, and the
+        backward recomputes one block at a time.
+
+        The full-resolution head (conv, ReLU, pool of frame pairs, strided conv: layers 0-3)
+        holds most of the graph but never looks across a 4-frame group, so it runs in
+        checkpointed 4-frame groups (each clip's T is a multiple of 4, so no group straddles
+        two clips or a pair). Every later layer is its own checkpoint: the MemBlocks need the
+        whole sequence (each step sees the previous one).
+        """
+        from torch.utils.checkpoint import checkpoint
+
+        head = self.encoder[:4]
+
+        def run_head(part):
+            for layer in head:
+                part = self._run_layer(layer, part, part.shape[0] // TEMPORAL_FACTOR)
+            return part
+
+        x = torch.cat(
+            [checkpoint(run_head, part, use_reentrant=False) for part in x.split(TEMPORAL_FACTOR)]
+        )
+        for layer in self.encoder[4:]:
+            x = checkpoint(self._run_layer, layer, x, n, use_reentrant=False)
+        return x
 
     def normalize(self, z: torch.Tensor) -> torch.Tensor:
         """METHOD §10. (z - mu_c) / sigma_c for channel-first latents ``[N, 16, T', h, w]``."""
         shape = (1, LATENT_CHANNELS, 1, 1, 1)
         return (z - self.latents_mean.view(shape)) / self.latents_std.view(shape)
 
-    def encode(self, video: torch.Tensor, *, normalize: bool = True) -> torch.Tensor:
+    def encode(
+        self, video: torch.Tensor, *, normalize: bool = True, checkpoint: bool = False
+    ) -> torch.Tensor:
         """METHOD §10. Video ``[N, T, 3, H, W]`` in [0, 1] -> Wan latents ``[N, 16, T', h, w]``.
 
         Channel-first like the Wan VAE's ``[B, C, F, h, w]``; normalised per channel with
         ``latents_mean`` / ``latents_std`` when ``normalize`` (raw outputs otherwise).
+        ``checkpoint``: see :meth:`forward`.
         """
-        z = self(video).permute(0, 2, 1, 3, 4)
+        z = self(video, checkpoint=checkpoint).permute(0, 2, 1, 3, 4)
         return self.normalize(z) if normalize else z
 
 

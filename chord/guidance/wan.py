@@ -175,12 +175,16 @@ class WanGuidance:
         z = self.vae.encode(x.to(self.device, torch.float32)).latent_dist.mean[0]
         return (z - self.latents_mean) / self.latents_std
 
-    def encode_video(self, video: Tensor) -> Tensor:
+    def encode_video(self, video: Tensor, *, checkpoint: bool = False) -> Tensor:
         """METHOD §10–§11: latents z [16, F', h, w] (float32) of a rendered video [T, 3, H, W]
-        in [0, 1], differentiable; the Tiny VAE when configured, else the full VAE."""
+        in [0, 1], differentiable; the Tiny VAE when configured, else the full VAE.
+        ``checkpoint``: the Tiny VAE's activation checkpoints (``checkpoint_tiny_vae``; the full
+        VAE has none, diffusers does not support them for its encoder)."""
         if self.tiny_vae is not None:
             x = video[None].to(self.device, torch.float32)
-            return self.tiny_vae.encode(x, normalize=self.tiny_vae_normalize)[0]
+            return self.tiny_vae.encode(
+                x, normalize=self.tiny_vae_normalize, checkpoint=checkpoint
+            )[0]
         return self._vae_latents(video)
 
     @torch.no_grad()

@@ -23,7 +23,9 @@ def init_log_radius(centres: Tensor) -> Tensor:
     k = min(2, M - 1)
     dist, _ = cKDTree(pts).query(pts, k=k + 1)  # first column is the point itself
     msq = (np.asarray(dist).reshape(M, k + 1)[:, 1:] ** 2).mean(1)
-    return torch.as_tensor(0.5 * np.log(np.maximum(msq, 1e-30)), dtype=centres.dtype)
+    return torch.as_tensor(
+        0.5 * np.log(np.maximum(msq, 1e-30)), dtype=centres.dtype, device=centres.device
+    )
 
 
 def rotate(q: Tensor, v: Tensor) -> Tensor:
@@ -49,11 +51,13 @@ class ControlPointLayer(nn.Module):
         self.register_buffer("centres", centres.clone())
         rho = init_log_radius(centres)[:, None].repeat(1, 3)
         self.cp_radius = nn.Parameter(rho)
-        rot = torch.zeros(M, 4, dtype=centres.dtype)
+        rot = torch.zeros(M, 4, dtype=centres.dtype, device=centres.device)
         rot[:, 0] = 1.0
         self.cp_rotation = nn.Parameter(rot)
         P = fenwick.table_size(frame_num)
-        self.cp_deform = nn.Parameter(torch.zeros(P + 1, M, 7, dtype=centres.dtype))
+        self.cp_deform = nn.Parameter(
+            torch.zeros(P + 1, M, 7, dtype=centres.dtype, device=centres.device)
+        )
         self.frame_num = frame_num
         self.n_cp_num = n_cp_num
         self.per_frame = False

@@ -170,7 +170,7 @@ class MotionScene(nn.Module):
         K = (degree + 1) ** 2
         sh = []
         for s in splats:  # pad lower SH degrees with zeros
-            pad = torch.zeros(s["sh"].shape[0], K, 3, dtype=s["sh"].dtype)
+            pad = s["sh"].new_zeros(s["sh"].shape[0], K, 3)
             pad[:, : s["sh"].shape[1]] = s["sh"]
             sh.append(pad)
         self.sh_degree = degree

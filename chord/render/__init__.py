@@ -187,7 +187,8 @@ def render_video(
     [F, N, 4] and constant scales [N, 3], opacities [N], sh [N, K, 3] and sh_degree (as
     :meth:`chord.motion.MotionScene.frame_gaussians` returns). Returns [F, 3, H, W]."""
     F = frames["means"].shape[0]
-    dtype = frames["scales"].dtype
+    dtype, device = frames["scales"].dtype, frames["means"].device
+    viewmat, K, background = (x.to(device, dtype) for x in (viewmat, K, background))
 
     def rep(x: Tensor) -> Tensor:  # constant over frames
         return x[None].expand(F, *x.shape)

@@ -33,18 +33,13 @@ def test_tiny_run_prints_every_tier_and_fails_soft(tmp_path):
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    for name in ("full", "split", "offload", "lowres", "lowres_min"):
+    names = ["full", "split", "split_plain", "offload", "lowres", "lowres_min"]
+    for name in names:
         assert f"\n{name} " in proc.stdout
     report = json.loads(out.read_text())
     rows = {r["tier"]: r for r in report["rows"]}
-    assert [r["tier"] for r in report["rows"]] == [
-        "full",
-        "split",
-        "offload",
-        "lowres",
-        "lowres_min",
-    ]
-    for name in ("full", "split"):
+    assert [r["tier"] for r in report["rows"]] == names
+    for name in ("full", "split", "split_plain"):
         r = rows[name]
         assert r["status"] == "ok"
         assert r["s_it"] > 0 and r["render"] > 0 and r["encode"] > 0 and r["dit"] > 0

@@ -129,6 +129,60 @@ def test_memory_modes_give_the_default_gradients(memory, wan_guidance):
     assert float(ref["cp_deform"].abs().sum()) > 0
 
 
+@pytest.mark.parametrize(
+    "memory",
+    [
+        train.MemoryFlags(checkpoint_tiny_vae=True),
+        train.MemoryFlags(True, True, 2, checkpoint_tiny_vae=True),  # the split tier's flags
+    ],
+    ids=["checkpoint", "split-tier"],
+)
+def test_tiny_vae_checkpoints_give_the_default_gradients(memory, tmp_path):
+    """checkpoint_tiny_vae recomputes the Tiny VAE's blocks in the backward: same gradients."""
+    from chord.guidance.tiny_vae import TinyVAEEncoder
+
+    folder = tiny_models.write_tiny_wan(tmp_path / "w")
+    tok, enc = wan.load_text_encoder(folder)
+    e, _ = text.encode_prompts(tok, enc, ["a block hops", text.resolve_negative(".")])
+    torch.manual_seed(0)
+    guidance = wan.WanGuidance(folder, tiny_vae=TinyVAEEncoder())
+    txt = {"prompt": e[0], "negative": e[1]}
+    m = method()
+    ref = sds_grads(train.MemoryFlags(), guidance, txt, m)
+    got = sds_grads(memory, guidance, txt, m)
+    for k in ref:
+        rel = float((got[k] - ref[k]).norm() / ref[k].norm().clamp_min(1e-30))
+        assert rel < 1e-5, (k, rel)
+    assert float(ref["cp_deform"].abs().sum()) > 0
+
+
+def test_split_backward_renders_each_video_once_without_grad(wan_guidance):
+    """With both splits the backward's video leaf is the targets pass's render, kept: per
+    video one render without grad, then the re-render chunks with grad."""
+    guidance, txt = wan_guidance
+    scene, _ = tiny_scene()
+    tr = train.Trainer(
+        scene=scene,
+        guidance=guidance,
+        text=txt,
+        method=method(),
+        width=W,
+        height=H,
+        memory=train.MemoryFlags(True, True, 2),
+    )
+    calls = []
+    render = tr.render
+
+    def counted(viewmat, background, frames):
+        calls.append((len(frames), torch.is_grad_enabled()))
+        return render(viewmat, background, frames)
+
+    tr.render = counted
+    tr.sds(3, tr.cameras_at(3))
+    per_video = [(T, False), (2, True), (2, True), (1, True)]  # T = 5 in chunks of 2
+    assert sorted(calls) == sorted(per_video * 2)  # batch 2
+
+
 def run_steps(tr, start, stop):
     for it in range(start, stop):
         tr.step(it)
