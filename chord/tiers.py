@@ -5,8 +5,10 @@ to; and the GPU a local training job runs on.
 Memory flags change memory and time, never results, so they are Snakemake resources of the
 training rules (computed from ``attempt``), not params. A tier's ``size`` (the ``lowres``
 tiers) does change results: :func:`apply` puts it into the method, so it enters the training's
-configuration hash and checkpoint folder. Nothing here imports Snakemake; ``rules/common.smk``
-and ``workflow/scripts/train.py`` call these functions.
+configuration hash and checkpoint folder. ``tier: auto`` checks each candidate against the
+peak-memory model (:mod:`chord.memory`, :class:`ModelFits`) before a job starts. Nothing here
+imports Snakemake or torch; ``rules/common.smk`` and ``workflow/scripts/train.py`` call these
+functions.
 """
 
 from __future__ import annotations
@@ -21,11 +23,13 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Iterator, Mapping, MutableMapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from chord import config as cc
+from chord import memory
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +42,7 @@ FLAG_KEYS = (
     "enable_mmgp",
     "mmgp_profile",
     "mmgp_transformer_budget",
+    "checkpoint_tiny_vae",
 )
 # Written next to a stage's checkpoints: one tier name per line that ran out of GPU memory.
 OOM_RECORD = "out_of_memory.txt"
@@ -103,33 +108,204 @@ def parse(mapping: Mapping[str, Mapping]) -> dict[str, Tier]:
     return tiers
 
 
-def auto(tiers: Mapping[str, Tier], gpu_mem_gb: float | None) -> str:
+def auto(
+    tiers: Mapping[str, Tier],
+    gpu_mem_gb: float | None,
+    fits: Callable[[Tier], bool] | None = None,
+) -> str:
     """The first (fullest) tier that fits ``gpu_mem_gb`` of GPU memory.
 
-    ``None`` means no GPU (a CPU run, where the memory flags do not matter): the first tier. A
+    A tier fits when its declared ``gpu_mem_gb`` does and ``fits`` (a predicate, usually a
+    :class:`ModelFits`: the peak-memory model) accepts it. ``None`` for the GPU means no GPU (a
+    CPU run, where the memory flags do not matter): the first tier, without asking ``fits``. A
     GPU smaller than every tier gets the leanest one.
+
+    When ``fits`` rejects every candidate, the run is not blocked (the model is calibrated on
+    CPU proxies): the choice by declared memory stands, with a warning giving the predicted
+    peak (``fits.describe(tier)`` where ``fits`` has it) and what lowers it. An out-of-memory
+    exit still escalates (:func:`for_attempt`).
     """
     if not tiers:
         raise cc.ConfigError("config: tiers: empty; at least one memory tier is needed")
     names = list(tiers)
     if gpu_mem_gb is None:
         return names[0]
-    for name in names:
-        if tiers[name].gpu_mem_gb <= gpu_mem_gb:
+    candidates = [name for name in names if tiers[name].gpu_mem_gb <= gpu_mem_gb]
+    if not candidates:
+        logger.warning(
+            "a %.0f GB GPU is smaller than every tier; using the leanest, %s", gpu_mem_gb, names[-1]
+        )
+        candidates = names[-1:]
+    declared = candidates[0]
+    if fits is None:
+        return declared
+    describe = getattr(fits, "describe", None) or (lambda tier: f"tier {tier.name}")
+    for name in candidates:
+        if fits(tiers[name]):
+            if name != declared:
+                skipped = candidates[: candidates.index(name)]
+                lower = tiers[name].size is not None  # a lowres tier changes the result
+                logger.log(
+                    logging.WARNING if lower else logging.INFO,
+                    "the memory model predicts that tier(s) %s would not fit %.0f GB of GPU "
+                    "memory; starting on %s%s (%s)",
+                    ", ".join(skipped),
+                    gpu_mem_gb,
+                    name,
+                    f" at size {tiers[name].size}, which changes the result" if lower else "",
+                    describe(tiers[name]),
+                )
             return name
+    leanest = "" if candidates[-1] == declared else f"; leanest: {describe(tiers[candidates[-1]])}"
     logger.warning(
-        "a %.0f GB GPU is smaller than every tier; using the leanest, %s", gpu_mem_gb, names[-1]
+        "the memory model predicts that no tier fits %.0f GB of GPU memory (%s%s); starting on "
+        "%s by its declared gpu_mem_gb anyway (the model is calibrated on CPU proxies; an "
+        "out-of-memory exit retries on the next tier). To lower the peak: method.use_tiny_vae: "
+        "true, or a lower method.size, frame_num or batch_size",
+        gpu_mem_gb,
+        describe(tiers[declared]),
+        leanest,
+        declared,
     )
-    return names[-1]
+    return declared
 
 
-def base(name: str, tiers: Mapping[str, Tier], gpu_mem_gb: float | None) -> str:
-    """A scene's first-attempt tier: its sheet value, or :func:`auto` for ``auto``."""
+def base(
+    name: str,
+    tiers: Mapping[str, Tier],
+    gpu_mem_gb: float | None,
+    fits: Callable[[Tier], bool] | None = None,
+) -> str:
+    """A scene's first-attempt tier: its sheet value, or :func:`auto` (with ``fits``) for
+    ``auto``."""
     if name == AUTO:
-        return auto(tiers, gpu_mem_gb)
+        return auto(tiers, gpu_mem_gb, fits)
     if name not in tiers:
         raise cc.ConfigError(f"tier {name!r} is not one of {[AUTO, *tiers]}")
     return name
+
+
+def gaussian_counts(
+    method, roles: Mapping[str, str], imported: Mapping[str, int] | None = None
+) -> tuple[int, int]:
+    """(all, dynamic) Gaussians a scene trains with, known before its ``gaussians`` stage runs.
+
+    ``roles``: ``{obj: "static" | "dynamic" | "avoided"}`` (:func:`chord.config.object_roles`).
+    Each object that is not avoided starts with ``method.gs_init_nums[obj]``, else
+    ``method.gs_init_num``, surface Gaussians, or with the count of its imported PLY where
+    ``imported`` has one (the sheet's ``gaussians`` folder, :func:`imported_counts`).
+    """
+    imported = imported or {}
+    counts = {
+        obj: imported.get(obj, method.gs_init_nums.get(obj, method.gs_init_num))
+        for obj, role in roles.items()
+        if role != "avoided"
+    }
+    dynamic = sum(n for obj, n in counts.items() if roles[obj] == "dynamic")
+    return sum(counts.values()), dynamic
+
+
+def imported_counts(folder: Path | None, objects: Iterable[str]) -> dict[str, int]:
+    """``{obj: vertex count}`` of the fitted 3DGS PLYs under the sheet's ``gaussians`` folder
+    (read from the PLY headers; an object without one is left out: its stage reports it)."""
+    if folder is None:
+        return {}
+    from chord.gaussians import find_fitted_ply
+
+    counts = {}
+    for obj in objects:
+        try:
+            counts[obj] = ply_vertex_count(find_fitted_ply(Path(folder) / obj))
+        except (ValueError, OSError):
+            continue
+    return counts
+
+
+def ply_vertex_count(path: Path) -> int:
+    """The ``element vertex`` count in a PLY header (ValueError when there is none)."""
+    with open(path, "rb") as f:
+        for _ in range(200):
+            line = f.readline()
+            words = line.split()
+            if words[:2] == [b"element", b"vertex"] and len(words) == 3:
+                return int(words[2])
+            if not line or line.strip() == b"end_header":
+                break
+    raise ValueError(f"{path}: no 'element vertex' in the PLY header")
+
+
+def memory_flags(method) -> dict:
+    """The method's memory flags, as :func:`chord.memory.estimate` reads them."""
+    return {k: getattr(method, k) for k in memory.FLAG_DEFAULTS if hasattr(method, k)}
+
+
+def memory_shape(method, gaussians: int, dynamic_gaussians: int | None = None) -> dict:
+    """The keyword arguments of :func:`chord.memory.estimate` besides the flags: the method's
+    SDS size, frame_num, batch_size, use_tiny_vae, sds_cfg_batch and the Gaussian counts."""
+    width, height = cc.parse_size(method.size, where="method: size")
+    return {
+        "width": width,
+        "height": height,
+        "frames": method.frame_num,
+        "batch": method.batch_size,
+        "gaussians": gaussians,
+        "dynamic_gaussians": dynamic_gaussians,
+        "use_tiny_vae": method.use_tiny_vae,
+        "sds_cfg_batch": method.sds_cfg_batch,
+    }
+
+
+def estimate(
+    method, tier: Tier | None, gaussians: int, dynamic_gaussians: int | None = None
+) -> dict:
+    """:func:`chord.memory.estimate` of a training of ``method`` on ``tier`` (its flags and
+    size applied, :func:`apply`; ``None``: ``method`` as it is, e.g. already applied)."""
+    m = method if tier is None else apply(method, tier)
+    return memory.estimate(memory_flags(m), **memory_shape(m, gaussians, dynamic_gaussians))
+
+
+@dataclass(frozen=True)
+class ModelFits:
+    """The ``fits`` of :func:`auto` for one scene: whether the peak-memory model predicts that
+    a training of ``method`` on a tier fits a GPU of ``gpu_mem_gb`` (:func:`chord.memory.fits`:
+    reserved bytes plus a CUDA context, read as GiB)."""
+
+    method: Any
+    gpu_mem_gb: float
+    gaussians: int
+    dynamic_gaussians: int
+    label: str = ""
+
+    def __call__(self, tier: Tier) -> bool:
+        m = apply(self.method, tier)
+        shape = memory_shape(m, self.gaussians, self.dynamic_gaussians)
+        return memory.fits({}, self.gpu_mem_gb, base_flags=memory_flags(m), **shape)
+
+    def describe(self, tier: Tier) -> str:
+        e = estimate(self.method, tier, self.gaussians, self.dynamic_gaussians)
+        where = f"{self.label}, " if self.label else ""
+        return f"{where}tier {tier.name} predicted {memory.describe(e)}"
+
+
+def scene_fits(
+    method,
+    roles: Mapping[str, str],
+    gpu_mem_gb: float | None,
+    *,
+    backend: str,
+    fitted: Path | None = None,
+    label: str = "",
+) -> ModelFits | None:
+    """The :class:`ModelFits` of a scene for ``tier: auto``, or None where the model does not
+    apply: no GPU, the oracle teacher (the model is that of the Wan teacher), or no objects
+    known (ingest reports that). ``fitted``: the sheet's ``gaussians`` folder."""
+    if gpu_mem_gb is None or backend != "wan":
+        return None
+    objects = [obj for obj, role in roles.items() if role != "avoided"]
+    n, dynamic = gaussian_counts(method, roles, imported_counts(fitted, objects))
+    if n <= 0:
+        return None
+    return ModelFits(method, gpu_mem_gb, n, dynamic, label)
 
 
 def for_attempt(

@@ -231,10 +231,28 @@ def gpu_mem_gb():
     return _GPU_MEM["local"]
 
 
+_SCENE_TIER = {}
+
+
 def scene_tier(scene):
-    """The tier a scene's training starts on: its sheet column, or auto."""
-    name = CONF.scenes[scene].tier
-    return ct.base(name, TIERS, gpu_mem_gb() if name == ct.AUTO else None)
+    """The tier a scene's training starts on: its sheet column, or auto (the first tier whose
+    GPU memory fits and that the peak-memory model predicts to fit). Cached: the DAG asks
+    many times per scene."""
+    if scene not in _SCENE_TIER:
+        spec = CONF.scenes[scene]
+        gpu, fits = None, None
+        if spec.tier == ct.AUTO:
+            gpu = gpu_mem_gb()
+            fits = ct.scene_fits(
+                spec.method,
+                object_roles(scene),
+                gpu,
+                backend=CONF.guidance.backend,
+                fitted=spec.gaussians,
+                label=f"scene {scene}",
+            )
+        _SCENE_TIER[scene] = ct.base(spec.tier, TIERS, gpu, fits)
+    return _SCENE_TIER[scene]
 
 
 def train_tier(scene, stage, attempt):

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 import trimesh
 
-from chord import cameras, config, demo, gaussians, paths, rng, train
+from chord import cameras, config, demo, gaussians, memory, paths, rng, tiers, train
 from chord.guidance import text as text_cond
 from chord.motion import build_scene, state
 from chord.render import splat_tensors
@@ -28,6 +28,7 @@ MEMORY_KEYS = (
     "enable_mmgp",
     "mmgp_profile",
     "mmgp_transformer_budget",
+    "checkpoint_tiny_vae",
     "log_run_time",
 )
 # Read only by the reference view, export and naming, never by training: a change to them must
@@ -49,7 +50,9 @@ def config_hash(method, guidance) -> str:
     return state.config_hash(values)
 
 
-def oracle_for(doc: dict, gsets: dict, data_dir: Path, method, guidance, width, height):
+def oracle_for(
+    doc: dict, gsets: dict, data_dir: Path, method, guidance, width, height, device=None
+):
     from chord.guidance.oracle import OracleGuidance, scripted_gaussians
 
     path = Path(data_dir) / "motion.json"
@@ -79,6 +82,8 @@ def oracle_for(doc: dict, gsets: dict, data_dir: Path, method, guidance, width, 
         "sh": sh,
         "sh_degree": degree,
     }
+    if device is not None:
+        target = {k: v.to(device) if torch.is_tensor(v) else v for k, v in target.items()}
     return OracleGuidance(
         target, width=width, height=height, pool=guidance.oracle_pool, gain=guidance.oracle_gain
     )
@@ -107,12 +112,12 @@ def build(
     for name, path in voxels.items():
         with np.load(path) as z:
             vox[name] = {k: z[k] for k in z.files}
-    scene = build_scene(doc, gsets, vox, method)
+    scene = build_scene(doc, gsets, vox, method, device=device)
     width, height = config.parse_size(method.size, where="method: size")
     dyn_bounds = [o["bounds"] for o in doc["objects"] if o["role"] == "dynamic"]
     target = tuple(cameras.camera_target(method.cam_height, method.recenter_cam, dyn_bounds))
     if guidance.backend == "oracle":
-        teacher = oracle_for(doc, gsets, data_dir, method, guidance, width, height)
+        teacher = oracle_for(doc, gsets, data_dir, method, guidance, width, height, device)
         text = None
     else:
         from chord.guidance import wan
@@ -202,6 +207,38 @@ class LossLog:
         self.f.close()
 
 
+def log_memory_estimate(trainer: train.Trainer, method, guidance, tier: str | None) -> dict | None:
+    """Log the peak-memory model's estimate (:mod:`chord.memory`, that of the Wan teacher) of
+    this training, ``method`` being the effective one; returns it (None for the oracle)."""
+    if guidance.backend != "wan":
+        return None
+    scene = trainer.scene
+    dynamic = sum(scene.slices[n].stop - scene.slices[n].start for n in scene.dynamic)
+    e = tiers.estimate(method, None, int(scene.means.shape[0]), dynamic)
+    on = f" on tier {tier}" if tier else ""
+    logger.info("memory model%s: %s", on, memory.describe(e))
+    return e
+
+
+def log_measured_memory(device, predicted: dict | None, method) -> None:
+    """On CUDA, log the measured peak GPU memory of this process beside the model's."""
+    if torch.device(device).type != "cuda" or not torch.cuda.is_available():
+        return
+    gib = memory.GiB
+    line = (
+        f"measured peak GPU memory: {torch.cuda.max_memory_allocated() / gib:.1f} GiB allocated, "
+        f"{torch.cuda.max_memory_reserved() / gib:.1f} GiB reserved"
+    )
+    if predicted is not None:
+        line += (
+            f" (model: {predicted['gpu_bytes'] / gib:.1f} allocated, "
+            f"{predicted['reserved_bytes'] / gib:.1f} reserved)"
+        )
+    if method.log_run_time:  # its phase clock resets the allocated peak per phase
+        line += "; allocated is the last phase's (per-phase peaks: the loss log's *_peak_mb)"
+    logger.info(line)
+
+
 def run_stage(
     stage: str,
     *,
@@ -271,6 +308,7 @@ def run_stage(
         rank=rank,
         world_size=world_size,
     )
+    predicted = log_memory_estimate(trainer, method, guidance, tier)
     N = method.iterations
     stop = method.add_cp_layer_iter if stage == "coarse" and method.add_cp_objs else N + 1
     start = 1
@@ -306,6 +344,7 @@ def run_stage(
     finally:
         if log is not None:
             log.close()
+    log_measured_memory(device, predicted, method)
     if writer:  # the hand-off records the size trained at (a lowres tier changes it) and the tier
         final = {**trainer.checkpoint(last, h), "size": method.size, "tier": tier}
         train.save_checkpoint(out, final)

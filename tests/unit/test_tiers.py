@@ -35,6 +35,7 @@ def test_default_tiers_follow_the_seed_document(default_tiers):
         "split_sds_backward": True,
         "split_render_backward": True,
         "split_render_chunk_size": 21,
+        "checkpoint_tiny_vae": True,  # ours: memory only, ~0.4x the Tiny VAE's graph
     }
     assert t["offload"].gpu_mem_gb == 24 and t["offload"].flags["enable_mmgp"] is True
     assert t["offload"].host_mem_gb > t["split"].host_mem_gb  # mmgp keeps the DiT in host RAM
@@ -250,3 +251,197 @@ def test_lowres_size_is_recorded_and_the_fine_stage_continues_at_it(tmp_path):
     assert h != config_hash(m, guidance) and coarse["config_hash"] == fine["config_hash"] == h
     assert [p.name for p in (ckpts / "coarse").iterdir()] == [h]
     assert [p.name for p in (ckpts / "fine").iterdir()] == [h]
+
+
+# --- tier: auto and the peak-memory model (issue 9) -----------------------------------------
+
+
+class Rejects:
+    """A ``fits`` predicate rejecting the tiers named; records the tiers it was asked about."""
+
+    def __init__(self, *names):
+        self.names, self.asked = set(names), []
+
+    def __call__(self, tier):
+        self.asked.append(tier.name)
+        return tier.name not in self.names
+
+    def describe(self, tier):
+        return f"{tier.name} predicted 99.9 GiB"
+
+
+def test_auto_skips_tiers_the_model_rejects(default_tiers):
+    fits = Rejects("split")
+    assert tiers.auto(default_tiers, 48, fits) == "offload"
+    assert fits.asked == ["split", "offload"]  # full (80 GB declared) is never a candidate
+    assert tiers.base("auto", default_tiers, 48, Rejects("split")) == "offload"
+    assert tiers.base("split", default_tiers, 48, Rejects("split")) == "split"  # explicit wins
+    assert tiers.auto(default_tiers, 48, Rejects()) == "split"
+    # a GPU smaller than every tier: the leanest, when the model accepts it
+    assert tiers.auto(default_tiers, 8, Rejects("full", "split")) == "lowres_min"
+
+
+def test_auto_falls_back_to_the_declared_choice_when_the_model_rejects_every_tier(
+    default_tiers, caplog
+):
+    fits = Rejects(*default_tiers)
+    with caplog.at_level("WARNING", logger="chord.tiers"):
+        assert tiers.auto(default_tiers, 48, fits) == "split"
+    assert fits.asked == ["split", "offload", "lowres", "lowres_min"]
+    [record] = caplog.records
+    text = record.getMessage()
+    assert record.levelname == "WARNING" and "no tier fits 48 GB of GPU memory" in text
+    assert "split predicted 99.9 GiB" in text and "starting on split" in text
+    assert "use_tiny_vae: true" in text and "size, frame_num or batch_size" in text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="chord.tiers"):  # a plain predicate: no description
+        assert tiers.auto(default_tiers, 24, lambda tier: False) == "offload"
+    assert "no tier fits 24 GB of GPU memory (tier offload" in caplog.text
+
+
+def test_auto_without_a_gpu_ignores_the_model(default_tiers):
+    def never(tier):
+        raise AssertionError("a CPU run must not consult the memory model")
+
+    assert tiers.auto(default_tiers, None, never) == "full"
+    assert tiers.base("auto", default_tiers, None, never) == "full"
+
+
+def test_gaussian_counts_before_the_gaussians_stage():
+    """gs_init_num per object, gs_init_nums overriding it, avoided objects left out; the
+    dynamic count is that of the dynamic objects; an imported PLY's count wins."""
+    m = cc.method_from_mapping(
+        {"gs_init_num": 1000, "gs_init_nums": {"obj_0": 50, "obj_3": 7}, "avoid_objs": ["obj_3"]}
+    )
+    roles = cc.object_roles(m, 4)
+    assert roles == {"obj_0": "dynamic", "obj_1": "static", "obj_2": "dynamic", "obj_3": "avoided"}
+    assert tiers.gaussian_counts(m, roles) == (50 + 1000 + 1000, 50 + 1000)
+    assert tiers.gaussian_counts(m, roles, {"obj_2": 300}) == (50 + 1000 + 300, 50 + 300)
+    assert tiers.gaussian_counts(m, {"obj_0": "static"}) == (50, 0)
+    assert tiers.gaussian_counts(m, {}) == (0, 0)
+
+
+def test_imported_counts_read_the_fitted_ply_headers(tmp_path):
+    ply = tmp_path / "fitted/obj_1/point_cloud/iteration_7000/point_cloud.ply"
+    ply.parent.mkdir(parents=True)
+    header = "ply\nformat binary_little_endian 1.0\nelement vertex 123456\nproperty float x\n"
+    ply.write_bytes((header + "end_header\n").encode() + b"\0" * 12)
+    assert tiers.ply_vertex_count(ply) == 123456
+    counts = tiers.imported_counts(tmp_path / "fitted", ["obj_0", "obj_1"])
+    assert counts == {"obj_1": 123456}  # obj_0 has none: its gaussians stage reports it
+    assert tiers.imported_counts(None, ["obj_0"]) == {}
+    bad = tmp_path / "bad.ply"
+    bad.write_bytes(b"ply\nend_header\n")
+    with pytest.raises(ValueError, match="element vertex"):
+        tiers.ply_vertex_count(bad)
+
+
+def test_memory_shape_and_flags_follow_the_tier(default_tiers):
+    from chord import memory
+
+    m = cc.method_from_mapping({"size": "832*480", "frame_num": 41, "batch_size": 4})
+    lowres = tiers.apply(m, default_tiers["lowres"])
+    flags = tiers.memory_flags(lowres)
+    assert flags == {k: getattr(lowres, k) for k in memory.FLAG_DEFAULTS}  # every model flag
+    assert flags["enable_mmgp"] is True and flags["split_render_chunk_size"] == 21
+    shape = tiers.memory_shape(lowres, 200, 100)
+    assert shape == {
+        "width": 576,
+        "height": 320,
+        "frames": 41,
+        "batch": 4,
+        "gaussians": 200,
+        "dynamic_gaussians": 100,
+        "use_tiny_vae": m.use_tiny_vae,
+        "sds_cfg_batch": m.sds_cfg_batch,
+    }
+    e = tiers.estimate(m, default_tiers["lowres"], 200, 100)
+    assert e == memory.estimate(tiers.memory_flags(lowres), **shape)
+    assert tiers.estimate(lowres, None, 200, 100) == e  # an already applied method
+
+
+def documented(**values):
+    """The method at the documented shapes: 832*480, 41 frames, batch 4, the Tiny VAE."""
+    base = {"size": "832*480", "frame_num": 41, "batch_size": 4, "use_tiny_vae": True}
+    return cc.method_from_mapping({**base, **values})
+
+
+@pytest.mark.parametrize("gpu, expected", [(80, "full"), (48, "split"), (24, "offload")])
+def test_the_model_agrees_with_the_default_tiers_at_the_documented_shapes(
+    default_tiers, gpu, expected, caplog
+):
+    """~200k Gaussians (two objects of the default 100k, one dynamic): each declared tier is
+    predicted to fit its GPU class, so the model changes nothing there."""
+    m = documented()
+    roles = {"obj_0": "dynamic", "obj_1": "static"}
+    fits = tiers.scene_fits(m, roles, gpu, backend="wan", label="scene s")
+    assert (fits.gaussians, fits.dynamic_gaussians) == (200_000, 100_000)
+    with caplog.at_level("INFO", logger="chord.tiers"):
+        assert tiers.auto(default_tiers, gpu, fits) == expected
+    assert caplog.text == ""
+
+
+def test_the_model_rejects_tiers_whose_declared_memory_is_optimistic(default_tiers, caplog):
+    """Where a tier's declared GPU memory is optimistic for the scene's shapes, the model
+    moves past it: with 1M Gaussians per object (render and deformation graphs ~40 GiB) full
+    is predicted over 80 GB and split over 48 GB. With the Wan VAE as the video encoder
+    (use_tiny_vae false) at 832*480 every tier but lowres_min at 416*240 is predicted over
+    80 GB (its encoder graph alone is ~180 GiB): a 48 GB GPU falls back to split with a
+    warning, and an 80 GB GPU starts on lowres_min, warned as a change of the result."""
+    roles = {"obj_0": "dynamic", "obj_1": "static"}
+    dense = documented(gs_init_num=1_000_000)
+    for gpu, skipped, expected in ((80, "full", "split"), (48, "split", "offload")):
+        caplog.clear()
+        with caplog.at_level("INFO", logger="chord.tiers"):
+            fits = tiers.scene_fits(dense, roles, gpu, backend="wan")
+            assert tiers.auto(default_tiers, gpu, fits) == expected
+        [record] = caplog.records
+        assert record.levelname == "INFO"  # a skip to a tier of the same size: no warning
+        assert f"{skipped} would not fit {gpu} GB of GPU memory; starting on {expected}" in (
+            record.getMessage()
+        )
+    caplog.clear()
+    wan_vae = documented(use_tiny_vae=False)
+    with caplog.at_level("WARNING", logger="chord.tiers"):
+        fits48 = tiers.scene_fits(wan_vae, roles, 48, backend="wan")
+        assert tiers.auto(default_tiers, 48, fits48) == "split"
+    assert "no tier fits 48 GB of GPU memory" in caplog.text and "starting on split" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="chord.tiers"):
+        fits80 = tiers.scene_fits(wan_vae, roles, 80, backend="wan")
+        assert tiers.auto(default_tiers, 80, fits80) == "lowres_min"
+    assert "at size 416*240, which changes the result" in caplog.text
+
+
+def test_scene_fits_applies_to_the_wan_teacher_on_a_gpu_only():
+    m = documented()
+    roles = {"obj_0": "dynamic", "obj_1": "static"}
+    assert tiers.scene_fits(m, roles, 48, backend="oracle") is None  # no Wan weights resident
+    assert tiers.scene_fits(m, roles, None, backend="wan") is None  # a CPU run
+    assert tiers.scene_fits(m, {}, 48, backend="wan") is None  # objects not known yet
+    assert (
+        tiers.scene_fits(m, roles, 48, backend="wan", label="scene s")
+        .describe(tiers.Tier("t", 48))
+        .startswith("scene s, tier t predicted 832x480: peak")
+    )
+
+
+def test_training_logs_the_model_estimate_of_its_tier(caplog):
+    from types import SimpleNamespace
+
+    from chord.stages import train as train_stage
+
+    scene = SimpleNamespace(
+        means=torch.zeros(300, 3),
+        slices={"obj_0": slice(0, 100), "obj_1": slice(100, 300)},
+        dynamic={"obj_0": None},
+    )
+    trainer = SimpleNamespace(scene=scene)
+    m = documented()
+    wan = cc.guidance_from_mapping({"backend": "wan"})
+    with caplog.at_level("INFO", logger="chord.stages.train"):
+        e = train_stage.log_memory_estimate(trainer, m, wan, "split")
+    assert e == tiers.estimate(m, None, 300, 100)
+    assert "memory model on tier split: 832x480: peak" in caplog.text
+    oracle = cc.guidance_from_mapping({"backend": "oracle"})
+    assert train_stage.log_memory_estimate(trainer, m, oracle, "split") is None

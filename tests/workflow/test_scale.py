@@ -203,6 +203,38 @@ def test_debug_target_runs_one_scene_apart_from_production(finished):
     assert proc.returncode != 0 and "debug_scene=<id>" in proc.stdout + proc.stderr
 
 
+def tier_of_training(proc) -> str:
+    """The tier in a dry run's train_coarse job resources."""
+    lines = [line for line in proc.stdout.splitlines() if "tier=" in line]
+    assert len(lines) == 1, proc.stdout[-3000:]
+    return lines[0].split("tier=")[1].split(",")[0]
+
+
+def test_auto_tier_rejects_what_the_memory_model_says_will_not_fit(tmp_path):
+    """Dry runs (seconds, no finished state) of the demo scene hop with tier auto, the Wan
+    teacher and a 48 GB GPU (--config gpu_mem_gb=48), at the documented shapes (832*480, 41
+    frames, batch 4, the Tiny VAE; two objects of 100k Gaussians): split, as declared. With
+    1M Gaussians per object the model predicts split over 48 GB: offload. With the Wan VAE as
+    encoder no tier is predicted to fit: split by its declared memory, and a warning saying
+    so."""
+    work = tmp_path / "w"
+    copy_workflow(work)
+    (work / "config").mkdir()
+    conf = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    conf["guidance"]["backend"] = "wan"  # the model is the Wan teacher's (the oracle skips it)
+    conf["scene_overrides"] = {"hop": {"use_tiny_vae": True}}
+    (work / "config/config.yaml").write_text(yaml.safe_dump(conf, sort_keys=False))
+    write_sheet(work / "config/scenes.tsv", "auto")
+    target = ["-n", "results/hop/train/coarse.pt", "--config", "gpu_mem_gb=48"]
+    assert tier_of_training(snakemake(work, *target)) == "split"
+    dense = extra_config(work, "dense", {"scene_overrides": {"hop": {"gs_init_num": 1_000_000}}})
+    assert tier_of_training(snakemake(work, *target, "--configfile", dense)) == "offload"
+    wan_vae = extra_config(work, "wan_vae", {"scene_overrides": {"hop": {"use_tiny_vae": False}}})
+    proc = snakemake(work, *target, "--configfile", wan_vae)
+    assert tier_of_training(proc) == "split"
+    assert proc.stderr.count("the memory model predicts that no tier fits 48 GB of GPU memory") == 1
+
+
 FAKE_SBATCH = """#!/bin/sh
 echo "$*" >> "{log}"
 echo "sbatch: error: test stub, nothing submitted" >&2
