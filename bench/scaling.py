@@ -241,8 +241,13 @@ def child_tiny_vae(p: dict) -> dict:
 
     enc = TinyVAEEncoder()
     video = torch.rand(1, p["frames"], 3, p["height"], p["width"], requires_grad=True)
+    ck = p.get("checkpoint", False)
     base = _rss_mb()
-    z = enc.encode(video, checkpoint=p.get("checkpoint", False))
+    if p.get("nograd"):  # the targets pass of split_sds_backward: transients only
+        with torch.no_grad():
+            enc.encode(video, checkpoint=ck)
+        return {"nograd_peak_mb": _maxrss_mb() - base}
+    z = enc.encode(video, checkpoint=ck)
     graph = _rss_mb() - base
     z.backward(torch.ones_like(z))
     # peak of forward + backward (the gradients included): what checkpointing lowers
@@ -419,14 +424,17 @@ def profile(args) -> None:
 
 
 # -- memory modes ---------------------------------------------------------------------------------
-MODES = [  # (split_sds_backward, split_render_backward, split_render_chunk_size)
-    (False, False, -1),
-    (False, True, -1),
-    (False, True, 21),
-    (True, False, -1),
-    (True, True, -1),
-    (True, True, 21),
-    (True, True, 1),
+# (split_sds_backward, split_render_backward, split_render_chunk_size, checkpoint_tiny_vae)
+MODES = [
+    (False, False, -1, False),
+    (False, True, -1, False),
+    (False, True, 21, False),
+    (True, False, -1, False),
+    (True, True, -1, False),
+    (True, True, 21, False),
+    (True, True, 1, False),
+    (False, False, -1, True),
+    (True, True, 21, True),  # the split tier
 ]
 MODES_BASE = {"frames": 41, "width": 128, "height": 80, "batch": 2, "gaussians": 4000}
 
@@ -445,10 +453,11 @@ def modes(args) -> None:
         "ratios to the default mode"
     )
     print(
-        f"{'split_sds':>9s} {'split_render':>12s} {'chunk':>5s} {'CPU time':>8s} {'peak RSS':>8s}"
+        f"{'split_sds':>9s} {'split_render':>12s} {'chunk':>5s} {'ckpt_vae':>8s} "
+        f"{'CPU time':>8s} {'peak RSS':>8s}"
     )
-    for (s_, r, c), sec, mb in rows:
-        print(f"{s_!s:>9s} {r!s:>12s} {c:>5d} {sec / ref_s:8.2f} {mb / ref_mb:8.2f}")
+    for (s_, r, c, k), sec, mb in rows:
+        print(f"{s_!s:>9s} {r!s:>12s} {c:>5d} {k!s:>8s} {sec / ref_s:8.2f} {mb / ref_mb:8.2f}")
     print(f"(default: {ref_s:.2f} CPU s per iteration, {ref_mb:.0f} MB above the baseline)")
 
 
@@ -505,18 +514,30 @@ def memory_fit(args) -> None:
         feats.append([fp * w * h])
         vals.append(r["graph_mb"] * MB)
     out["tiny_vae"] = _lstsq(feats, vals)[0]
-    # checkpointed Tiny VAE (checkpoint_tiny_vae): peak of forward + backward, c'·F_pad·H·W
-    feats, vals = [], []
-    print("Tiny VAE, checkpointed: peak of forward + backward, MB (plain in brackets):")
+    # checkpointed Tiny VAE (checkpoint_tiny_vae): peak of forward + backward, c'·F_pad·H·W;
+    # no-grad transient peaks (the targets pass), g·F_pad·H·W plain and g'·F_pad·H·W lean
+    feats, vals, nvals, nvals_ck = [], [], [], []
+    print("Tiny VAE peaks, MB: checkpointed forward + backward (plain); no-grad plain / lean:")
     for f, w, h in [(41, 64, 48), (41, 128, 80), (21, 128, 80), (41, 192, 112)]:
-        r = run_child("tiny_vae", {"frames": f, "width": w, "height": h, "checkpoint": True})
-        plain = run_child("tiny_vae", {"frames": f, "width": w, "height": h})
+        shape = {"frames": f, "width": w, "height": h}
+        r = run_child("tiny_vae", {**shape, "checkpoint": True})
+        plain = run_child("tiny_vae", shape)
+        ng = run_child("tiny_vae", {**shape, "nograd": True})
+        ng_ck = run_child("tiny_vae", {**shape, "nograd": True, "checkpoint": True})
         fp = f + (-f % 4)
-        print(f"  F={f:3d} {w}x{h}: {r['peak_mb']:8.1f}  ({plain['peak_mb']:.1f})", flush=True)
+        print(
+            f"  F={f:3d} {w}x{h}: {r['peak_mb']:8.1f} ({plain['peak_mb']:.1f});"
+            f"  {ng['nograd_peak_mb']:.1f} / {ng_ck['nograd_peak_mb']:.1f}",
+            flush=True,
+        )
         feats.append([fp * w * h, 1.0])
         vals.append(r["peak_mb"] * MB)
+        nvals.append(ng["nograd_peak_mb"] * MB)
+        nvals_ck.append(ng_ck["nograd_peak_mb"] * MB)
     # with an intercept: the CPU's fixed checkpoint/oneDNN workspaces (~90 MB) are no graph
     out["tiny_vae_ckpt"] = _lstsq(feats, vals)[0]
+    out["tiny_vae_nograd"] = _lstsq(feats, nvals)[0]
+    out["tiny_vae_ckpt_nograd"] = _lstsq(feats, nvals_ck)[0]
     # Wan VAE: graph c·base·F·H·W, no-grad peak d·base·H·W
     feats, vals, nfeats, nvals = [], [], [], []
     print("Wan VAE (random weights), MB:")
@@ -540,6 +561,12 @@ def memory_fit(args) -> None:
         ("deform bytes / (frame·Gaussian)", out["deform"], "deform_per_gaussian"),
         ("Tiny VAE bytes / (frame·pixel)", out["tiny_vae"], "tiny_vae_per_pixel"),
         ("Tiny VAE ckpt peak / (frame·pixel)", out["tiny_vae_ckpt"], "tiny_vae_ckpt_per_pixel"),
+        ("Tiny VAE no-grad / (frame·pixel)", out["tiny_vae_nograd"], "tiny_vae_nograd_per_pixel"),
+        (
+            "Tiny VAE lean no-grad / (frame·pixel)",
+            out["tiny_vae_ckpt_nograd"],
+            "tiny_vae_ckpt_nograd_per_pixel",
+        ),
         ("Wan VAE bytes / (base·frame·pixel)", out["wan_vae"], "wan_vae_per_base_pixel"),
         ("Wan VAE no-grad / (base·pixel)", out["wan_vae_nograd"], "wan_vae_nograd_per_base_pixel"),
     ]

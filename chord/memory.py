@@ -16,6 +16,9 @@ largest phase:
   backward), else the Wan VAE, d·base·F·H·W;
 - **condition**: the Wan VAE's no-grad encode of [I₀, 0, …, 0], e·base·H·W (it runs causally,
   a few frames at a time);
+- **no-grad encode** of the targets pass (``split_sds_backward``): the Tiny VAE's transient
+  peak, g·F₄·H·W (a smaller g′ with ``checkpoint_tiny_vae``, which runs its head in 4-frame
+  groups), else the Wan VAE's, e·base·H·W;
 - **DiT activations** of inference: 2 (CFG batch) × tokens × (β_h·dim + β_f·ffn) bytes, with
   tokens = F'·(H/16)·(W/16), F' = (F − 1)/4 + 1;
 - **temporal loss**: the deformation graph of the dynamic Gaussians, a_d·F·N_dyn, and the
@@ -24,21 +27,21 @@ largest phase:
 
 Phases: the regularisers (weights + temporal graph); the default SDS (weights + render graph +
 encoder graph + max(condition, DiT activations)); with ``split_sds_backward`` a no-grad target
-pass (weights + max(no-grad render, condition, DiT activations) + the B stored targets) and a
-backward pass (render graph + encoder graph; with ``split_render_backward`` the larger of the
-encoder graph plus the video leaf and the render graph of one ``split_render_chunk_size``
-chunk). Without mmgp the active expert stays resident through the backward (METHOD §15); with
-it, mmgp unloads it after the targets.
+pass (weights + max(no-grad render, no-grad encode, condition, DiT activations) + the B stored
+targets) and a backward pass (render graph + encoder graph; with ``split_render_backward`` the
+larger of the encoder graph plus the video leaf and the render graph of one
+``split_render_chunk_size`` chunk). Without mmgp the active expert stays resident through the
+backward (METHOD §15); with it, mmgp unloads it after the targets.
 
-Calibration. a, b, a_d, c, c′ and d are least-squares fits of CPU proxy measurements of the same
-graphs (``python bench/scaling.py memory-fit``: autograd-graph RSS of the torch renderer, the
-deformation, the Tiny VAE and random-weight Wan VAEs at small shapes; the graphs are linear
-in the counts); the renderer term is the torch backend's, an upper bound for gsplat's, which
-keeps per tile what the torch backend keeps per pixel. e is analytic (see ``CPU_PROXY``), and
-so are β_h and β_f, read off the diffusers Wan block (bf16 states, float32 norm copies,
-float64 rotary temporaries); they are to be replaced by the fit of ``bench/gpu_check.py``'s
-table once a GPU run exists (BENCHMARKS.md). Allocated bytes become reserved bytes with a
-fragmentation factor, and :func:`fits` adds a CUDA context.
+Calibration. a, b, a_d, c, c′, g, g′ and d are least-squares fits of CPU proxy measurements
+(``python bench/scaling.py memory-fit``: autograd-graph RSS and transient peaks of the torch
+renderer, the deformation, the Tiny VAE and random-weight Wan VAEs at small shapes; they are
+linear in the counts); the renderer term is the torch backend's, an upper bound for gsplat's,
+which keeps per tile what the torch backend keeps per pixel. e is analytic (see
+``CPU_PROXY``), and so are β_h and β_f, read off the diffusers Wan block (bf16 states, float32
+norm copies, float64 rotary temporaries); they are to be replaced by the fit of
+``bench/gpu_check.py``'s table once a GPU run exists (BENCHMARKS.md). Allocated bytes become
+reserved bytes with a fragmentation factor, and :func:`fits` adds a CUDA context.
 """
 
 from __future__ import annotations
@@ -98,6 +101,10 @@ CPU_PROXY = {
     # ... with checkpoint_tiny_vae: the peak of its forward + backward (block inputs, one
     # block's recomputed graph, gradients); the fit's ~90 MB intercept (CPU workspaces) is left out
     "tiny_vae_ckpt_per_pixel": 366.0,
+    # per (padded) frame and pixel: the transient peak of a no-grad Tiny VAE encode (the
+    # targets pass of split_sds_backward), whole and with checkpoint_tiny_vae's 4-frame head
+    "tiny_vae_nograd_per_pixel": 640.0,
+    "tiny_vae_ckpt_nograd_per_pixel": 226.0,
     "wan_vae_per_base_pixel": 123.0,  # per unit of base width, frame and pixel: Wan VAE graph
     # Per unit of base width and pixel: the Wan VAE's no-grad encode (4-frame causal chunks,
     # 2-frame caches per convolution). Analytic: ~6 live full-resolution tensors of a chunk
@@ -255,6 +262,19 @@ def estimate(
             if use_tiny_vae
             else c["wan_vae_per_base_pixel"] * s.vae_base_dim * T * px
         ),
+        "nograd_encode": int(  # the Wan VAE's no-grad encode is as large as the condition's
+            (
+                c[
+                    "tiny_vae_ckpt_nograd_per_pixel"
+                    if f["checkpoint_tiny_vae"]
+                    else "tiny_vae_nograd_per_pixel"
+                ]
+                * f4
+                if use_tiny_vae
+                else c["wan_vae_nograd_per_base_pixel"] * s.vae_base_dim
+            )
+            * px
+        ),
         "condition": int(c["wan_vae_nograd_per_base_pixel"] * s.vae_base_dim * px),
         "dit_activations": int(
             (2 if sds_cfg_batch else 1)
@@ -279,8 +299,11 @@ def estimate(
         else:
             phases["sds"] = resident + parts["render_graph"] + parts["encoder_graph"] + dit_phase
     else:
+        nograd_encode = parts["video"] + parts["nograd_encode"]
         phases["sds_targets"] = (
-            resident + parts["targets"] + max(nograd_render, parts["condition"], dit_phase)
+            resident
+            + parts["targets"]
+            + max(nograd_render, nograd_encode, parts["condition"], dit_phase)
         )
         if f["split_render_backward"]:
             back = max(parts["video"] + parts["encoder_graph"], _chunk_graph(parts, f, T, N, px))

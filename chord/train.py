@@ -262,7 +262,7 @@ class Trainer:
         with torch.no_grad():
             for b in range(B):
                 video = self.render(cams["viewmats"][b], cams["backgrounds"][b], self.frames)
-                z = self.guidance.encode_video(video)
+                z = self.encode(video)
                 g = target_grad(z, video, b)
                 reported += float(0.5 * g.square().sum()) * scale
                 targets.append(rfsds.sds_target(z, g))
@@ -289,7 +289,8 @@ class Trainer:
         return reported
 
     def encode(self, video: Tensor) -> Tensor:
-        """Latents of a video with grad, under the Tiny VAE's checkpoints when asked."""
+        """Latents of a video, under the Tiny VAE's checkpoints when asked (without grad: its
+        lean pass)."""
         if self.memory.checkpoint_tiny_vae:
             return self.guidance.encode_video(video, checkpoint=True)
         return self.guidance.encode_video(video)
