@@ -327,7 +327,7 @@ class Trainer:
             first_layer_count=obj.layer1.centres.shape[0],
             method=m,
         )
-        t = lambda a: torch.as_tensor(a).to(obj.rest_means)  # noqa: E731
+        t = lambda a: torch.as_tensor(a, dtype=obj.rest_means.dtype)  # noqa: E731
         obj.add_second_layer(
             t(centres), t(surface), mult_rot_way=m.mult_rot_way, detach_first=m.add_cp_detach_first
         )

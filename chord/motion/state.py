@@ -107,8 +107,8 @@ def restore(scene: MotionScene, tensors: dict, meta: dict, *, where: str = "stat
         t = {k[len(name) + 1 :]: v for k, v in tensors.items() if k.startswith(name + ".")}
         if info["layer2"] and obj.layer2 is None:
             obj.add_second_layer(
-                t["layer2.centres"].to(obj.rest_means),
-                t["surface"].to(obj.rest_means),
+                t["layer2.centres"],
+                t["surface"],
                 mult_rot_way=info["mult_rot_way"],
                 detach_first=info["detach_first"],
             )
