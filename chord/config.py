@@ -11,6 +11,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import hashlib
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +28,7 @@ SCENE_ID = re.compile(r"^[A-Za-z0-9_-]+$")
 SHEET_COLUMNS = ("scene", "data", "prompt", "n_prompt", "gaussians", "tier")
 
 # Which method keys change each stage's result: these (and only these) are a stage's params.
+_CAMERA_KEYS = ("size", "fovy", "elev_l", "elev_r", "ref_azim", "ref_cam_radius", "cam_height")
 STAGE_KEYS: dict[str, tuple[str, ...]] = {
     "ingest": ("obj_num", "static_id", "additional_static_objs", "avoid_objs", "ground_level"),
     "gaussians": ("gs_init_num", "gs_init_nums", "gs_init_scale", "sh_degree", "ply_space"),
@@ -49,6 +52,16 @@ STAGE_KEYS: dict[str, tuple[str, ...]] = {
         "cam_height",
         "recenter_cam",
     ),
+    # beyond their input files (the trained state), export and evaluate read the view
+    "export": (
+        *_CAMERA_KEYS,
+        "cam_radius",
+        "recenter_cam",
+        "invert_bg_prob",
+        "save_fps",
+        "sh_degree",
+    ),
+    "evaluate": (*_CAMERA_KEYS, "recenter_cam", "invert_bg_prob", "ground_level", "sh_degree"),
 }
 
 
@@ -314,6 +327,49 @@ def load_file(path: Path) -> Config:
 def stage_params(method: Any, stage: str) -> dict:
     """The method values that change ``stage``'s result (Snakemake ``params:``)."""
     return {k: getattr(method, k) for k in STAGE_KEYS[stage]}
+
+
+# Method keys that change a training's memory or time, never its result (METHOD §15).
+MEMORY_KEYS = (
+    "split_sds_backward",
+    "split_render_backward",
+    "split_render_chunk_size",
+    "enable_mmgp",
+    "mmgp_profile",
+    "mmgp_transformer_budget",
+    "checkpoint_tiny_vae",
+    "log_run_time",
+)
+# Read only by the reference view, export and naming, never by training: a change to them must
+# not re-run hours of training.
+VIEW_KEYS = ("ref_azim", "ref_cam_radius", "save_fps", "ex_name")
+
+
+def values_hash(values: dict) -> str:
+    """A stable hash of result-changing configuration values (JSON, sorted keys)."""
+    text = json.dumps(values, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def training_hash(method: Any, guidance: Any) -> str:
+    """Hash of everything that changes a training's result (memory flags and view keys
+    excluded): its checkpoint folder and the training rules' ``params``. Torch-free, so the
+    workflow's DAG build does not import torch."""
+    skip = MEMORY_KEYS + VIEW_KEYS
+    values = {k: v for k, v in dataclasses.asdict(method).items() if k not in skip}
+    values["guidance"] = {
+        "backend": guidance.backend,
+        "ckpt_dir": guidance.ckpt_dir,
+        "oracle_pool": guidance.oracle_pool,
+        "oracle_gain": guidance.oracle_gain,
+    }
+    return values_hash(values)
+
+
+def final_stage(method: Any) -> str:
+    """The training stage whose state is the result: fine with a second layer, else coarse
+    (which then runs every iteration)."""
+    return "fine" if method.add_cp_objs else "coarse"
 
 
 def object_roles(method: Any, n: int) -> dict[str, str]:

@@ -212,10 +212,8 @@ def train_inputs(wildcards):
 def train_params(scene):
     """The result-changing method values and guidance (memory flags are not params; the size
     of a lowres start tier is)."""
-    import chord.stages.train as st
-
     method = ct.apply(CONF.scenes[scene].method, TIERS[scene_tier(scene)])
-    return st.config_hash(method, CONF.guidance)
+    return cc.training_hash(method, CONF.guidance)
 
 
 _GPU_MEM = {}
@@ -277,16 +275,12 @@ def tier_resource(stage, key):
 
 def final_state(scene):
     """The training state a scene's result is: fine.pt with a second layer, else coarse.pt."""
-    import chord.stages.export as se
-
-    return str(P.train_state(RESULTS, scene, se.final_stage(CONF.scenes[scene].method)))
+    return str(P.train_state(RESULTS, scene, cc.final_stage(CONF.scenes[scene].method)))
 
 
 def loss_logs(scene):
     """{training stage: loss log} of a scene, in run order."""
-    import chord.stages.export as se
-
-    final = se.final_stage(CONF.scenes[scene].method)
+    final = cc.final_stage(CONF.scenes[scene].method)
     stages = ["coarse", "fine"] if final == "fine" else ["coarse"]
     return {st: str(P.train_losses(RESULTS, scene, st)) for st in stages}
 
@@ -344,14 +338,6 @@ def aggregate_inputs(wildcards):
         for stage, path in loss_logs(s).items():
             inputs[f"losses_{s}_{stage}"] = path
     return inputs
-
-
-def result_params(scene, stage):
-    """The method values that change the export or evaluate stage beyond its inputs."""
-    import chord.stages.export as se
-
-    method = CONF.scenes[scene].method
-    return {k: getattr(method, k) for k in se.PARAM_KEYS[stage]}
 
 
 def debug_inputs(wildcards):

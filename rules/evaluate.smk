@@ -31,6 +31,6 @@ rule evaluate:
     conda:
         "../workflow/envs/chord.yaml"
     params:
-        method=lambda wc: result_params(wc.scene, "evaluate"),
+        method=lambda wc: stage_params(wc.scene, "evaluate"),
     script:
         "../workflow/scripts/evaluate.py"

@@ -61,6 +61,6 @@ rule export:
     conda:
         "../workflow/envs/chord.yaml"
     params:
-        method=lambda wc: result_params(wc.scene, "export"),
+        method=lambda wc: stage_params(wc.scene, "export"),
     script:
         "../workflow/scripts/export.py"

@@ -6,7 +6,6 @@ count, the rotation composition, plus the configuration hash and the iteration."
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
@@ -14,16 +13,14 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from chord.config import values_hash
 from chord.io import atomic_path
 from chord.motion.model import MotionScene
 
 FORMAT = "chord-motion/1"
 
 
-def config_hash(values: dict) -> str:
-    """A stable hash of result-changing configuration values (JSON, sorted keys)."""
-    text = json.dumps(values, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+config_hash = values_hash  # chord.config's, re-exported
 
 
 def _layer_tensors(prefix: str, layer) -> dict:

@@ -18,18 +18,8 @@ from chord.stages.train import run_inputs
 
 logger = logging.getLogger(__name__)
 
-_VIEW = ("size", "fovy", "elev_l", "elev_r", "ref_azim", "ref_cam_radius", "cam_height")
-# method values that change a stage's result beyond its input files (Snakemake params)
-PARAM_KEYS = {
-    "export": (*_VIEW, "cam_radius", "recenter_cam", "invert_bg_prob", "save_fps", "sh_degree"),
-    "evaluate": (*_VIEW, "recenter_cam", "invert_bg_prob", "ground_level", "sh_degree"),
-}
 
-
-def final_stage(method) -> str:
-    """The training stage whose state is the result: fine with a second layer, else coarse
-    (which then runs every iteration)."""
-    return "fine" if method.add_cp_objs else "coarse"
+final_stage = config.final_stage
 
 
 def video_fps(method) -> int:

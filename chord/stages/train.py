@@ -15,39 +15,15 @@ import trimesh
 
 from chord import cameras, config, demo, gaussians, memory, paths, rng, tiers, train
 from chord.guidance import text as text_cond
-from chord.motion import build_scene, state
+from chord.motion import build_scene
 from chord.render import splat_tensors
 from chord.stages import ingest
 
 logger = logging.getLogger(__name__)
 
-MEMORY_KEYS = (
-    "split_sds_backward",
-    "split_render_backward",
-    "split_render_chunk_size",
-    "enable_mmgp",
-    "mmgp_profile",
-    "mmgp_transformer_budget",
-    "checkpoint_tiny_vae",
-    "log_run_time",
-)
-# Read only by the reference view, export and naming, never by training: a change to them must
-# not re-run hours of training.
-VIEW_KEYS = ("ref_azim", "ref_cam_radius", "save_fps", "ex_name")
+MEMORY_KEYS, VIEW_KEYS = config.MEMORY_KEYS, config.VIEW_KEYS
 LOG_FIELDS = ("it", "sds", "ground", "temporal", "arap", "t", "cfg", "skipped")
-
-
-def config_hash(method, guidance) -> str:
-    """Hash of everything that changes the result (memory flags and view keys excluded)."""
-    skip = MEMORY_KEYS + VIEW_KEYS
-    values = {k: v for k, v in dataclasses.asdict(method).items() if k not in skip}
-    values["guidance"] = {
-        "backend": guidance.backend,
-        "ckpt_dir": guidance.ckpt_dir,
-        "oracle_pool": guidance.oracle_pool,
-        "oracle_gain": guidance.oracle_gain,
-    }
-    return state.config_hash(values)
+config_hash = config.training_hash  # the name the checkpoints and tests know
 
 
 def oracle_for(
