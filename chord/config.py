@@ -329,8 +329,8 @@ def stage_params(method: Any, stage: str) -> dict:
     return {k: getattr(method, k) for k in STAGE_KEYS[stage]}
 
 
-# Method keys that change a training's memory or time, never its result (METHOD §15).
-MEMORY_KEYS = (
+# Memory flags (METHOD §15, plus our checkpoint_tiny_vae): what a memory tier may set.
+MEMORY_FLAG_KEYS = (
     "split_sds_backward",
     "split_render_backward",
     "split_render_chunk_size",
@@ -338,8 +338,9 @@ MEMORY_KEYS = (
     "mmgp_profile",
     "mmgp_transformer_budget",
     "checkpoint_tiny_vae",
-    "log_run_time",
 )
+# Method keys that change a training's memory or time, never its result.
+MEMORY_KEYS = (*MEMORY_FLAG_KEYS, "log_run_time")
 # Read only by the reference view, export and naming, never by training: a change to them must
 # not re-run hours of training.
 VIEW_KEYS = ("ref_azim", "ref_cam_radius", "save_fps", "ex_name")

@@ -34,16 +34,8 @@ from chord import memory
 logger = logging.getLogger(__name__)
 
 AUTO = "auto"
-# The method keys a tier may set (METHOD §15); a tier that leaves one out keeps the method's value.
-FLAG_KEYS = (
-    "split_sds_backward",
-    "split_render_backward",
-    "split_render_chunk_size",
-    "enable_mmgp",
-    "mmgp_profile",
-    "mmgp_transformer_budget",
-    "checkpoint_tiny_vae",
-)
+# The method keys a tier may set; a tier that leaves one out keeps the method's value.
+FLAG_KEYS = cc.MEMORY_FLAG_KEYS
 # Written next to a stage's checkpoints: one tier name per line that ran out of GPU memory.
 OOM_RECORD = "out_of_memory.txt"
 
