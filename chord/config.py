@@ -206,6 +206,38 @@ class Config:
     demo_dir: Path
     guidance: GuidanceConfig
     tiers: dict[str, dict] = field(default_factory=dict)
+    render_backend: str = "auto"
+    auto_lowres: bool = False
+
+
+def check_guidance(guidance: GuidanceConfig, methods: dict, *, flags: bool = False) -> None:
+    """What the Wan teacher needs, checked before any job starts: ``guidance.ckpt_dir``, and
+    ``guidance.tiny_vae_path`` wherever a method (``methods``: {where: method}) sets
+    ``use_tiny_vae``. ``flags``: name ``chord train``'s flags instead of the config keys."""
+    if guidance.backend != "wan":
+        return
+    ckpt, tiny = (
+        ("--ckpt_dir", "--tiny_vae_path")
+        if flags
+        else (
+            "guidance.ckpt_dir",
+            "guidance.tiny_vae_path",
+        )
+    )
+    if not guidance.ckpt_dir:
+        raise ConfigError(
+            f"{ckpt}: the wan teacher needs the Wan2.2-I2V-A14B-Diffusers folder; it is not set"
+        )
+    if guidance.tiny_vae_path:
+        return
+    users = [where for where, m in methods.items() if m.use_tiny_vae]
+    if users:
+        flag = "--use_tiny_vae" if flags else "method.use_tiny_vae"
+        raise ConfigError(
+            f"{tiny}: not set, but {flag} is on ({', '.join(users[:5])}); point it at the "
+            "Tiny VAE weights (lighttaew2_1.pth), or turn use_tiny_vae off (the full Wan VAE "
+            "then backpropagates: far more GPU memory, see README)"
+        )
 
 
 def validate_config(config: dict) -> dict:
@@ -300,12 +332,16 @@ def load(config: dict, *, base: Path | None = None) -> Config:
             tier=tier,
             method=method,
         )
+    guidance = GuidanceConfig(**config["guidance"])
+    check_guidance(guidance, {f"scene {n}": s.method for n, s in scenes.items()})
     return Config(
         scenes=scenes,
         results=base / config["results"],
         demo_dir=base / config["demo_dir"],
-        guidance=GuidanceConfig(**config["guidance"]),
+        guidance=guidance,
         tiers=tiers,
+        render_backend=config["render_backend"],
+        auto_lowres=config["auto_lowres"],
     )
 
 

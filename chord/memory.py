@@ -46,8 +46,11 @@ reserved bytes with a fragmentation factor, and :func:`fits` adds a CUDA context
 
 from __future__ import annotations
 
+import json
+import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 GiB = 2**30
 MiB = 2**20
@@ -77,6 +80,46 @@ class ModelShape:
     def dim(self) -> int:
         return self.heads * self.head_dim
 
+    @classmethod
+    def from_folder(cls, ckpt_dir) -> ModelShape:
+        """The shapes of a diffusers-format Wan folder: the experts' ``transformer/config.json``
+        (diffusers ``WanTransformer3DModel`` arguments), the VAE's ``vae/config.json`` width
+        and its parameter count from the weights' safetensors header. Components it cannot
+        read keep A14B's values (a folder still being copied, say)."""
+        folder = Path(ckpt_dir)
+        t = _read_json(folder / "transformer" / "config.json")
+        if t is None:
+            return A14B
+        vae = _read_json(folder / "vae" / "config.json") or {}
+        heads = int(t.get("num_attention_heads", A14B.heads))
+        return cls(
+            layers=int(t.get("num_layers", A14B.layers)),
+            heads=heads,
+            head_dim=int(t.get("attention_head_dim", A14B.head_dim)),
+            ffn=int(t.get("ffn_dim", A14B.ffn)),
+            text_dim=int(t.get("text_dim", A14B.text_dim)),
+            in_channels=int(t.get("in_channels", A14B.in_channels)),
+            out_channels=int(t.get("out_channels", A14B.out_channels)),
+            patch=tuple(int(p) for p in t.get("patch_size", A14B.patch)),
+            freq_dim=int(t.get("freq_dim", A14B.freq_dim)),
+            vae_base_dim=int(vae.get("base_dim", A14B.vae_base_dim)),
+            vae_params=safetensors_numel(folder / "vae") or A14B.vae_params,
+            experts=2 if (folder / "transformer_2").is_dir() else 1,
+        )
+
+    @property
+    def dit(self) -> tuple:
+        """The expert's shape alone (what makes a model A14B)."""
+        return (self.layers, self.heads, self.head_dim, self.ffn, self.text_dim, self.patch)
+
+    def describe(self) -> str:
+        """E.g. "40 layers x 5120 (A14B), 14.3B parameters per expert"."""
+        name = " (A14B)" if self.dit == A14B.dit else ""
+        return (
+            f"{self.layers} layers x {self.dim}{name}, "
+            f"{dit_params(self) / 1e9:.3g}B parameters per expert"
+        )
+
 
 #: Wan 2.2 I2V A14B (each expert): transformer/config.json of the diffusers release.
 A14B = ModelShape(
@@ -91,6 +134,42 @@ A14B = ModelShape(
     freq_dim=256,
 )
 MODELS = {"A14B": A14B}
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def safetensors_numel(folder: Path) -> int | None:
+    """Parameters stored in a folder's ``*.safetensors`` files, read from their headers only
+    (no weights are loaded); None when there are none or a header is unreadable."""
+    files = sorted(Path(folder).glob("*.safetensors"))
+    if not files:
+        return None
+    total = 0
+    for path in files:
+        try:
+            with open(path, "rb") as f:
+                (n,) = struct.unpack("<Q", f.read(8))
+                header = json.loads(f.read(n))
+        except (OSError, ValueError, struct.error):
+            return None
+        for key, entry in header.items():
+            if key != "__metadata__":
+                count = 1
+                for d in entry["shape"]:
+                    count *= int(d)
+                total += count
+    return total
+
+
+def model_for(ckpt_dir) -> ModelShape:
+    """The model a run uses: the Wan folder's shapes when one is configured, else A14B."""
+    return ModelShape.from_folder(ckpt_dir) if ckpt_dir else A14B
+
 
 #: CPU proxy coefficients in bytes (``python bench/scaling.py memory-fit``, BENCHMARKS.md).
 CPU_PROXY = {
@@ -201,6 +280,7 @@ def estimate(
     model: str | ModelShape = "A14B",
     use_tiny_vae: bool = True,
     sds_cfg_batch: bool = True,
+    expert_bytes: int = 2,
 ) -> dict:
     """Peak GPU memory and host RAM of one training iteration.
 
@@ -214,6 +294,8 @@ def estimate(
         dynamic_gaussians: those of the dynamic objects (temporal loss), default all.
         model: "A14B" or a :class:`ModelShape`.
         use_tiny_vae, sds_cfg_batch: the method's flags of the same names.
+        expert_bytes: bytes per expert weight: 2 (bf16), 4 for the float32 fallback (which
+            also doubles the DiT activations).
 
     Returns:
         {"gpu_bytes": peak allocated, "reserved_bytes": with the fragmentation margin,
@@ -240,10 +322,10 @@ def estimate(
     L = tokens(W, H, T, s)
     fl, lh, lw = latent_shape(W, H, T)
 
-    expert = dit_params(s) * 2  # bf16
-    block = dit_block_params(s) * 2
+    expert = dit_params(s) * expert_bytes
+    block = dit_block_params(s) * expert_bytes
     outside = expert - s.layers * block
-    largest = max(s.dim * 6 * s.dim, s.dim * s.ffn) * 2
+    largest = max(s.dim * 6 * s.dim, s.dim * s.ffn) * expert_bytes
     if f["enable_mmgp"]:
         window = 2 * max(int(f["mmgp_transformer_budget"]) * MiB, largest) + outside
     else:
@@ -280,6 +362,8 @@ def estimate(
             (2 if sds_cfg_batch else 1)
             * L
             * (DIT_PER_TOKEN_DIM * s.dim + DIT_PER_TOKEN_FFN * s.ffn)
+            * expert_bytes
+            / 2
         ),
         "targets": B * 16 * fl * lh * lw * 4,
         "temporal_graph": int(  # geometry detached: the deform graph and B·(T − 1) images
@@ -312,8 +396,8 @@ def estimate(
         phases["sds_backward"] = between + parts["targets"] + back
     phase = max(phases, key=phases.get)
     gpu = phases[phase]
-    n_experts = s.experts
-    host = n_experts * expert + HOST_BASE_GIB * GiB
+    # one expert in host RAM: a switch drops the other before loading (chord.guidance.wan)
+    host = expert + HOST_BASE_GIB * GiB
     if f["enable_mmgp"]:
         host += expert // 2  # mmgp's pinned staging of the active expert's blocks
     return {
@@ -383,3 +467,42 @@ def describe(e: dict) -> str:
         f"({e['reserved_bytes'] / GiB:.1f} reserved) in {e['phase']}; {parts} GiB; "
         f"host {e['host_bytes'] / GiB:.0f} GiB"
     )
+
+
+#: UMT5-XXL, Wan 2.2's text encoder (text_encoder/config.json of the diffusers release).
+UMT5_XXL = {
+    "vocab_size": 256384,
+    "d_model": 4096,
+    "d_kv": 64,
+    "num_heads": 64,
+    "d_ff": 10240,
+    "num_layers": 24,
+    "relative_attention_num_buckets": 32,
+}
+#: Host RAM of the condition job besides the encoder's weights: Python, tokenizer, loaders.
+CONDITION_BASE_MB = 2048
+
+
+def text_encoder_params(config: Mapping) -> int:
+    """Parameters of a UMT5 encoder from its config: the shared embedding, per layer the
+    self-attention (q, k, v, o and its own relative position bias) and the gated FFN with
+    two layer norms, and the final norm (5.68e9 for UMT5-XXL)."""
+    c = {**UMT5_XXL, **{k: v for k, v in config.items() if k in UMT5_XXL}}
+    d, inner = int(c["d_model"]), int(c["num_heads"]) * int(c["d_kv"])
+    attn = 4 * d * inner + int(c["relative_attention_num_buckets"]) * int(c["num_heads"])
+    layer = attn + 3 * d * int(c["d_ff"]) + 2 * d
+    return int(c["vocab_size"]) * d + int(c["num_layers"]) * layer + d
+
+
+def condition_mem_mb(ckpt_dir, backend: str) -> int:
+    """Host RAM (MB) of the ``condition`` job: the text encoder in float32 on a CPU node
+    (UMT5-XXL: ~23 GB), counted from the folder's weights, else its config, else UMT5-XXL's
+    (the folder may not be visible where the DAG is built). The oracle's tiny encoder needs
+    little."""
+    if backend != "wan" or not ckpt_dir:
+        return CONDITION_BASE_MB
+    folder = Path(ckpt_dir) / "text_encoder"
+    params = safetensors_numel(folder)
+    if params is None:
+        params = text_encoder_params(_read_json(folder / "config.json") or {})
+    return int(params * 4 * 1.1 / MiB) + CONDITION_BASE_MB

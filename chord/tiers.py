@@ -104,6 +104,9 @@ def auto(
     tiers: Mapping[str, Tier],
     gpu_mem_gb: float | None,
     fits: Callable[[Tier], bool] | None = None,
+    *,
+    method=None,
+    allow_lowres: bool = False,
 ) -> str:
     """The first (fullest) tier that fits ``gpu_mem_gb`` of GPU memory.
 
@@ -111,6 +114,11 @@ def auto(
     :class:`ModelFits`: the peak-memory model) accepts it. ``None`` for the GPU means no GPU (a
     CPU run, where the memory flags do not matter): the first tier, without asking ``fits``. A
     GPU smaller than every tier gets the leanest one.
+
+    ``auto`` never picks a tier that changes the result by itself: a tier whose ``size`` is
+    below ``method``'s (any tier with a ``size`` when ``method`` is None). When only such a
+    tier fits (by declared memory, or by the model) it raises ConfigError with the predicted
+    peak and the remedies, unless ``allow_lowres`` (the config's ``auto_lowres``).
 
     When ``fits`` rejects every candidate, the run is not blocked (the model is calibrated on
     CPU proxies): the choice by declared memory stands, with a warning giving the predicted
@@ -128,36 +136,63 @@ def auto(
             "a %.0f GB GPU is smaller than every tier; using the leanest, %s", gpu_mem_gb, names[-1]
         )
         candidates = names[-1:]
-    declared = candidates[0]
+
+    def changes_result(name: str) -> bool:
+        tier = tiers[name]
+        if method is None:
+            return tier.size is not None
+        return apply(method, tier).size != method.size
+
+    keep = [n for n in candidates if allow_lowres or not changes_result(n)]
+    remedies = (
+        "To lower the peak: method.use_tiny_vae: true, or a lower method.size, frame_num or "
+        "batch_size"
+    )
+    optin = "auto_lowres: true in the config, or that tier in the sheet's tier column"
+    if not keep:
+        lowres = ", ".join(f"{n} ({tiers[n].size})" for n in candidates)
+        raise cc.ConfigError(
+            f"tier auto: a {gpu_mem_gb:.0f} GB GPU fits only tiers that lower the SDS size "
+            f"({lowres}), which changes the result; to accept that, set {optin}"
+        )
+    declared = keep[0]
     if fits is None:
         return declared
     describe = getattr(fits, "describe", None) or (lambda tier: f"tier {tier.name}")
     for name in candidates:
-        if fits(tiers[name]):
-            if name != declared:
-                skipped = candidates[: candidates.index(name)]
-                lower = tiers[name].size is not None  # a lowres tier changes the result
-                logger.log(
-                    logging.WARNING if lower else logging.INFO,
-                    "the memory model predicts that tier(s) %s would not fit %.0f GB of GPU "
-                    "memory; starting on %s%s (%s)",
-                    ", ".join(skipped),
-                    gpu_mem_gb,
-                    name,
-                    f" at size {tiers[name].size}, which changes the result" if lower else "",
-                    describe(tiers[name]),
-                )
-            return name
-    leanest = "" if candidates[-1] == declared else f"; leanest: {describe(tiers[candidates[-1]])}"
+        if not fits(tiers[name]):
+            continue
+        if name not in keep:
+            raise cc.ConfigError(
+                f"tier auto: the memory model predicts that no tier at the method's size fits "
+                f"{gpu_mem_gb:.0f} GB of GPU memory ({describe(tiers[declared])}); the first "
+                f"that does is {name} at size {tiers[name].size}, which changes the result. "
+                f"{remedies}; or accept {name}: {optin}"
+            )
+        if name != declared:
+            skipped = candidates[: candidates.index(name)]
+            lower = changes_result(name)
+            logger.log(
+                logging.WARNING if lower else logging.INFO,
+                "the memory model predicts that tier(s) %s would not fit %.0f GB of GPU "
+                "memory; starting on %s%s (%s)",
+                ", ".join(skipped),
+                gpu_mem_gb,
+                name,
+                f" at size {tiers[name].size}, which changes the result" if lower else "",
+                describe(tiers[name]),
+            )
+        return name
+    leanest = "" if keep[-1] == declared else f"; leanest: {describe(tiers[keep[-1]])}"
     logger.warning(
         "the memory model predicts that no tier fits %.0f GB of GPU memory (%s%s); starting on "
         "%s by its declared gpu_mem_gb anyway (the model is calibrated on CPU proxies; an "
-        "out-of-memory exit retries on the next tier). To lower the peak: method.use_tiny_vae: "
-        "true, or a lower method.size, frame_num or batch_size",
+        "out-of-memory exit retries on the next tier). %s",
         gpu_mem_gb,
         describe(tiers[declared]),
         leanest,
         declared,
+        remedies,
     )
     return declared
 
@@ -167,11 +202,14 @@ def base(
     tiers: Mapping[str, Tier],
     gpu_mem_gb: float | None,
     fits: Callable[[Tier], bool] | None = None,
+    *,
+    method=None,
+    allow_lowres: bool = False,
 ) -> str:
     """A scene's first-attempt tier: its sheet value, or :func:`auto` (with ``fits``) for
     ``auto``."""
     if name == AUTO:
-        return auto(tiers, gpu_mem_gb, fits)
+        return auto(tiers, gpu_mem_gb, fits, method=method, allow_lowres=allow_lowres)
     if name not in tiers:
         raise cc.ConfigError(f"tier {name!r} is not one of {[AUTO, *tiers]}")
     return name
@@ -248,12 +286,18 @@ def memory_shape(method, gaussians: int, dynamic_gaussians: int | None = None) -
 
 
 def estimate(
-    method, tier: Tier | None, gaussians: int, dynamic_gaussians: int | None = None
+    method,
+    tier: Tier | None,
+    gaussians: int,
+    dynamic_gaussians: int | None = None,
+    model: memory.ModelShape = memory.A14B,
 ) -> dict:
     """:func:`chord.memory.estimate` of a training of ``method`` on ``tier`` (its flags and
-    size applied, :func:`apply`; ``None``: ``method`` as it is, e.g. already applied)."""
+    size applied, :func:`apply`; ``None``: ``method`` as it is, e.g. already applied), with
+    the experts of ``model`` (:func:`chord.memory.model_for` the Wan folder)."""
     m = method if tier is None else apply(method, tier)
-    return memory.estimate(memory_flags(m), **memory_shape(m, gaussians, dynamic_gaussians))
+    shape = memory_shape(m, gaussians, dynamic_gaussians)
+    return memory.estimate(memory_flags(m), model=model, **shape)
 
 
 @dataclass(frozen=True)
@@ -267,14 +311,17 @@ class ModelFits:
     gaussians: int
     dynamic_gaussians: int
     label: str = ""
+    model: memory.ModelShape = memory.A14B
 
     def __call__(self, tier: Tier) -> bool:
         m = apply(self.method, tier)
         shape = memory_shape(m, self.gaussians, self.dynamic_gaussians)
-        return memory.fits({}, self.gpu_mem_gb, base_flags=memory_flags(m), **shape)
+        return memory.fits(
+            {}, self.gpu_mem_gb, base_flags=memory_flags(m), model=self.model, **shape
+        )
 
     def describe(self, tier: Tier) -> str:
-        e = estimate(self.method, tier, self.gaussians, self.dynamic_gaussians)
+        e = estimate(self.method, tier, self.gaussians, self.dynamic_gaussians, self.model)
         where = f"{self.label}, " if self.label else ""
         return f"{where}tier {tier.name} predicted {memory.describe(e)}"
 
@@ -287,17 +334,19 @@ def scene_fits(
     backend: str,
     fitted: Path | None = None,
     label: str = "",
+    model: memory.ModelShape = memory.A14B,
 ) -> ModelFits | None:
     """The :class:`ModelFits` of a scene for ``tier: auto``, or None where the model does not
     apply: no GPU, the oracle teacher (the model is that of the Wan teacher), or no objects
-    known (ingest reports that). ``fitted``: the sheet's ``gaussians`` folder."""
+    known (ingest reports that). ``fitted``: the sheet's ``gaussians`` folder; ``model``: the
+    experts' shapes (:func:`chord.memory.model_for` the Wan folder)."""
     if gpu_mem_gb is None or backend != "wan":
         return None
     objects = [obj for obj, role in roles.items() if role != "avoided"]
     n, dynamic = gaussian_counts(method, roles, imported_counts(fitted, objects))
     if n <= 0:
         return None
-    return ModelFits(method, gpu_mem_gb, n, dynamic, label)
+    return ModelFits(method, gpu_mem_gb, n, dynamic, label, model)
 
 
 def for_attempt(

@@ -14,11 +14,12 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from chord import cameras, losses, optim, rng
+from chord import cameras, losses, optim, rng, runtime
+from chord.distributed import Group
 from chord.guidance import rfsds
 from chord.motion import fenwick, state
 from chord.motion.model import MotionScene, plan_second_layer
-from chord.render import render_video
+from chord.render import render_video, resolve_backend
 
 logger = logging.getLogger(__name__)
 
@@ -82,16 +83,19 @@ class Trainer:
     target: tuple = (0.0, 0.0, 0.0)
     memory: MemoryFlags = field(default_factory=MemoryFlags)
     seed: int = 0
-    rank: int = 0
-    world_size: int = 1
+    group: Group = field(default_factory=Group)  # this rank's process group (METHOD §18)
     ground_level: float = 0.0
     meshes: dict = field(default_factory=dict)  # obj -> trimesh (for the second layer)
     surface_voxel_size: dict = field(default_factory=dict)  # obj -> mem_init_voxel_size
-    backend: str = "auto"
+    backend: str = "auto"  # render_backend: resolved once, for this device (recorded in state)
+    gpu_memory_bytes: int | None = None  # the device's memory (read on CUDA when None)
 
     def __post_init__(self):
         m = self.method
         self.device = self.scene.means.device  # the scene's: cameras and frames follow it
+        self.backend = resolve_backend(self.backend, self.device)
+        if self.gpu_memory_bytes is None and self.device.type == "cuda":
+            self.gpu_memory_bytes = torch.cuda.get_device_properties(self.device).total_memory
         self.frames = torch.arange(m.frame_num, device=self.device)
         self.K = cameras.intrinsics(self.width, self.height, m.fovy).to(self.device)
         self.sds_scale, self.temporal_scale = rfsds.resolution_scales(self.width, self.height)
@@ -101,21 +105,33 @@ class Trainer:
         }
         self._arap = {}
         self.nonfinite = 0
-        if self.world_size > 1:
+        self.teacher_nan = 0  # NaN entries of the teacher's velocities this iteration
+        if self.group.distributed:
+            if self.group.device != self.device:
+                raise ValueError(
+                    f"the scene is on {self.device}, its process group on {self.group.device}: "
+                    "each rank trains on its own device (cuda:LOCAL_RANK under torchrun)"
+                )
             self.sync_from_rank0()
+
+    @property
+    def rank(self) -> int:
+        return self.group.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.group.world_size
 
     @torch.no_grad()
     def sync_from_rank0(self) -> None:
         """METHOD §18: rank 0's control points, surface sets and parameters on every rank."""
-        import torch.distributed as dist
-
-        for obj in self.scene.dynamic.values():
+        for name, obj in self.scene.dynamic.items():
             for layer in (obj.layer1, obj.layer2):
                 if layer is None:
                     continue
                 for t in (layer.centres, layer.cp_radius, layer.cp_rotation, layer.cp_deform):
-                    dist.broadcast(t.data, src=0)
-            dist.broadcast(obj.surface, src=0)
+                    self.group.broadcast(t.data, f"{name} control points")
+            self.group.broadcast(obj.surface, f"{name} surface")
             obj._nbr.clear()
 
     # -- rendering -------------------------------------------------------------------------
@@ -148,10 +164,13 @@ class Trainer:
         loss_of_video(leaf).backward()
         grad = leaf.grad
         del leaf, video
+        runtime.empty_cache(self.device)  # the encoder graph's blocks, before the re-render
         for chunk in self._chunks():
             part = self.render(viewmat, background, chunk)
             if part.requires_grad:  # frame 0 alone is pinned: nothing to backpropagate
                 part.backward(grad[chunk])
+            del part
+            runtime.empty_cache(self.device)  # each chunk's render graph (METHOD §15)
 
     # -- losses ----------------------------------------------------------------------------
     def regularisers(self, it: int, cams: dict) -> dict[str, float]:
@@ -242,6 +261,9 @@ class Trainer:
             v_hat = self.guidance.velocity(
                 rfsds.noisy_latents(z, eps, t)[None], t, [cond], self.text, cfg
             )[0]
+            # sds_grad zeroes NaN entries (METHOD §11); count them, so a teacher producing
+            # NaNs makes the step non-finite (skipped, rolled back) instead of vanishing
+            self.teacher_nan = self.teacher_nan + torch.isnan(v_hat).sum()
             return rfsds.sds_grad(z.detach(), eps, v_hat.to(z.dtype), w)
 
         if not self.memory.split_sds_backward:
@@ -370,12 +392,13 @@ class Trainer:
             optim.set_learning_rates(opt, it, self.method)
         cams = self.cameras_at(it)
         clock = PhaseClock(self.method.log_run_time)
+        self.teacher_nan = 0
         with clock("regularisers"):
             reg = self.regularisers(it, cams)
         with clock("sds"):
             sds = self.sds(it, cams)
-        with clock("all_reduce"):
-            self.all_reduce()
+        with clock("all_reduce"):  # the NaN count too: every rank skips the same steps
+            nan = int(self.all_reduce({"teacher_nan": float(self.teacher_nan)})["teacher_nan"])
         params = [
             p
             for opt in self.optimizers.values()
@@ -383,7 +406,11 @@ class Trainer:
             for p in g["params"]
             if p.grad is not None
         ]
-        finite = all(bool(torch.isfinite(p.grad).all()) for p in params) and math.isfinite(sds)
+        finite = (
+            nan == 0
+            and all(bool(torch.isfinite(p.grad).all()) for p in params)
+            and math.isfinite(sds)
+        )
         if finite:
             for opt in self.optimizers.values():
                 opt.step()
@@ -391,7 +418,10 @@ class Trainer:
         else:
             self.nonfinite += 1
             logger.warning(
-                "it %d: non-finite loss or gradient, step skipped (%d in a row)", it, self.nonfinite
+                "it %d: non-finite %s, step skipped (%d in a row)",
+                it,
+                f"teacher velocity ({nan} NaN entries)" if nan else "loss or gradient",
+                self.nonfinite,
             )
         for opt in self.optimizers.values():
             opt.zero_grad(set_to_none=True)
@@ -399,27 +429,68 @@ class Trainer:
         cfg = rfsds.cfg_scale_at(
             it, self.method.iterations, self.method.init_cfg_scale, self.method.last_cfg_scale
         )
-        rec = {"it": it, "sds": sds, **reg, "t": t, "cfg": cfg, "skipped": int(not finite)}
+        rec = {
+            "it": it,
+            "sds": sds,
+            **reg,
+            "t": t,
+            "cfg": cfg,
+            "skipped": int(not finite),
+            "nan": nan,
+        }
         if self.method.log_run_time:
             rec.update(clock.times, sds_scale=self.sds_scale, temporal_scale=self.temporal_scale)
         return rec
 
-    def all_reduce(self) -> None:
-        """METHOD §18: average gradients over ranks (a missing gradient counts as zero)."""
-        if self.world_size == 1:
-            return
-        import torch.distributed as dist
+    def all_reduce(self, counts: dict | None = None) -> dict:
+        """METHOD §18: average gradients over ranks (a missing gradient counts as zero); sums
+        ``counts`` over ranks in the same collective and returns them."""
+        params = [
+            p for opt in self.optimizers.values() for g in opt.param_groups for p in g["params"]
+        ]
+        return self.group.average_gradients(params, counts or {})
 
-        for opt in self.optimizers.values():
-            for g in opt.param_groups:
-                for p in g["params"]:
-                    grad = p.grad if p.grad is not None else torch.zeros_like(p)
-                    has = torch.tensor([float(p.grad is not None)])
-                    dist.all_reduce(has)
-                    if float(has) == 0:
-                        continue
-                    dist.all_reduce(grad)
-                    p.grad = grad / self.world_size
+    def float32_fallback_problem(self) -> str | None:
+        """Why the guidance cannot switch to float32 here, or None: mmgp keeps bf16, and the
+        memory model (:mod:`chord.memory`, the expert in float32: twice its weights and
+        activations) must fit the device's memory (unknown off CUDA: no limit)."""
+        g = self.guidance
+        if getattr(g, "mmgp", None) is not None:
+            return "enable_mmgp keeps the experts in bf16"
+        if self.gpu_memory_bytes is None:
+            return None
+        from chord import memory
+
+        m, mem = self.method, self.memory
+        dynamic = sum(
+            self.scene.slices[n].stop - self.scene.slices[n].start for n in self.scene.dynamic
+        )
+        e = memory.estimate(
+            {
+                "split_sds_backward": mem.split_sds_backward,
+                "split_render_backward": mem.split_render_backward,
+                "split_render_chunk_size": mem.split_render_chunk_size,
+                "checkpoint_tiny_vae": mem.checkpoint_tiny_vae,
+            },
+            width=self.width,
+            height=self.height,
+            frames=m.frame_num,
+            batch=m.batch_size,
+            gaussians=int(self.scene.means.shape[0]),
+            dynamic_gaussians=dynamic,
+            model=getattr(g, "model_shape", memory.A14B),
+            use_tiny_vae=getattr(g, "tiny_vae", None) is not None,
+            sds_cfg_batch=getattr(g, "sds_cfg_batch", True),
+            expert_bytes=4,
+        )
+        need = e["reserved_bytes"] + memory.CUDA_CONTEXT_GIB * memory.GiB
+        if need > self.gpu_memory_bytes:
+            return (
+                f"in float32 the memory model predicts {need / memory.GiB:.1f} GiB "
+                f"({e['phase']}; expert weights {e['parts']['dit_weights'] / memory.GiB:.1f} "
+                f"GiB) on a {self.gpu_memory_bytes / memory.GiB:.0f} GiB GPU"
+            )
+        return None
 
     # -- checkpoints -----------------------------------------------------------------------
     def checkpoint(self, it: int, config_hash: str) -> dict:
@@ -546,7 +617,14 @@ def run(
                 rolled_back_to = ckpts[-1]
                 it = trainer.load_checkpoint(load_checkpoint(ckpts[-1]))
                 if fallback == "float32" and hasattr(trainer.guidance, "use_float32"):
-                    trainer.guidance.use_float32()
+                    problem = trainer.float32_fallback_problem()
+                    if problem is None:
+                        trainer.guidance.use_float32()
+                    else:
+                        logger.warning(
+                            "float32 fallback not taken: %s; retrying at the guidance's precision",
+                            problem,
+                        )
                 trainer.nonfinite = 0
                 logger.warning("rolled back to %s after non-finite steps", ckpts[-1].name)
                 continue

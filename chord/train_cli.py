@@ -84,6 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dit_fsdp", action="store_true")
     p.add_argument("--device", type=int, default=0)
     p.add_argument("--stage", choices=("coarse", "fine", "full"), default="full")
+    p.add_argument(
+        "--render_backend",
+        choices=("auto", "gsplat", "torch"),
+        default="auto",
+        help="auto: gsplat's CUDA kernels on a GPU (an error if they do not load), torch on a CPU",
+    )
     for name, kind in NO_EFFECT.items():
         if kind == "store_true":
             p.add_argument(f"--{name}", action="store_true", help="accepted; no effect")
@@ -150,22 +156,14 @@ def prepare(args, method, guidance, data: Path, res: Path, s: str, scene: str) -
 
 def run(argv: list[str]) -> int:
     """Prepare the scene and train it. Under torchrun (WORLD_SIZE > 1) every rank trains
-    its own batch_size videos with gradients averaged; rank 0 prepares and writes."""
+    its own batch_size videos on its own GPU (LOCAL_RANK) with gradients averaged; rank 0
+    prepares and writes."""
     import os
 
-    import torch
-
-    from chord import paths
+    from chord import distributed, paths
     from chord.stages import train as train_stage
 
     args, method = parse(argv)
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    index = int(os.environ.get("LOCAL_RANK", args.device)) if world > 1 else args.device
-    if world > 1:
-        import torch.distributed as dist
-
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     guidance = cc.guidance_from_mapping(
         {
             "backend": "wan" if args.ckpt_dir else "oracle",
@@ -173,20 +171,20 @@ def run(argv: list[str]) -> int:
             "tiny_vae_path": args.tiny_vae_path,
         }
     )
+    cc.check_guidance(guidance, {"chord train": method}, flags=True)
     data = Path(args.mesh_source_path)
     root = Path(args.model_path) / method.ex_name
     res, s = root.parent, root.name  # paths.* take (results, scene): <model>/<ex_name>/...
+    group = distributed.from_env(os.environ, device_index=args.device)
     try:
-        if rank == 0:
+        if group.rank == 0:
             prepare(args, method, guidance, data, res, s, data.name or "scene")
-        if world > 1:
-            dist.barrier()
+        group.barrier()
         inputs = {
             **train_stage.run_inputs(res / s),
             "text_path": paths.text_condition(res, s),
             "data_dir": data,
         }
-        device = f"cuda:{index}" if torch.cuda.is_available() else "cpu"
         stages = ["coarse", "fine"] if args.stage == "full" else [args.stage]
         if not method.add_cp_objs:
             stages = ["coarse"]
@@ -201,9 +199,9 @@ def run(argv: list[str]) -> int:
                 method=method,
                 guidance=guidance,
                 handoff=train_dir / "coarse.pt" if st == "fine" else None,
-                device=device,
-                rank=rank,
-                world_size=world,
+                device=group.device,
+                group=group,
+                render_backend=args.render_backend,
             )
             logger.info(
                 "%s: iterations %d..%d (seed %d)",
@@ -213,6 +211,5 @@ def run(argv: list[str]) -> int:
                 summary["seed"],
             )
     finally:
-        if world > 1:
-            dist.destroy_process_group()
+        distributed.close(group)
     return 0

@@ -11,6 +11,7 @@ import chord
 import chord.config as cc
 import chord.demo as demo
 import chord.gaussians
+import chord.memory
 import chord.paths as P
 import chord.tiers as ct
 
@@ -229,6 +230,12 @@ def gpu_mem_gb():
     return _GPU_MEM["local"]
 
 
+# The experts' shapes for the memory model: the Wan folder's configs, else A14B.
+MODEL = chord.memory.model_for(CONF.guidance.ckpt_dir)
+# Host RAM of the condition job: the text encoder in float32 (UMT5-XXL ~23 GB).
+CONDITION_MEM_MB = chord.memory.condition_mem_mb(
+    CONF.guidance.ckpt_dir, CONF.guidance.backend
+)
 _SCENE_TIER = {}
 
 
@@ -248,8 +255,19 @@ def scene_tier(scene):
                 backend=CONF.guidance.backend,
                 fitted=spec.gaussians,
                 label=f"scene {scene}",
+                model=MODEL,
             )
-        _SCENE_TIER[scene] = ct.base(spec.tier, TIERS, gpu, fits)
+        try:
+            _SCENE_TIER[scene] = ct.base(
+                spec.tier,
+                TIERS,
+                gpu,
+                fits,
+                method=spec.method,
+                allow_lowres=CONF.auto_lowres,
+            )
+        except cc.ConfigError as exc:
+            raise WorkflowError(f"scene {scene}: {exc}")
     return _SCENE_TIER[scene]
 
 

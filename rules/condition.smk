@@ -9,6 +9,8 @@ rule condition:
         P.bench(RESULTS, "{scene}", "condition")
     conda:
         "../workflow/envs/chord.yaml"
+    resources:
+        mem_mb=lambda wc: CONDITION_MEM_MB,
     params:
         text=lambda wc: condition_params(wc.scene),
     script:

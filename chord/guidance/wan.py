@@ -8,6 +8,7 @@ Everything loads with ``local_files_only``: nothing is ever fetched from a hub.
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import logging
@@ -15,6 +16,8 @@ from pathlib import Path
 
 import torch
 from torch import Tensor
+
+from chord import runtime
 
 logger = logging.getLogger(__name__)
 
@@ -133,9 +136,11 @@ class WanGuidance:
     """The Wan 2.2 I2V A14B teacher: video latents, image conditioning and the CFG velocity.
 
     Experts are bf16 on CUDA (float32 on a CPU, for tiny test models), in eval mode, without
-    gradient; the one a timestep needs is moved to the device and the other back to the CPU,
-    so at most one expert is resident (``mmgp``: a :class:`MMGPResidency` manages residency
-    instead).
+    gradient, and run under autocast to their dtype (none in float32). Only the expert a
+    timestep needs is in memory: a switch drops the other (its mmgp offload object released)
+    before loading the next from the folder, so host RAM holds one 14B expert, not two, and
+    an expert needed again after a roll-back is reloaded fresh (``mmgp``: a
+    :class:`MMGPResidency` manages its GPU residency).
     """
 
     def __init__(
@@ -165,8 +170,27 @@ class WanGuidance:
             tiny_vae.set_latent_stats(cfg.latents_mean, cfg.latents_std)
             tiny_vae.to(self.device)
         self.mmgp = mmgp
-        self.experts: dict[str, torch.nn.Module] = {}
+        self.experts: dict[str, torch.nn.Module] = {}  # at most one: the active expert
         self.active: str | None = None
+        self.loads = 0  # experts loaded from the folder so far (a switch costs one)
+
+    @functools.cached_property
+    def model_shape(self):
+        """The experts' shapes from the folder's configs (:mod:`chord.memory`'s model)."""
+        from chord import memory
+
+        return memory.ModelShape.from_folder(self.folder)
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The precision the experts compute in: their weights' dtype, under autocast to it
+        when it is a half type (METHOD §9: bf16 autocast)."""
+        return self.dtype
+
+    def autocast(self):
+        """Autocast to the compute dtype on this device; off in float32 (the fallback)."""
+        half = self.compute_dtype in (torch.bfloat16, torch.float16)
+        return torch.autocast(self.device.type, dtype=self.compute_dtype, enabled=half)
 
     # -- latents ---------------------------------------------------------------------------
     def _vae_latents(self, video: Tensor) -> Tensor:
@@ -212,21 +236,31 @@ class WanGuidance:
         return "transformer" if high else "transformer_2"
 
     def _activate(self, name: str) -> torch.nn.Module:
+        """The expert ``name`` resident where it computes. A switch first drops the other
+        expert (mmgp: releases its offload object), returns its memory, then loads ``name``
+        from the folder; the same expert again costs nothing."""
         if name not in self.experts:
+            self.release()
             self.experts[name] = load_expert(self.folder, name, dtype=self.dtype)
+            self.loads += 1
+            logger.info("loaded expert %s (%s)", name, self.dtype)
         model = self.experts[name]
         if self.mmgp is not None:
             self.mmgp.activate(name, model)
         elif self.active != name:
-            for other, m in self.experts.items():  # at most one expert on the device
-                if other != name:
-                    m.to("cpu")
             model.to(self.device)
-            if self.device.type == "cuda":
-                gc.collect()
-                torch.cuda.empty_cache()
         self.active = name
         return model
+
+    def release(self) -> None:
+        """Drop every loaded expert (mmgp's offload object released first), then return the
+        memory: gc, and the CUDA cache on a GPU."""
+        if self.mmgp is not None:
+            self.mmgp.release()
+        self.experts.clear()
+        self.active = None
+        gc.collect()
+        runtime.empty_cache(self.device)
 
     @torch.no_grad()
     def velocity(
@@ -243,11 +277,14 @@ class WanGuidance:
         x = torch.cat([z_t, torch.stack(conds)], dim=1).to(self.device, self.dtype)  # [B, 36]
         prompt = text["prompt"].to(self.device, self.dtype)[None].expand(B, -1, -1)
         negative = text["negative"].to(self.device, self.dtype)[None].expand(B, -1, -1)
-        autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.device.type == "cuda")
 
         def dit(inp, ctx):
-            ts = torch.full((inp.shape[0],), NUM_TRAIN_TIMESTEPS * t, device=self.device)
-            with autocast:
+            # float64: mmgp casts float32 arguments to bf16, which would quantise 1000·t
+            # (907.2 -> 908); the time embedding takes it to float32 itself
+            ts = torch.full(
+                (inp.shape[0],), NUM_TRAIN_TIMESTEPS * t, dtype=torch.float64, device=self.device
+            )
+            with self.autocast():
                 return model(
                     hidden_states=inp, timestep=ts, encoder_hidden_states=ctx, return_dict=False
                 )[0].float()
@@ -259,10 +296,15 @@ class WanGuidance:
         return v_u + cfg_scale * (v_c - v_u)
 
     def use_float32(self) -> None:
-        """The non-finite fallback: run the experts in float32 from now on (more memory)."""
+        """The non-finite fallback: compute in float32 from now on (weights and arithmetic:
+        no autocast), with twice the expert's memory; the caller checks that it fits first
+        (:meth:`chord.train.Trainer.float32_fallback_problem`)."""
         if self.mmgp is not None:
-            logger.warning("float32 fallback is not available with mmgp (it keeps bf16)")
-            return
+            raise RuntimeError(
+                "the float32 fallback is not available with enable_mmgp (mmgp converts the "
+                "weights to bf16); set guidance.nonfinite_fallback: none, or train on a tier "
+                "without mmgp"
+            )
         self.dtype = torch.float32
         for model in self.experts.values():
             model.float()

@@ -17,6 +17,46 @@ from chord.render import gsplat_backend, torch_backend
 BACKENDS = ("auto", "gsplat", "torch")
 
 
+class BackendUnavailable(ValueError):
+    """The configured renderer cannot run on this device; the message says why and the fix."""
+
+
+def resolve_backend(backend: str, device) -> str:
+    """The renderer that draws tensors on ``device``: "gsplat" or "torch".
+
+    "auto" is gsplat on CUDA and the torch rasterizer on a CPU. On CUDA without gsplat's
+    kernels "auto" is an error with the reason and the fix, never a silent fall back to the
+    torch rasterizer (slower, more memory on a GPU); ``render_backend: torch`` asks for it.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"render_backend: {backend!r} is not one of {BACKENDS}")
+    cuda = torch.device(device).type == "cuda"
+    if backend == "torch" or (backend == "auto" and not cuda):
+        return "torch"
+    if not cuda:
+        raise BackendUnavailable(
+            f"render_backend: gsplat needs CUDA tensors (its kernels are CUDA-only); this "
+            f"training runs on {device}; use render_backend: torch or auto"
+        )
+    reason = gsplat_backend.unavailable_reason()
+    if reason is not None:
+        raise BackendUnavailable(
+            f"render_backend: {backend}: {reason}. Fix: install a CUDA toolkit matching "
+            f"torch's CUDA {torch.version.cuda} (nvcc; CUDA_HOME set) so gsplat can build its "
+            "kernels (minutes, once), or a prebuilt gsplat wheel for this torch; or set "
+            "render_backend: torch (chord train --render_backend torch) to render with the "
+            "project's torch rasterizer on the GPU (slower, more memory)"
+        )
+    return "gsplat"
+
+
+def describe_backend(backend: str) -> str:
+    """One phrase for logs and state files: which renderer draws."""
+    if backend == "gsplat":
+        return gsplat_backend.describe()
+    return "torch rasterizer (chord.render.torch_backend)"
+
+
 def rasterize(
     means: Tensor,  # [..., N, 3]
     quats: Tensor,  # [..., N, 4]
@@ -49,8 +89,8 @@ def rasterize(
         Ks: intrinsics [..., C, 3, 3]; not differentiable.
         width, height: image size in pixels.
         backgrounds: [..., C, D] colour behind the Gaussians, added as bg·(1 − alpha).
-        backend: "auto" (gsplat on CUDA tensors when its extension loads, else torch),
-            "gsplat" or "torch".
+        backend: "auto" (gsplat on CUDA tensors, where its kernels not loading is an
+            error: :func:`resolve_backend`; torch on a CPU), "gsplat" or "torch".
 
     Returns:
         colours [..., C, H, W, D], alphas [..., C, H, W, 1], and a meta dict of
@@ -69,7 +109,7 @@ def rasterize(
     if backend not in BACKENDS:
         raise ValueError(f"backend: {backend!r} is not one of {BACKENDS}")
     if backend == "auto":
-        backend = "gsplat" if means.is_cuda and gsplat_backend.available() else "torch"
+        backend = resolve_backend(backend, means.device)
     if backend == "gsplat":
         if not means.is_cuda:
             raise ValueError(

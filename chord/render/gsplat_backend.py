@@ -9,19 +9,41 @@ logger = logging.getLogger(__name__)
 
 
 @functools.cache
-def available() -> bool:
-    """Whether gsplat's CUDA extension loads (probed once; gsplat is never patched)."""
+def unavailable_reason() -> str | None:
+    """Why gsplat's CUDA kernels cannot run here, or None when they load (probed once;
+    gsplat is never patched). gsplat 1.5 compiles its kernels on first import when it finds a
+    CUDA toolkit (nvcc), which takes minutes once and is cached in TORCH_EXTENSIONS_DIR;
+    without one its extension is None."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return f"torch {torch.__version__} sees no CUDA GPU"
     try:
-        import torch
-
-        if not torch.cuda.is_available():
-            return False
+        import gsplat
+    except ImportError as exc:
+        return f"gsplat is not installed ({exc})"
+    try:
         from gsplat.cuda._backend import _C
+    except Exception as exc:  # a failed JIT build of the extension
+        return f"gsplat {gsplat.__version__}'s CUDA kernels failed to build ({exc})"
+    if _C is None:
+        return (
+            f"gsplat {gsplat.__version__} found no CUDA toolkit (nvcc under CUDA_HOME or on "
+            "PATH) to compile its kernels, and no prebuilt ones"
+        )
+    return None
 
-        return _C is not None
-    except Exception as exc:  # ImportError, or a failed JIT build of the extension
-        logger.warning("gsplat CUDA extension unavailable (%s); using the torch rasterizer", exc)
-        return False
+
+def available() -> bool:
+    """Whether gsplat's CUDA extension loads."""
+    return unavailable_reason() is None
+
+
+def describe() -> str:
+    """Which gsplat renders (for logs and state files)."""
+    import gsplat
+
+    return f"gsplat {gsplat.__version__} (CUDA kernels)"
 
 
 def rasterize(

@@ -14,20 +14,29 @@ import torch
 import trimesh
 
 from chord import cameras, config, demo, gaussians, memory, paths, rng, tiers, train
+from chord.distributed import Group
 from chord.guidance import text as text_cond
 from chord.motion import build_scene
-from chord.render import splat_tensors
+from chord.render import describe_backend, resolve_backend, splat_tensors
 from chord.stages import ingest
 
 logger = logging.getLogger(__name__)
 
 MEMORY_KEYS, VIEW_KEYS = config.MEMORY_KEYS, config.VIEW_KEYS
-LOG_FIELDS = ("it", "sds", "ground", "temporal", "arap", "t", "cfg", "skipped")
+LOG_FIELDS = ("it", "sds", "ground", "temporal", "arap", "t", "cfg", "skipped", "nan")
 config_hash = config.training_hash  # the name the checkpoints and tests know
 
 
 def oracle_for(
-    doc: dict, gsets: dict, data_dir: Path, method, guidance, width, height, device=None
+    doc: dict,
+    gsets: dict,
+    data_dir: Path,
+    method,
+    guidance,
+    width,
+    height,
+    device=None,
+    backend: str = "auto",
 ):
     from chord.guidance.oracle import OracleGuidance, scripted_gaussians
 
@@ -61,7 +70,12 @@ def oracle_for(
     if device is not None:
         target = {k: v.to(device) if torch.is_tensor(v) else v for k, v in target.items()}
     return OracleGuidance(
-        target, width=width, height=height, pool=guidance.oracle_pool, gain=guidance.oracle_gain
+        target,
+        width=width,
+        height=height,
+        pool=guidance.oracle_pool,
+        gain=guidance.oracle_gain,
+        backend=backend,
     )
 
 
@@ -76,11 +90,13 @@ def build(
     guidance,
     memory: train.MemoryFlags | None = None,
     seed: int = 0,
-    rank: int = 0,
-    world_size: int = 1,
+    group: Group | None = None,
     device="cpu",
+    render_backend: str = "auto",
 ) -> train.Trainer:
-    """A :class:`~chord.train.Trainer` from the stage outputs of one scene."""
+    """A :class:`~chord.train.Trainer` from the stage outputs of one scene; ``render_backend``
+    is resolved for ``device`` first (an error before anything loads when it cannot run)."""
+    backend = resolve_backend(render_backend, device)
     doc = ingest.read(scene_json)
     names = [o["name"] for o in doc["objects"] if o["role"] != "avoided"]
     gsets = {n: gaussians.read_ply(plys[n], sh_degree_cap=method.sh_degree) for n in names}
@@ -93,7 +109,7 @@ def build(
     dyn_bounds = [o["bounds"] for o in doc["objects"] if o["role"] == "dynamic"]
     target = tuple(cameras.camera_target(method.cam_height, method.recenter_cam, dyn_bounds))
     if guidance.backend == "oracle":
-        teacher = oracle_for(doc, gsets, data_dir, method, guidance, width, height, device)
+        teacher = oracle_for(doc, gsets, data_dir, method, guidance, width, height, device, backend)
         text = None
     else:
         from chord.guidance import wan
@@ -117,11 +133,11 @@ def build(
         target=target,
         memory=memory or train.MemoryFlags.from_method(method),
         seed=seed,
-        rank=rank,
-        world_size=world_size,
+        group=group or Group(device=device),
         ground_level=ground,
         meshes=meshes,
         surface_voxel_size={n: float(v["surface_voxel_size"]) for n, v in vox.items()},
+        backend=backend,
     )
 
 
@@ -190,9 +206,10 @@ def log_memory_estimate(trainer: train.Trainer, method, guidance, tier: str | No
         return None
     scene = trainer.scene
     dynamic = sum(scene.slices[n].stop - scene.slices[n].start for n in scene.dynamic)
-    e = tiers.estimate(method, None, int(scene.means.shape[0]), dynamic)
+    model = memory.model_for(guidance.ckpt_dir)
+    e = tiers.estimate(method, None, int(scene.means.shape[0]), dynamic, model)
     on = f" on tier {tier}" if tier else ""
-    logger.info("memory model%s: %s", on, memory.describe(e))
+    logger.info("memory model%s (experts: %s): %s", on, model.describe(), memory.describe(e))
     return e
 
 
@@ -227,9 +244,9 @@ def run_stage(
     memory: train.MemoryFlags | None = None,
     handoff: Path | None = None,
     device="cpu",
-    rank: int = 0,
-    world_size: int = 1,
+    group: Group | None = None,
     tier: str | None = None,
+    render_backend: str = "auto",
 ) -> dict:
     """Run ``stage`` ("coarse" or "fine"); returns a summary.
 
@@ -268,12 +285,8 @@ def run_stage(
         logger.info(
             "configuration changed since the checkpoints in %s; starting fresh", checkpoint_dir
         )
-    if world_size > 1:  # an unseeded run draws its base seed once, on rank 0
-        import torch.distributed as dist
-
-        shared = torch.tensor([seed], dtype=torch.int64)
-        dist.broadcast(shared, src=0)
-        seed = int(shared)
+    group = group or Group(device=device)
+    seed = group.broadcast_int(seed, "base seed")  # an unseeded run draws it once, on rank 0
     trainer = build(
         **inputs,
         method=method,
@@ -281,9 +294,10 @@ def run_stage(
         memory=memory,
         seed=seed,
         device=device,
-        rank=rank,
-        world_size=world_size,
+        group=group,
+        render_backend=render_backend,
     )
+    logger.info("training on %s; rendering with the %s", device, describe_backend(trainer.backend))
     predicted = log_memory_estimate(trainer, method, guidance, tier)
     N = method.iterations
     stop = method.add_cp_layer_iter if stage == "coarse" and method.add_cp_objs else N + 1
@@ -300,7 +314,7 @@ def run_stage(
         timings = tuple(f"{p}_s" for p in phases)
         if torch.cuda.is_available():
             timings += tuple(f"{p}_peak_mb" for p in phases)
-    writer = rank == 0  # only rank 0 writes logs, checkpoints and the hand-off
+    writer = group.rank == 0  # only rank 0 writes logs, checkpoints and the hand-off
     log = LossLog(loss_log, start, timings) if writer else None
     try:
         if start < stop and (early is None or start <= early):
@@ -322,8 +336,13 @@ def run_stage(
             log.close()
     log_measured_memory(device, predicted, method)
     if writer:  # the hand-off records the size trained at (a lowres tier changes it) and the tier
-        final = {**trainer.checkpoint(last, h), "size": method.size, "tier": tier}
+        final = {
+            **trainer.checkpoint(last, h),
+            "size": method.size,
+            "tier": tier,
+            "render_backend": trainer.backend,
+            "device": str(device),
+        }
         train.save_checkpoint(out, final)
-    if world_size > 1:
-        torch.distributed.barrier()
+    group.barrier()
     return {"stage": stage, "start": start, "last": last, "seed": seed}

@@ -3,10 +3,12 @@ batch 2 (METHOD §18)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from chord.distributed import Group
 from tests.unit.test_train import make_trainer, method, tiny_scene
 
 
@@ -14,7 +16,7 @@ def params_after_one_step(rank: int, world: int, batch: int) -> dict:
     torch.use_deterministic_algorithms(True)
     scene, mesh = tiny_scene()
     tr = make_trainer(method(batch_size=batch), scene, mesh)
-    tr.rank, tr.world_size = rank, world
+    tr.group = Group(rank, world, tr.device)
     if world > 1:
         tr.sync_from_rank0()
     tr.step(2)
@@ -40,3 +42,69 @@ def test_two_gloo_processes_equal_one_process_with_twice_the_batch(tmp_path):
         torch.testing.assert_close(two[k], one[k], atol=1e-6, rtol=1e-5, msg=k)
     alone = params_after_one_step(0, 1, 1)  # rank 0's video only: a different update
     assert not torch.allclose(alone["layer1.cp_deform"], one["layer1.cp_deform"])
+
+
+class FakeNCCL:
+    """Two identical ranks in one process, with NCCL's rule: a collective takes only tensors on
+    the rank's device. On a GPU node torch's default device is the CPU and the trainer's is
+    CUDA; here the default is ``meta`` and the trainer's the CPU, the same mismatch."""
+
+    def __init__(self, device):
+        self.device, self.calls = torch.device(device), []
+
+    def _check(self, tensor):
+        self.calls.append(tensor.device)
+        if tensor.device != self.device:
+            raise RuntimeError(f"NCCL: tensor on {tensor.device}, expected {self.device}")
+
+    def all_reduce(self, tensor, op=None):
+        self._check(tensor)
+        tensor.mul_(2)  # the other rank holds the same values
+
+    def broadcast(self, tensor, src=0):
+        self._check(tensor)
+
+    def install(self, monkeypatch):
+        monkeypatch.setattr(dist, "all_reduce", self.all_reduce)
+        monkeypatch.setattr(dist, "broadcast", self.broadcast)
+
+
+def test_collectives_take_tensors_on_the_trainers_device_not_torchs_default(monkeypatch):
+    scene, mesh = tiny_scene()
+    tr = make_trainer(method(batch_size=1), scene, mesh)
+    tr.regularisers(2, tr.cameras_at(2))
+    obj = scene.dynamic["obj_0"]
+    before = {k: p.grad.clone() for k, p in obj.param_groups().items() if p.grad is not None}
+    assert before and len(before) < len(obj.param_groups())  # some parameters have no gradient
+    nccl = FakeNCCL(tr.device)
+    nccl.install(monkeypatch)
+    tr.group = Group(0, 2, tr.device)
+    with torch.device("meta"):  # anything made without device=... lands here
+        tr.sync_from_rank0()
+        tr.all_reduce()
+        seed = tr.group.broadcast_int(1234)
+    assert seed == 1234 and nccl.calls and set(nccl.calls) == {tr.device}
+    for k, p in obj.param_groups().items():  # the mean of two equal ranks: unchanged
+        if k in before:
+            torch.testing.assert_close(p.grad, before[k])
+        else:
+            assert p.grad is None  # no gradient on any rank stays None
+
+
+def test_torchrun_on_cuda_selects_the_local_gpu_before_starting_nccl(monkeypatch):
+    from chord import distributed
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.append(("set_device", d)))
+    monkeypatch.setattr(
+        dist, "init_process_group", lambda backend, **kw: calls.append((backend, kw))
+    )
+    env = {"WORLD_SIZE": "4", "RANK": "6", "LOCAL_RANK": "2"}
+    group = distributed.from_env(env)
+    cuda2 = torch.device("cuda", 2)
+    assert calls == [("set_device", cuda2), ("nccl", {"device_id": cuda2})]
+    assert (group.rank, group.world_size, group.device) == (6, 4, cuda2)
+    scene, mesh = tiny_scene()  # a scene elsewhere than the group's GPU is refused up front
+    with pytest.raises(ValueError, match="its process group on cuda:2"):
+        make_trainer(method(batch_size=1), scene, mesh, group=group)

@@ -199,3 +199,42 @@ def test_invalid_shapes_are_errors():
     with pytest.raises(ValueError, match="positive"):
         memory.estimate({}, **{**DOC, "batch": 0})
     assert "GiB" in memory.describe(memory.estimate({}, **DOC))
+
+
+def test_the_model_takes_the_experts_shapes_from_the_wan_folder(tmp_path, caplog):
+    """A run on a small model must not be described (logged, planned, checked) as A14B."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from chord import config as cc
+    from chord import tiers
+    from chord.guidance import tiny_models
+    from chord.stages import train as train_stage
+
+    folder = tiny_models.write_tiny_wan(tmp_path / "wan")
+    shape = memory.ModelShape.from_folder(folder)
+    assert (shape.layers, shape.heads, shape.head_dim, shape.ffn) == (1, 2, 8, 32)
+    assert shape.vae_base_dim == 8 and shape.experts == 2
+    vae = tiny_models.tiny_vae()
+    assert shape.vae_params == sum(p.numel() for p in vae.parameters())
+    expert = tiny_models.tiny_transformer()
+    assert memory.dit_params(shape) == sum(p.numel() for p in expert.parameters())
+    assert memory.model_for(folder) == shape and memory.model_for(None) is memory.A14B
+    assert memory.ModelShape.from_folder(tmp_path / "elsewhere") is memory.A14B
+    shape_kw = dict(width=64, height=32, frames=5, batch=1, gaussians=1000)
+    small = memory.estimate({}, model=shape, **shape_kw)
+    assert (
+        small["parts"]["dit_weights"]
+        < memory.MiB
+        < memory.estimate({}, **shape_kw)["parts"]["dit_weights"]
+    )
+    scene = SimpleNamespace(
+        means=torch.zeros(300, 3), slices={"obj_0": slice(0, 300)}, dynamic={"obj_0": None}
+    )
+    m = cc.method_from_mapping({"size": "64*32", "frame_num": 5, "batch_size": 1})
+    wan = cc.guidance_from_mapping({"backend": "wan", "ckpt_dir": str(folder)})
+    with caplog.at_level("INFO", logger="chord.stages.train"):
+        e = train_stage.log_memory_estimate(SimpleNamespace(scene=scene), m, wan, None)
+    assert e == tiers.estimate(m, None, 300, 300, shape)
+    assert "experts: 1 layers x 16," in caplog.text and "dit_weights 26.6" not in caplog.text

@@ -251,6 +251,36 @@ def test_gsplat_backend_on_cpu_is_a_clear_error():
         )
 
 
+def test_auto_on_cuda_without_gsplat_kernels_fails_with_the_reason_and_the_fix(monkeypatch):
+    """gsplat 1.5 without a CUDA toolkit has no kernels: "auto" must not quietly render with
+    the torch rasterizer on the GPU."""
+    from chord import render
+    from chord.render import gsplat_backend
+
+    reason = "gsplat 1.5.3 found no CUDA toolkit (nvcc under CUDA_HOME or on PATH)"
+    monkeypatch.setattr(gsplat_backend, "unavailable_reason", lambda: reason)
+    for backend in ("auto", "gsplat"):
+        with pytest.raises(render.BackendUnavailable) as err:
+            render.resolve_backend(backend, "cuda:0")
+        msg = str(err.value)
+        assert reason in msg and "CUDA toolkit" in msg and "render_backend: torch" in msg
+    assert render.resolve_backend("torch", "cuda:0") == "torch"  # asked for explicitly
+    monkeypatch.setattr(gsplat_backend, "unavailable_reason", lambda: None)
+    assert render.resolve_backend("auto", torch.device("cuda", 1)) == "gsplat"
+    assert render.resolve_backend("auto", "cpu") == "torch"
+    with pytest.raises(render.BackendUnavailable, match="gsplat needs CUDA tensors"):
+        render.resolve_backend("gsplat", "cpu")
+
+
+def test_gsplat_probe_says_why_on_a_machine_without_cuda():
+    from chord.render import gsplat_backend
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    assert "sees no CUDA GPU" in gsplat_backend.unavailable_reason()
+    assert not gsplat_backend.available()
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="gsplat parity needs a CUDA GPU")
 def test_torch_backend_matches_gsplat_on_gpu():
     from chord.render import gsplat_backend

@@ -58,9 +58,13 @@ def test_parse_rejects_tiers_out_of_escalation_order():
     + [(16, "lowres"), (12, "lowres_min"), (8, "lowres_min")],
 )
 def test_auto_picks_the_first_tier_that_fits(default_tiers, gpu_mem_gb, expected):
-    assert tiers.auto(default_tiers, gpu_mem_gb) == expected
-    assert tiers.base("auto", default_tiers, gpu_mem_gb) == expected
+    lowres = default_tiers[expected].size is not None  # changes the result: only if allowed
+    assert tiers.auto(default_tiers, gpu_mem_gb, allow_lowres=lowres) == expected
+    assert tiers.base("auto", default_tiers, gpu_mem_gb, allow_lowres=lowres) == expected
     assert tiers.base("split", default_tiers, gpu_mem_gb) == "split"  # explicit wins
+    if lowres:
+        with pytest.raises(cc.ConfigError, match="auto_lowres: true"):
+            tiers.auto(default_tiers, gpu_mem_gb)
 
 
 def test_escalation_moves_past_tiers_that_ran_out_of_memory(default_tiers):
@@ -277,8 +281,14 @@ def test_auto_skips_tiers_the_model_rejects(default_tiers):
     assert tiers.base("auto", default_tiers, 48, Rejects("split")) == "offload"
     assert tiers.base("split", default_tiers, 48, Rejects("split")) == "split"  # explicit wins
     assert tiers.auto(default_tiers, 48, Rejects()) == "split"
-    # a GPU smaller than every tier: the leanest, when the model accepts it
-    assert tiers.auto(default_tiers, 8, Rejects("full", "split")) == "lowres_min"
+    # a GPU smaller than every tier: the leanest, when the model accepts it and lower sizes
+    # are allowed; auto never lowers the size by itself
+    assert tiers.auto(default_tiers, 8, Rejects("full", "split"), allow_lowres=True) == "lowres_min"
+    with pytest.raises(cc.ConfigError, match=r"fits only tiers that lower the SDS size"):
+        tiers.auto(default_tiers, 8, Rejects("full", "split"))
+    # ... unless the method's size is already that small: then lowres_min changes nothing
+    small = cc.method_from_mapping({"size": "128*80"})
+    assert tiers.auto(default_tiers, 8, Rejects(), method=small) == "lowres_min"
 
 
 def test_auto_falls_back_to_the_declared_choice_when_the_model_rejects_every_tier(
@@ -387,7 +397,9 @@ def test_the_model_rejects_tiers_whose_declared_memory_is_optimistic(default_tie
     is predicted over 80 GB and split over 48 GB. With the Wan VAE as the video encoder
     (use_tiny_vae false) at 832*480 every tier but lowres_min at 416*240 is predicted over
     80 GB (its encoder graph alone is ~180 GiB): a 48 GB GPU falls back to split with a
-    warning, and an 80 GB GPU starts on lowres_min, warned as a change of the result."""
+    warning. On an 80 GB GPU only lowres_min at 416*240 is predicted to fit: auto does not
+    change the result by itself, so that is an error naming the peak and the remedies, and
+    with auto_lowres it starts there, warned as a change of the result."""
     roles = {"obj_0": "dynamic", "obj_1": "static"}
     dense = documented(gs_init_num=1_000_000)
     for gpu, skipped, expected in ((80, "full", "split"), (48, "split", "offload")):
@@ -407,9 +419,17 @@ def test_the_model_rejects_tiers_whose_declared_memory_is_optimistic(default_tie
         assert tiers.auto(default_tiers, 48, fits48) == "split"
     assert "no tier fits 48 GB of GPU memory" in caplog.text and "starting on split" in caplog.text
     caplog.clear()
+    fits80 = tiers.scene_fits(wan_vae, roles, 80, backend="wan", label="scene s")
+    with pytest.raises(cc.ConfigError) as err:
+        tiers.auto(default_tiers, 80, fits80, method=wan_vae)
+    msg = str(err.value)
+    assert "no tier at the method's size fits 80 GB" in msg and "scene s, tier full" in msg
+    assert "lowres_min at size 416*240, which changes the result" in msg
+    assert "use_tiny_vae: true" in msg and "auto_lowres: true" in msg
     with caplog.at_level("WARNING", logger="chord.tiers"):
-        fits80 = tiers.scene_fits(wan_vae, roles, 80, backend="wan")
-        assert tiers.auto(default_tiers, 80, fits80) == "lowres_min"
+        assert tiers.auto(default_tiers, 80, fits80, method=wan_vae, allow_lowres=True) == (
+            "lowres_min"
+        )
     assert "at size 416*240, which changes the result" in caplog.text
 
 
@@ -442,6 +462,7 @@ def test_training_logs_the_model_estimate_of_its_tier(caplog):
     with caplog.at_level("INFO", logger="chord.stages.train"):
         e = train_stage.log_memory_estimate(trainer, m, wan, "split")
     assert e == tiers.estimate(m, None, 300, 100)
-    assert "memory model on tier split: 832x480: peak" in caplog.text
+    assert "memory model on tier split (experts: 40 layers x 5120 (A14B)" in caplog.text
+    assert "): 832x480: peak" in caplog.text
     oracle = cc.guidance_from_mapping({"backend": "oracle"})
     assert train_stage.log_memory_estimate(trainer, m, oracle, "split") is None

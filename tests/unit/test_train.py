@@ -188,7 +188,7 @@ def run_steps(tr, start, stop):
         tr.step(it)
 
 
-def make_trainer(m, scene=None, mesh=None):
+def make_trainer(m, scene=None, mesh=None, **kw):
     if scene is None:
         scene, mesh = tiny_scene()
     return train.Trainer(
@@ -200,6 +200,7 @@ def make_trainer(m, scene=None, mesh=None):
         height=H,
         meshes={"obj_0": mesh},
         surface_voxel_size={"obj_0": 0.05},
+        **kw,
     )
 
 
@@ -337,3 +338,77 @@ def test_sigterm_writes_a_checkpoint_and_stops(tmp_path):
         train.run(tr, 1, 7, config_hash="h", checkpoint_dir=tmp_path, log=log)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt_000001.pt", "ckpt_000002.pt"]
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # handler restored
+
+
+def test_split_render_backward_empties_the_cuda_cache_after_each_chunk(monkeypatch):
+    """METHOD §15: each re-render chunk backpropagates, then empties the cache (and so does the
+    encoder backward before them); on a CPU the call is a no-op, so it is counted here."""
+    calls = []
+    monkeypatch.setattr(train.runtime, "empty_cache", lambda device: calls.append(device))
+    m = method(batch_size=2)
+    tr = make_trainer(m, memory=train.MemoryFlags(True, True, 2))
+    tr.sds(3, tr.cameras_at(3))
+    chunks = len(range(0, T, 2))  # frames [0, 2), [2, 4), [4, 5)
+    assert calls == [tr.device] * (1 + chunks) * m.batch_size
+
+
+class NaNTeacher(FlakyTeacher):
+    """The oracle, with a few NaN entries in its velocity until use_float32() is called."""
+
+    def velocity(self, z_t, *args, **kw):
+        v = self.oracle.velocity(z_t, *args, **kw)
+        if not self.fp32:
+            v = v.contiguous().clone()
+            v.view(-1)[:3] = float("nan")
+        return v
+
+
+def test_nan_from_the_teacher_is_a_non_finite_step_that_rolls_back(tmp_path):
+    """sds_grad zeroes NaN entries (METHOD §11), so they would vanish; the step is skipped
+    and counted instead, and persistent NaNs roll back and switch to float32."""
+    tr = make_trainer(method(iterations=6, batch_size=1, save_interval=2))
+    tr.guidance = NaNTeacher(tr.guidance)
+    before = {k: p.detach().clone() for k, p in tr.scene.dynamic["obj_0"].param_groups().items()}
+    rec = tr.step(1)
+    assert rec["skipped"] == 1 and rec["nan"] == 3 and tr.nonfinite == 1
+    for k, p in tr.scene.dynamic["obj_0"].param_groups().items():
+        assert p.equal(before[k]), k  # no Adam step
+    tr = make_trainer(method(iterations=6, batch_size=1, save_interval=2))
+    tr.guidance = NaNTeacher(tr.guidance)
+    tr.guidance.fp32 = True
+    rows = []
+    train.run(tr, 1, 3, config_hash="h", checkpoint_dir=tmp_path, log=rows.append)
+    tr.guidance.fp32 = False
+    train.run(
+        tr, 3, 7, config_hash="h", checkpoint_dir=tmp_path, log=rows.append, max_nonfinite_steps=2
+    )
+    assert [r["nan"] for r in rows][:4] == [0, 0, 3, 3] and tr.guidance.fp32  # rolled back
+
+
+def test_float32_fallback_is_not_taken_where_the_memory_model_says_it_will_not_fit(
+    tmp_path, caplog
+):
+    """An A14B expert in float32 is 57 GiB of weights alone (91 GiB reserved in all at 832x480 on
+    the full tier): where it cannot fit, the fallback would run out of memory hours into a
+    run. It is checked first and, when it does not fit (here: a 48 GiB GPU at the test's tiny
+    size), the run retries at its precision and then stops with the reason."""
+    from chord import memory
+
+    m = method(iterations=6, batch_size=1, save_interval=2)
+    for gib, switches in ((48, False), (200, True)):
+        tr = make_trainer(m, gpu_memory_bytes=gib * memory.GiB)
+        tr.guidance = FlakyTeacher(tr.guidance)
+        tr.guidance.model_shape = memory.A14B
+        tr.guidance.fp32 = True
+        folder = tmp_path / str(gib)
+        train.run(tr, 1, 3, config_hash="h", checkpoint_dir=folder)
+        tr.guidance.fp32 = False
+        if switches:
+            train.run(tr, 3, 7, config_hash="h", checkpoint_dir=folder, max_nonfinite_steps=2)
+            assert tr.guidance.fp32
+            continue
+        assert "in float32 the memory model predicts" in tr.float32_fallback_problem()
+        with pytest.raises(RuntimeError, match="persist after rolling back"):
+            train.run(tr, 3, 7, config_hash="h", checkpoint_dir=folder, max_nonfinite_steps=2)
+        assert not tr.guidance.fp32
+        assert "float32 fallback not taken: in float32 the memory model predicts" in caplog.text

@@ -4,6 +4,7 @@ the real loader (local files only)."""
 from __future__ import annotations
 
 import shutil
+import types
 
 import pytest
 import torch
@@ -78,24 +79,30 @@ def test_conditioning_layout_for_41_frames(guidance, embeddings):
     torch.testing.assert_close(x[1, 20:], y[4:])
 
 
-def test_expert_routing_at_the_boundary(guidance, embeddings):
-    calls = []
+def test_one_expert_in_memory_routed_at_the_boundary_and_reloaded_after_a_switch(
+    folder, embeddings, monkeypatch
+):
+    """Both A14B experts held at once are ~57 GB of host RAM: a switch drops the other one,
+    and an expert needed again (after a roll-back) is loaded anew."""
+    loaded, calls = [], []
+    load = wan.load_expert
+
+    def counting_load(ckpt_dir, name, *, dtype):
+        model = load(ckpt_dir, name, dtype=dtype)
+        loaded.append(name)
+        model.register_forward_hook(lambda m, a, o: calls.append(name))
+        return model
+
+    monkeypatch.setattr(wan, "load_expert", counting_load)
+    g = wan.WanGuidance(folder)
     z = torch.randn(1, 16, 11, H // 8, W // 8)
-    y = guidance.condition(video())
-    for name in ("transformer", "transformer_2"):
-        guidance._activate(name)
-    handles = [
-        guidance.experts[n].register_forward_hook(lambda m, a, o, n=n: calls.append(n))
-        for n in ("transformer", "transformer_2")
-    ]
-    try:
-        for t in (0.98, 0.9, 0.8999, 0.02):
-            guidance.velocity(z, t, [y], embeddings, cfg_scale=1.0)
-    finally:
-        for h in handles:
-            h.remove()
-    assert calls == ["transformer", "transformer", "transformer_2", "transformer_2"]
-    assert guidance.active == "transformer_2"
+    y = g.condition(video())
+    for t in (0.98, 0.9, 0.8999, 0.02, 0.95):  # the last: high noise again after a roll-back
+        g.velocity(z, t, [y], embeddings, cfg_scale=1.0)
+        assert list(g.experts) == [g.active]
+    high, low = "transformer", "transformer_2"
+    assert calls == [high, high, low, low, high]
+    assert loaded == [high, low, high] and g.loads == 3
 
 
 def test_cfg_arithmetic_and_batched_equals_sequential(folder, guidance, embeddings):
@@ -169,3 +176,90 @@ def test_from_config_with_the_tiny_vae(folder, tmp_path):
             cc.guidance_from_mapping({"backend": "wan", "ckpt_dir": str(folder)}),
             cc.method_from_mapping({"enable_mmgp": True}),
         )
+
+
+def test_float32_fallback_computes_in_float32_not_under_bf16_autocast(folder, embeddings):
+    """The experts run under autocast to their dtype (bf16: METHOD §9); after the fallback
+    both the weights and the arithmetic are float32 (bf16 autocast over float32 weights would
+    double the memory and change nothing)."""
+    g = wan.WanGuidance(folder, dtype=torch.bfloat16)  # as on CUDA; autocast on the CPU here
+    seen = []
+
+    def probe(module, args, kwargs):
+        dev = g.device.type
+        seen.append(
+            (
+                torch.is_autocast_enabled(dev) and torch.get_autocast_dtype(dev),
+                module.proj_out.weight.dtype,  # (norms and the time embedder stay fp32)
+            )
+        )
+
+    z = torch.randn(1, 16, 11, H // 8, W // 8)
+    y = g.condition(video())
+    g.velocity(z, 0.5, [y], embeddings, cfg_scale=2.0)
+    handle = g.experts["transformer_2"].register_forward_pre_hook(probe, with_kwargs=True)
+    g.velocity(z, 0.5, [y], embeddings, cfg_scale=2.0)
+    assert g.compute_dtype == torch.bfloat16 and seen[-1] == (torch.bfloat16, torch.bfloat16)
+    g.use_float32()
+    v = g.velocity(z, 0.5, [y], embeddings, cfg_scale=2.0)
+    handle.remove()
+    assert g.compute_dtype == torch.float32 and seen[-1] == (False, torch.float32)
+    assert v.dtype == torch.float32 and bool(torch.isfinite(v).all())
+    g.velocity(z, 0.95, [y], embeddings, cfg_scale=2.0)  # an expert loaded after the switch
+    assert g.experts["transformer"].proj_out.weight.dtype == torch.float32
+
+
+class CastingMMGP:
+    """A stand-in for mmgp that does what the real one does to a module it profiles (3.8:
+    ``offload.profile`` with ``convertWeightsFloatTo``): converts its float32 weights to bf16,
+    and casts every float32 tensor argument to bf16 before each forward
+    (``move_args_to_gpu``). A released offload object keeps its hooks on the module, and
+    profiling that module again is an error, as the hooks of the real one would be."""
+
+    def __init__(self):
+        self.offload = self
+        self.wrapped = []
+
+    def profile(self, modules, **kwargs):
+        (module,) = modules.values()
+        if getattr(module, "_fake_mmgp_released", False):
+            raise RuntimeError("module still hooked by a released mmgp offload object")
+        module.to(kwargs["convertWeightsFloatTo"])
+
+        def bf16(x):
+            return x.to(torch.bfloat16) if torch.is_tensor(x) and x.dtype == torch.float32 else x
+
+        def cast(mod, args, kw):
+            return tuple(bf16(a) for a in args), {k: bf16(v) for k, v in kw.items()}
+
+        module.register_forward_pre_hook(cast, with_kwargs=True)
+        self.wrapped.append(module)
+        obj = types.SimpleNamespace(unload_all=lambda: None)
+
+        def release():
+            module._fake_mmgp_released = True
+
+        obj.release = release
+        return obj
+
+
+def test_mmgp_gets_the_exact_timestep_and_fresh_experts(folder, embeddings):
+    """mmgp casts float32 arguments to bf16: 1000·t = 907.2 would reach the time embedding as
+    908. And after a switch the released expert is never handed to mmgp again."""
+    from chord.guidance.mmgp_residency import MMGPResidency
+
+    fake = CastingMMGP()
+    g = wan.WanGuidance(folder, mmgp=MMGPResidency(4.0, 100, module=fake, cuda_check=False))
+    seen = []
+    z = torch.randn(1, 16, 11, H // 8, W // 8)
+    y = g.condition(video())
+    t = 0.9072
+    for step_t in (t, 0.5, t):  # high, low, then high again (a roll-back)
+        g.velocity(z, step_t, [y], embeddings, cfg_scale=2.0)
+        model = g.experts[g.active]
+        if not seen:
+            proj = model.condition_embedder.timesteps_proj
+            proj.register_forward_pre_hook(lambda m, a: seen.append(a[0].clone()))
+            g.velocity(z, step_t, [y], embeddings, cfg_scale=2.0)
+    assert float(seen[0][0]) == pytest.approx(1000 * t, abs=1e-3)  # not 908
+    assert len(fake.wrapped) == 3 and len({id(m) for m in fake.wrapped}) == 3

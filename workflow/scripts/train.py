@@ -35,5 +35,6 @@ with stage_logging(snakemake.log[0]):
             guidance=conf.guidance,
             handoff=Path(inp.handoff) if stage == "fine" else None,
             tier=tier.name,
+            render_backend=conf.render_backend,
             device="cuda" if torch.cuda.is_available() else "cpu",
         )
