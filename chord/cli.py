@@ -42,6 +42,23 @@ def cmd_validate(args) -> int:
     return 0
 
 
+def cmd_doctor(args) -> int:
+    """Every check of :mod:`chord.doctor` for the config (exit 2 when one fails)."""
+    import os
+
+    from chord import doctor
+
+    conf = cfg.load_file(Path(args.config), *(Path(p) for p in args.configfile))
+    checks = doctor.run(conf, os.environ, gpu_mem_gb=conf.gpu_mem_gb)
+    print(doctor.table(checks))
+    counts = {s: sum(c.status == s for c in checks) for s in (doctor.PASS, doctor.FAIL, doctor.NA)}
+    print(
+        f"chord doctor: {counts['pass']} pass, {counts['fail']} fail, {counts['n/a']} n/a",
+        file=sys.stderr,
+    )
+    return EXIT_INPUT if counts["fail"] else 0
+
+
 def cmd_demo_scenes(args) -> int:
     from chord import demo
 
@@ -237,6 +254,21 @@ def build_parser() -> argparse.ArgumentParser:
     sp = with_config(sub.add_parser("validate", help="validate the config and the scene sheet"))
     sp.set_defaults(func=cmd_validate)
 
+    sp = with_config(
+        sub.add_parser(
+            "doctor",
+            help="preflight on the GPU node before a long run: CUDA, gsplat, the Wan folder, "
+            "the Tiny VAE file, memory against the model, the allocator, disk",
+        )
+    )
+    sp.add_argument(
+        "--configfile",
+        action="append",
+        default=[],
+        help="a config file merged over --config, as snakemake --configfile does (repeatable)",
+    )
+    sp.set_defaults(func=cmd_doctor)
+
     sp = sub.add_parser("demo-scenes", help="write the bundled procedural demo scenes")
     sp.add_argument("outdir", help="folder that receives <name>/scene.glb, obj_<i>.glb, ...")
     sp.add_argument("--names", nargs="+", help="which demo scenes (default: all)")
@@ -271,6 +303,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import os
+
+    from chord import runtime
+
+    runtime.configure_allocator(os.environ)  # before anything starts CUDA (METHOD §15)
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["train"]:  # CHORD's train.py flags, parsed by chord.train_cli
         return _train(argv[1:])

@@ -208,6 +208,7 @@ class Config:
     tiers: dict[str, dict] = field(default_factory=dict)
     render_backend: str = "auto"
     auto_lowres: bool = False
+    gpu_mem_gb: float | None = None
 
 
 def check_guidance(guidance: GuidanceConfig, methods: dict, *, flags: bool = False) -> None:
@@ -342,11 +343,12 @@ def load(config: dict, *, base: Path | None = None) -> Config:
         tiers=tiers,
         render_backend=config["render_backend"],
         auto_lowres=config["auto_lowres"],
+        gpu_mem_gb=config["gpu_mem_gb"],
     )
 
 
-def load_file(path: Path) -> Config:
-    """Load ``config.yaml`` (relative paths in it resolve against the current directory)."""
+def read_yaml(path: Path) -> dict:
+    """A YAML config file's mapping; a missing or malformed file is a ConfigError."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {path}: not found")
@@ -357,6 +359,27 @@ def load_file(path: Path) -> Config:
             raise ConfigError(f"config file {path}: not valid YAML ({exc})") from exc
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path}: top level must be a mapping")
+    return data
+
+
+def merge(base: dict, over: dict) -> dict:
+    """``over`` merged into ``base`` key by key, nested mappings recursively: what Snakemake
+    does with each --configfile over the Snakefile's configfile."""
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def load_file(path: Path, *over: Path) -> Config:
+    """Load ``config.yaml``, with each file of ``over`` merged over it as the workflow merges
+    --configfile (relative paths resolve against the current directory)."""
+    data = read_yaml(path)
+    for extra in over:
+        data = merge(data, read_yaml(extra))
     return load(data)
 
 

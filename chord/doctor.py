@@ -401,8 +401,16 @@ def run(conf: cc.Config, env: Mapping[str, str], *, gpu_mem_gb: float | None = N
     guidance = conf.guidance
     methods = [s.method for s in conf.scenes.values()]
     wan = guidance.backend == "wan"
+    model = memory.model_for(guidance.ckpt_dir)
     checks = [
-        check_cuda(needs_gpu=wan),
+        Check(
+            "config",
+            PASS,
+            f"{len(conf.scenes)} scene(s), guidance {guidance.backend}, render_backend "
+            f"{conf.render_backend}, tiers {', '.join(conf.tiers)}",
+        ),
+        # an A14B-sized teacher needs a GPU; a small test model runs on a CPU
+        check_cuda(needs_gpu=wan and model.dit == memory.A14B.dit),
         check_renderer(conf.render_backend, parity=True),
         check_wan_folder(guidance),
         check_tiny_vae(guidance, methods),
@@ -411,7 +419,6 @@ def run(conf: cc.Config, env: Mapping[str, str], *, gpu_mem_gb: float | None = N
     host = host_bytes() if torch.cuda.is_available() else None  # the job's node, not a login
     if gpu is None and gpu_mem_gb is not None:
         gpu = int(gpu_mem_gb * memory.GiB)
-    model = memory.model_for(guidance.ckpt_dir)
     tier_table = tiers.parse(conf.tiers)
     gb = None if gpu is None else gpu / memory.GiB
     groups: dict = {}  # (tier, estimate) -> scenes: one row per distinct training

@@ -115,10 +115,11 @@ class ModelShape:
     def describe(self) -> str:
         """E.g. "40 layers x 5120 (A14B), 14.3B parameters per expert"."""
         name = " (A14B)" if self.dit == A14B.dit else ""
-        return (
-            f"{self.layers} layers x {self.dim}{name}, "
-            f"{dit_params(self) / 1e9:.3g}B parameters per expert"
+        n = dit_params(self)
+        count = next(
+            f"{n / u:.3g}{s}" for u, s in ((1e9, "B"), (1e6, "M"), (1e3, "k"), (1, "")) if n >= u
         )
+        return f"{self.layers} layers x {self.dim}{name}, {count} parameters per expert"
 
 
 #: Wan 2.2 I2V A14B (each expert): transformer/config.json of the diffusers release.

@@ -202,6 +202,7 @@ def run(argv: list[str]) -> int:
                 device=group.device,
                 group=group,
                 render_backend=args.render_backend,
+                env=os.environ,
             )
             logger.info(
                 "%s: iterations %d..%d (seed %d)",

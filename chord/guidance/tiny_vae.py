@@ -364,13 +364,18 @@ def load_tiny_vae(
         if k in expected
         and not (isinstance(v, torch.Tensor) and tuple(v.shape) == tuple(expected[k].shape))
     )
+
+    def few(items: list[str]) -> str:  # a whole foreign state dict would be hundreds of keys
+        more = f" (+{len(items) - 8} more)" if len(items) > 8 else ""
+        return ", ".join(items[:8]) + more
+
     problems = []
     if missing:
-        problems.append(f"missing encoder keys: {', '.join(missing)}")
+        problems.append(f"missing encoder keys: {few(missing)}")
     if unexpected:
-        problems.append(f"unexpected encoder keys: {', '.join(unexpected)}")
+        problems.append(f"unexpected encoder keys: {few(unexpected)}")
     if bad:
-        problems.append(f"shape mismatches: {', '.join(bad)}")
+        problems.append(f"shape mismatches: {few(bad)}")
     if problems:
         raise ValueError(f"tiny VAE weights {path}: " + "; ".join(problems))
     model.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)

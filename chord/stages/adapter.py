@@ -22,7 +22,12 @@ EXIT_OUT_OF_MEMORY = 3
 def stage_logging(log_path: str) -> Iterator[None]:
     """Route ``chord`` logging to the rule's log; an input error ends the job with a one-line
     message (in the log and on stderr) and exit status 2 instead of a traceback, running out of
-    GPU memory with exit status 3."""
+    GPU memory with exit status 3. Sets the CUDA allocator's configuration first."""
+    import os
+
+    from chord import runtime
+
+    runtime.configure_allocator(os.environ)  # before anything starts CUDA (METHOD §15)
     root = logging.getLogger()
     root.setLevel(logging.INFO)
     handler = logging.FileHandler(log_path, mode="w")

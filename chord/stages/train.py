@@ -199,6 +199,27 @@ class LossLog:
         self.f.close()
 
 
+def run_preflight(inputs, method, guidance, device, render_backend, tier, checkpoint_dir, env):
+    """:func:`chord.doctor.preflight` of this training, from its input files' headers."""
+    from chord import doctor
+
+    counts = {name: tiers.ply_vertex_count(path) for name, path in inputs["plys"].items()}
+    dynamic = list(inputs["voxels"])
+    return doctor.preflight(
+        method=method,
+        guidance=guidance,
+        device=device,
+        render_backend=render_backend,
+        tier=tier,
+        host_mem_gb=None,
+        gaussians=sum(counts.values()),
+        dynamic_gaussians=sum(counts[n] for n in dynamic),
+        control_point_count=doctor.control_points(method, dynamic),
+        checkpoint_dir=Path(checkpoint_dir),
+        env=env,
+    )
+
+
 def log_memory_estimate(trainer: train.Trainer, method, guidance, tier: str | None) -> dict | None:
     """Log the peak-memory model's estimate (:mod:`chord.memory`, that of the Wan teacher) of
     this training, ``method`` being the effective one; returns it (None for the oracle)."""
@@ -247,6 +268,7 @@ def run_stage(
     group: Group | None = None,
     tier: str | None = None,
     render_backend: str = "auto",
+    env=None,
 ) -> dict:
     """Run ``stage`` ("coarse" or "fine"); returns a summary.
 
@@ -254,6 +276,8 @@ def run_stage(
     (:func:`chord.tiers.apply`); the hand-off state records that size and ``tier``. The fine
     stage continues the coarse hand-off at the size it was trained at.
 
+    The training's preflight (:func:`chord.doctor.preflight`, ``env`` the process
+    environment for its allocator check) runs first and stops a run that would fail later.
     On a CPU, torch's deterministic algorithms are switched on for the process, so resume and
     coarse → fine reproduce an uninterrupted run bit for bit (METHOD §7); on a GPU results
     agree up to floating-point reordering.
@@ -269,6 +293,7 @@ def run_stage(
         if size != method.size:  # e.g. the coarse stage escalated to a lowres tier
             logger.info("continuing the coarse hand-off at its size %s, not %s", size, method.size)
             method = dataclasses.replace(method, size=size)
+    run_preflight(inputs, method, guidance, device, render_backend, tier, checkpoint_dir, env)
     h = config_hash(method, guidance)
     seed = rng.base_seed(method.seed)
     if start_ckpt is not None:

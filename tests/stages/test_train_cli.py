@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 
 import pytest
@@ -68,7 +69,7 @@ def test_bad_flags_are_errors(capsys):
     assert code == 2 and "--dit_fsdp: sharded Wan is not supported" in capsys.readouterr().err
 
 
-def test_seed_command_runs_against_a_tiny_saved_model(tmp_path):
+def test_seed_command_runs_against_a_tiny_saved_model(tmp_path, caplog, monkeypatch):
     from safetensors.torch import save_file
 
     from chord.guidance.tiny_vae import TinyVAEEncoder
@@ -107,10 +108,19 @@ def test_seed_command_runs_against_a_tiny_saved_model(tmp_path):
         "--split_render_chunk_size",
         "2",
     ]
-    assert cli.main(["train", *shlex.split(command), *small]) == 0
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    with caplog.at_level("INFO"):
+        assert cli.main(["train", *shlex.split(command), *small]) == 0
+    # set before CUDA starts (METHOD §15) and checked by the training's preflight
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    preflight = [r.getMessage() for r in caplog.records if r.getMessage().startswith("preflight")]
+    assert any("allocator" in line and "pass" in line for line in preflight), preflight
+    assert any("wan folder" in line and "pass" in line for line in preflight), preflight
+    assert "rendering with the torch rasterizer" in caplog.text
     run = tmp_path / "trained" / "seed"
     ckpt = train.load_checkpoint(run / "train" / "coarse.pt")
     assert ckpt["iteration"] == 2  # --early_stop: ⌊2N/3⌋ = 2 of N = 3
+    assert (ckpt["render_backend"], ckpt["device"]) == ("torch", "cpu")
     assert (run / "condition" / "text.safetensors").is_file()
     assert (run / "train" / "coarse_losses.tsv").read_text().count("\n") == 3
 

@@ -53,6 +53,7 @@ def test_coarse_stage_writes_the_hand_off_and_resumes(hop):
     assert summary == {"stage": "coarse", "start": 1, "last": 4, "seed": 3}
     ckpt = train.load_checkpoint(out)
     assert ckpt["iteration"] == 4 and ckpt["seed"] == 3
+    assert (ckpt["render_backend"], ckpt["device"]) == ("torch", "cpu")  # what rendered, where
     (folder,) = ckpts.iterdir()  # one folder per configuration hash
     assert folder.name == train_stage.config_hash(m, guidance)
     assert sorted(p.name for p in folder.iterdir()) == [

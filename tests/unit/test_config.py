@@ -4,7 +4,6 @@ import yaml
 from chord import config as cc
 from tests.conftest import REPO, write_config
 
-
 # Where the shipped config departs from the release's flag defaults (the schema's, which
 # `chord train` keeps): every documented CHORD command uses the Tiny VAE; without it the full
 # Wan VAE backpropagates and no GPU fits 832x480.

@@ -301,3 +301,61 @@ def test_slurm_profile_submits_each_tier_with_its_gpu_memory_and_time(tmp_path):
         assert args[args.index("--mem") + 1] == str(int(spec["host_mem_gb"] * 1024))
         assert args[args.index("-t") + 1] == str(int(spec["runtime_h"] * 60))
         assert "--cpus-per-gpu=8" in args and "--requeue" in args  # resumes after preemption
+
+
+def wan_workdir(work: Path, tiny_vae: bool = True) -> Path:
+    """The shipped config (no demo overrides: 832*480, 41 frames, batch 4, the Tiny VAE) with
+    the Wan teacher; its folder is not there, so the memory model takes A14B's shapes."""
+    copy_workflow(work)
+    (work / "config").mkdir()
+    conf = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    conf["guidance"].update(backend="wan", ckpt_dir=str(work / "Wan2.2-I2V-A14B-Diffusers"))
+    if tiny_vae:
+        from safetensors.torch import save_file
+
+        from chord.guidance.tiny_vae import TinyVAEEncoder
+
+        save_file(TinyVAEEncoder().state_dict(), str(work / "lighttaew2_1.safetensors"))
+        conf["guidance"]["tiny_vae_path"] = str(work / "lighttaew2_1.safetensors")
+    conf["scene_overrides"] = {}
+    (work / "config/config.yaml").write_text(yaml.safe_dump(conf, sort_keys=False))
+    write_sheet(work / "config/scenes.tsv", "auto")
+    return work
+
+
+def test_the_shipped_method_with_the_wan_teacher_plans_full_size_on_an_80_gb_gpu(tmp_path):
+    """Dry runs: the shipped config on an 80 GB GPU trains hop at 832*480 on tier full. With
+    the full Wan VAE as encoder only lowres_min fits, and auto does not lower the size by
+    itself: the DAG build stops, naming the peak and the remedies; auto_lowres allows it. A
+    missing tiny_vae_path is an error naming the key."""
+    work = wan_workdir(tmp_path / "w")
+    target = ["-n", "results/hop/train/coarse.pt", "--config", "gpu_mem_gb=80"]
+    assert tier_of_training(snakemake(work, *target)) == "full"  # no size: the method's 832*480
+    wan_vae = extra_config(work, "wan_vae", {"method": {"use_tiny_vae": False}})
+    proc = snakemake(work, *target, "--configfile", wan_vae, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-3000:]
+    assert "no tier at the method's size fits 80 GB" in out and "lowres_min at size 416*240" in out
+    assert "use_tiny_vae: true" in out and "auto_lowres: true" in out
+    allowed = extra_config(
+        work, "allowed", {"method": {"use_tiny_vae": False}, "auto_lowres": True}
+    )
+    assert tier_of_training(snakemake(work, *target, "--configfile", allowed)) == "lowres_min"
+    bare = wan_workdir(tmp_path / "bare", tiny_vae=False)
+    proc = snakemake(bare, *target, check=False)
+    assert proc.returncode != 0 and "guidance.tiny_vae_path: not set" in proc.stdout + proc.stderr
+
+
+def test_the_condition_job_asks_slurm_for_the_text_encoders_memory(tmp_path):
+    """UMT5-XXL in float32 on a CPU node needs ~23 GB: the slurm profile's dry run gives the
+    condition job that (its default-resources give CPU stages 8 GB) as a job of its own."""
+    pytest.importorskip("snakemake_executor_plugin_slurm")
+    work = wan_workdir(tmp_path / "w")
+    profile = ["--workflow-profile", str(work / "wf/profiles/slurm")]
+    proc = snakemake(work, *profile, "-n", "results/hop/condition/text.safetensors")
+    lines = proc.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith("rule condition"))
+    block = "\n".join(lines[start : start + 12])
+    mem = int(block.split("mem_mb=")[1].split(",")[0])
+    assert 23_000 < mem < 30_000, block
+    assert "group" not in block  # not summed into the prep group job

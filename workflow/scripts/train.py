@@ -36,5 +36,6 @@ with stage_logging(snakemake.log[0]):
             handoff=Path(inp.handoff) if stage == "fine" else None,
             tier=tier.name,
             render_backend=conf.render_backend,
+            env=os.environ,
             device="cuda" if torch.cuda.is_available() else "cpu",
         )

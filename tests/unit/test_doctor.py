@@ -1,0 +1,169 @@
+"""`chord doctor` and the training's preflight: one table of pass / fail / n/a, each failure
+with its remedy, and a non-zero exit where something would fail on the GPU node."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from chord import cli, doctor, memory
+from chord.guidance import tiny_models
+from tests.conftest import REPO, write_config
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU rows")
+
+
+def rows(text: str) -> dict[str, str]:
+    """{check: status} of a printed table (first row of each check)."""
+    out = {}
+    for line in text.splitlines()[1:]:
+        name, _, rest = line.partition("  ")
+        if name.strip() and name.strip() != "check":
+            out.setdefault(name.strip(), rest.split()[0])
+    return out
+
+
+def test_the_demo_config_passes_here_and_says_what_needs_a_gpu(capsys, monkeypatch):
+    monkeypatch.chdir(REPO)
+    assert cli.main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    status = rows(out)
+    assert status == {
+        "config": "pass",
+        "cuda": "n/a",
+        "gsplat": "n/a",
+        "wan folder": "n/a",
+        "tiny vae": "n/a",
+        "gpu memory": "n/a",
+        "allocator": "pass",
+        "disk": "pass",
+    }
+    assert "needs a CUDA GPU (gsplat's kernels are CUDA-only)" in out
+
+
+@pytest.fixture(scope="module")
+def wan_folder(tmp_path_factory):
+    return tiny_models.write_tiny_wan(tmp_path_factory.mktemp("wan") / "Wan2.2-I2V-A14B-Tiny")
+
+
+@pytest.fixture
+def wan_config(tmp_path, wan_folder, monkeypatch):
+    """A wan config over a copy of the tiny Wan folder, with a Tiny VAE file."""
+    from safetensors.torch import save_file
+
+    from chord.guidance.tiny_vae import TinyVAEEncoder
+
+    monkeypatch.chdir(tmp_path)
+    folder = shutil.copytree(wan_folder, tmp_path / "wan")
+    tiny = tmp_path / "lighttaew2_1.safetensors"
+    save_file(TinyVAEEncoder().state_dict(), str(tiny))
+    guidance = {"backend": "wan", "ckpt_dir": str(folder), "tiny_vae_path": str(tiny)}
+    rows_ = [{"scene": "hop", "data": "resources/demo/hop", "prompt": "a block hops"}]
+    path = write_config(
+        tmp_path / "config", rows_, guidance=guidance, method={"use_tiny_vae": True}
+    )
+    return path, folder, tiny
+
+
+def doctor_run(config, capsys):
+    code = cli.main(["doctor", "--config", str(config)])
+    return code, capsys.readouterr().out
+
+
+def test_a_complete_wan_folder_and_tiny_vae_pass(wan_config, capsys):
+    config, _, _ = wan_config
+    code, out = doctor_run(config, capsys)
+    status = rows(out)
+    assert code == 0, out
+    assert status["wan folder"] == "pass" and status["tiny vae"] == "pass"
+    assert "experts 1 layers x 16" in out  # the model the folder holds, not A14B
+    assert status["cuda"] == "n/a"  # a small test model runs on a CPU
+    assert status["host ram"] == "pass" and "tier full" in out
+
+
+def test_a_wan_folder_without_transformer_2_fails_naming_it(wan_config, capsys):
+    config, folder, _ = wan_config
+    shutil.rmtree(folder / "transformer_2")
+    code, out = doctor_run(config, capsys)
+    assert code == 2 and rows(out)["wan folder"] == "fail"
+    assert "missing: transformer_2/config.json, transformer_2/ weights" in out
+    assert "fix: copy the whole Wan2.2-I2V-A14B-Diffusers folder" in out
+
+
+def test_a_tiny_vae_file_with_other_keys_fails_naming_them(wan_config, capsys):
+    from safetensors.torch import save_file
+
+    config, _, tiny = wan_config
+    save_file({"decoder.weight": torch.zeros(2)}, str(tiny))  # a decoder, no encoder
+    code, out = doctor_run(config, capsys)
+    assert code == 2 and rows(out)["tiny vae"] == "fail"
+    assert "missing encoder keys: encoder.0.bias, encoder.0.weight" in out and "more)" in out
+
+
+def test_an_expert_with_another_interface_fails(wan_config, capsys):
+    import json
+
+    config, folder, _ = wan_config
+    path = folder / "transformer" / "config.json"
+    cfg = json.loads(path.read_text())
+    path.write_text(json.dumps({**cfg, "in_channels": 48}))  # e.g. the TI2V-5B layout
+    code, out = doctor_run(config, capsys)
+    assert code == 2 and "transformer/config.json: in_channels 48, expected 36" in out
+
+
+def test_memory_against_the_model_on_a_declared_gpu(wan_config, capsys, tmp_path):
+    """With gpu_mem_gb from a profile, each scene's tier is checked against the model."""
+    import yaml
+
+    config, _, _ = wan_config
+    small = tmp_path / "small.yaml"
+    small.write_text(yaml.safe_dump({"gpu_mem_gb": 80}))
+    assert cli.main(["doctor", "--config", str(config), "--configfile", str(small)]) == 0
+    out = capsys.readouterr().out
+    assert rows(out)["gpu memory"] == "pass" and "fits 80 GiB" in out
+
+
+def test_preflight_stops_a_training_that_would_fail_later(tmp_path, wan_config):
+    from chord import config as cc
+
+    _, folder, tiny = wan_config
+    guidance = cc.guidance_from_mapping(
+        {"backend": "wan", "ckpt_dir": str(folder), "tiny_vae_path": str(tiny)}
+    )
+    kw = dict(
+        method=cc.method_from_mapping({"use_tiny_vae": True}),
+        guidance=guidance,
+        device="cpu",
+        render_backend="auto",
+        tier="full",
+        host_mem_gb=None,
+        gaussians=1000,
+        dynamic_gaussians=500,
+        control_point_count=60,
+        checkpoint_dir=tmp_path / "ckpt",
+        env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+    )
+    checks = {c.name: c.status for c in doctor.preflight(**kw)}
+    assert checks["wan folder"] == checks["tiny vae"] == checks["host ram"] == "pass"
+    # a job with less host RAM than the model's (one expert + the process) fails at once
+    with pytest.raises(doctor.PreflightError, match="host ram: .* 4 GiB available"):
+        doctor.preflight(**{**kw, "host_mem_gb": 4})
+    # the allocator turned off by the user: a warning, not a stop
+    off = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"}
+    assert {c.name: c.status for c in doctor.preflight(**{**kw, "env": off})}["allocator"] == (
+        "fail"
+    )
+    shutil.rmtree(folder / "transformer_2")
+    with pytest.raises(doctor.PreflightError, match="wan folder: .*transformer_2"):
+        doctor.preflight(**kw)
+
+
+def test_disk_need_counts_checkpoints_and_the_ply_sequence(tmp_path):
+    m = doctor.cc.method_from_mapping({})
+    assert 1 * memory.MiB < doctor.checkpoint_bytes(m, 60) < 100 * memory.MiB
+    # one 3DGS PLY per frame: 41 frames of 200k degree-0 Gaussians (17 floats each)
+    assert doctor.export_bytes(m, 200_000, imported=False) > 200_000 * 68 * 41
+    full = doctor.check_disk(tmp_path / "not" / "yet", 10**18, "everything")
+    assert full.status == "fail" and str(tmp_path) in full.detail
