@@ -1,10 +1,17 @@
-"""GPU check: peak memory and time per memory tier at the real shapes, and renderer parity.
+"""GPU check: memory and time per tier, the float32 fallback, expert reload, gsplat vs torch.
+
+At the real shapes: peak memory and seconds per memory tier, the float32 fallback's peak, the
+expert reload of a switch, and gsplat against the torch rasteriser (parity and timing).
 
     python bench/gpu_check.py [--json gpu_check.json] [--tiers full,split,...]   # a GPU
+        [--extras reload,float32,render_timing] [--float32-size 416x240]
     python bench/gpu_check.py --tiny                                            # CPU, CI
 
-One command, no network, within 8 minutes on one H100/H200-class GPU (an estimate: the setup
-takes about a minute, each tier two iterations; it has not run on a GPU yet). It builds,
+One command, no network, within 8 minutes on one H100/H200-class GPU. Estimates, none
+measured yet: the setup about a minute (half of it saving the expert), the tiers two
+iterations each, the extras about 3 minutes (2.5 to 4) after them; --budget-s (default 390)
+starts no part after that many seconds, so the longest part, the float32 row, still ends
+inside the 8 minutes, and a part left out is a row that says so. It builds,
 with random weights: one Wan 2.2 I2V A14B-shaped DiT expert from the real transformer
 configuration (40 layers, 40 heads of 128, FFN 13824, text dim 4096, 36 in / 16 out channels,
 patch 1x2x2) in bf16, as the high-noise expert that iterations 1 and 2 use (t = 0.98); the
@@ -28,16 +35,46 @@ estimate of chord.memory for the same shapes, and the seconds of the second iter
 into render (Gaussians to video, with the deformation), encode (Tiny VAE latents and the Wan
 VAE image condition), DiT (the CFG-batched expert calls, with mmgp's transfers) and backward
 (everything else: the SDS and regulariser backward passes, the regularisers, Adam). Each tier
-fails soft: an out-of-memory error (or any other) is a row, not a crash. Then a renderer
-parity figure: gsplat against the project's torch rasteriser on the same GPU tensors (one
-view of 8 frames of the scene): mean and max |difference|, PSNR, and the cosine between the
-two gradients of the means.
+fails soft: an out-of-memory error (or any other) is a row, not a crash. The tiers' expert is
+injected into WanGuidance.experts (its _activate then only moves it to the device or hands it
+to mmgp). Then the extras (--extras), each failing soft the same way:
+
+    reload         the expert, saved once in the setup with save_pretrained (bf16, 28.6 GB on
+                   disk, as transformer_2; transformer hard-links its files), loaded the way a
+                   high -> low noise switch loads it: the high-noise expert loaded and resident,
+                   then _activate("transformer_2"): release (gc, CUDA cache), wan.load_expert
+                   to the CPU, .to(device). Seconds of the save, the first load and each part
+                   of the switch, the host RSS peak above its level before the switch, and the
+                   GPU's allocated bytes before the switch and at its peak (one expert's worth
+                   when the old one goes first). The files were just written, so the reads come
+                   mostly from the page cache (a cold read adds 28.6 GB / the disk's
+                   bandwidth). About 1 minute: save 15-40 s (setup), two loads of 15-25 s.
+    float32        row split_fp32 of a second table: the split tier after
+                   guidance.use_float32() on the expert the switch loaded (converted in place
+                   on the GPU; weights and arithmetic in float32, no autocast) at 416x240
+                   (--float32-size), its peaks beside chord.memory.estimate(...,
+                   expert_bytes=4), and that estimate at 832x480. Without bf16 tensor cores an
+                   iteration takes about 25-35 s at 416x240: 60-90 s for the row. At 832x480
+                   about 3 minutes an iteration: a run of its own (--tiers "" --extras float32
+                   --float32-size 832x480 --budget-s 300, about 7 minutes).
+    render_timing  gsplat and the torch rasteriser on the parity view (8 frames): seconds
+                   (median of up to 3 after a warm-up, CUDA-synchronised; a mode's runs stop
+                   after 15 s) and the peak allocated above the resident, without grad (the
+                   split tiers' target renders) and forward+backward to the per-frame Gaussians
+                   (the deformation outside the timing). Under a minute; gsplat milliseconds.
+
+Last, a renderer parity figure: gsplat against the project's torch rasteriser on the same GPU
+tensors (one view of 8 frames of the scene): mean and max |difference|, PSNR, and the cosine
+between the two gradients of the means. --json writes every part (keys device, rows, reload,
+float32, parity, render_timing) after each part, so a run cut short keeps what it measured.
 
 --tiny runs the same code on a CPU at tiny shapes (a one-block transformer of the tiny test
-configuration, a base-width-8 Wan VAE, 2,000 Gaussians, 64x48 (lowres 48x32, 32x16), 9
-frames, batch 2); peaks are then the process's RSS above its baseline, the mmgp tiers fail
-soft (mmgp needs CUDA) and the parity figure is skipped. CI runs it
-(tests/unit/test_gpu_check.py).
+configuration, a base-width-8 Wan VAE, 2,000 Gaussians, 64x48 (lowres 48x32, 32x16; the
+float32 row 32x16), 9 frames, batch 2); peaks are then the process's RSS above its baseline,
+the mmgp tiers fail soft (mmgp needs CUDA), the reload row saves and loads the tiny expert,
+and the parity figure and the renderer timing are skipped. CI runs it
+(tests/unit/test_gpu_check.py). The temporary folder is under TMPDIR: on a GPU it needs about
+30 GB free (else the reload and float32 rows are skipped and say so).
 
 Dependencies on a machine without network. The GPU image needs, besides PyTorch with CUDA,
 transformers, accelerate, safetensors, numpy, scipy and pillow (usually present): diffusers,
@@ -68,8 +105,11 @@ import argparse
 import contextlib
 import gc
 import json
+import logging
 import math
 import os
+import shutil
+import statistics
 import sys
 import tempfile
 import threading
@@ -103,7 +143,12 @@ TIERS = {
     "lowres": (MMGP, (576, 320)),
     "lowres_min": (MMGP, (416, 240)),
 }
-TINY_LOWRES = {"lowres": (48, 32), "lowres_min": (32, 16)}
+#: the float32 fallback row: split flags at the lowres_min size (float32 has no bf16 tensor
+#: cores: at 832x480 its two iterations alone would take about 6 minutes)
+FLOAT32_TIER = {"split_fp32": (SPLIT, (416, 240))}
+TINY_LOWRES = {"lowres": (48, 32), "lowres_min": (32, 16), "split_fp32": (32, 16)}
+EXTRAS = ("reload", "float32", "render_timing")
+PLACEHOLDER = "injected-random-weights.safetensors"
 
 #: diffusers WanTransformer3DModel arguments of Wan2.2-I2V-A14B (transformer/config.json).
 A14B_CONFIG = {
@@ -153,9 +198,9 @@ def random_expert(config: dict, device, dtype) -> torch.nn.Module:
 
 def write_folder(folder: Path, config: dict, *, tiny: bool) -> Path:
     """A diffusers-format Wan 2.2 I2V folder: model_index.json, a random Wan VAE (saved and
-    later loaded like a real one) and the transformer configurations. The experts themselves
-    are built on the device and injected (writing 2 x 28 GB of random weights would take most
-    of the budget), so their folders hold an empty safetensors file for the folder check."""
+    later loaded like a real one) and the transformer configurations. The tiers' expert is
+    built on the device and injected, so the expert folders hold an empty safetensors file
+    for the folder check until :func:`save_expert` writes real weights."""
     from diffusers import AutoencoderKLWan
     from safetensors.torch import save_file
 
@@ -168,10 +213,35 @@ def write_folder(folder: Path, config: dict, *, tiny: bool) -> Path:
         (folder / name).mkdir(parents=True, exist_ok=True)
         cfg = {"_class_name": "WanTransformer3DModel", **config, "patch_size": [1, 2, 2]}
         (folder / name / "config.json").write_text(json.dumps(cfg, indent=2))
-        save_file({}, str(folder / name / "injected-random-weights.safetensors"))
+        save_file({}, str(folder / name / PLACEHOLDER))
     index = {"_class_name": "WanImageToVideoPipeline", "boundary_ratio": 0.9}
     (folder / "model_index.json").write_text(json.dumps(index))
     return folder
+
+
+def save_expert(expert, folder: Path) -> dict:
+    """Write the random expert once (save_pretrained, bf16 on a GPU) as the low-noise expert
+    ``transformer_2``; ``transformer`` gets hard links to the same files (no second copy), so
+    WanGuidance can load either from disk. Skipped when the disk lacks the room."""
+    need = sum(p.numel() * p.element_size() for p in expert.parameters())
+    free = shutil.disk_usage(folder).free
+    if free < need + memory.GiB:
+        return {
+            "status": f"skipped: {free / memory.GiB:.1f} GiB free in {folder.parent}, the "
+            f"expert needs {need / memory.GiB:.1f} GiB (point TMPDIR at a larger disk)"
+        }
+    high, low = folder / "transformer", folder / "transformer_2"
+    start = time.perf_counter()
+    expert.save_pretrained(low)
+    save_s = time.perf_counter() - start
+    for f in [*high.iterdir(), low / PLACEHOLDER]:
+        f.unlink()
+    for f in low.iterdir():
+        try:
+            os.link(f, high / f.name)
+        except OSError:  # a file system without hard links
+            (high / f.name).symlink_to(f)
+    return {"status": "ok", "save_s": save_s, "weights_bytes": need}
 
 
 def make_guidance(folder: Path, expert, device, *, mmgp: bool):
@@ -187,8 +257,10 @@ def make_guidance(folder: Path, expert, device, *, mmgp: bool):
     guide = wan.WanGuidance(
         folder, device=device, sds_cfg_batch=True, tiny_vae=TinyVAEEncoder(), mmgp=residency
     )
-    # t ≈ 0.98 at iterations 1 and 2: the high-noise expert serves both (METHOD §9)
-    guide.experts = {"transformer": expert}
+    if expert is not None:  # else _activate loads from the folder
+        # t ≈ 0.98 at iterations 1 and 2: the high-noise expert serves both (METHOD §9);
+        # _activate finds it loaded (no load) and moves it to the device or hands it to mmgp
+        guide.experts = {"transformer": expert}
     return guide
 
 
@@ -286,6 +358,34 @@ def is_oom(exc: BaseException) -> bool:
     return isinstance(exc, oom) or "out of memory" in str(exc).lower()
 
 
+def failure(exc: BaseException, verbose: bool = False) -> str:
+    """A failed part's status: "out of memory" or the error's first line."""
+    if is_oom(exc):
+        return "out of memory"
+    if verbose:
+        traceback.print_exc()
+    return f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:90] if str(exc) else ''}"
+
+
+def soft(fn, *args, verbose: bool = False) -> dict:
+    """``fn(*args)``, a row, failing soft: an out-of-memory error (or any other) is its status."""
+    try:
+        return fn(*args)
+    except Exception as exc:
+        return {"status": failure(exc, verbose)}
+    finally:
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def over_budget(ctx) -> bool:
+    return time.perf_counter() > ctx.get("deadline", math.inf)
+
+
+BUDGET_SKIP = "skipped: over the --budget-s time budget"
+
+
 def run_tier(name, flags, size, ctx) -> dict:
     """Two training iterations of one tier; the second is timed."""
     W, H = size
@@ -339,10 +439,10 @@ def run_tier(name, flags, size, ctx) -> dict:
     }
 
 
-def tier_rows(ctx, names) -> list[dict]:
+def tier_rows(ctx, names, tiers=TIERS) -> list[dict]:
     rows = []
     for name in names:
-        flags, size = TIERS[name]
+        flags, size = tiers[name]
         if ctx["tiny"]:
             size = TINY_LOWRES.get(name)
         size = size or (ctx["width"], ctx["height"])
@@ -355,11 +455,13 @@ def tier_rows(ctx, names) -> list[dict]:
             gaussians=ctx["gaussians"],
             dynamic_gaussians=ctx["gaussians"] // 2,
             model=ctx["shape"],
+            expert_bytes=ctx.get("expert_bytes", 2),
         )
         row = {"tier": name, "size": f"{size[0]}x{size[1]}", "estimate": est["gpu_bytes"]}
+        row["estimate_reserved"] = est["reserved_bytes"]
         ctx["peak"].disarm()
-        if time.perf_counter() > ctx.get("deadline", math.inf):
-            row["status"] = "skipped: over the --budget-s time budget"
+        if over_budget(ctx):
+            row["status"] = BUDGET_SKIP
             rows.append(row)
             print_row(row, ctx["cuda"], flush=True)
             continue
@@ -367,13 +469,7 @@ def tier_rows(ctx, names) -> list[dict]:
             row.update(run_tier(name, flags, size, ctx))
         except Exception as exc:  # fail soft: one tier's failure is a row
             allocated, reserved = ctx["peak"].read()
-            row.update(allocated=allocated, reserved=reserved)
-            if is_oom(exc):
-                row["status"] = "out of memory"
-            else:
-                row["status"] = f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:90]}"
-                if ctx["verbose"]:
-                    traceback.print_exc()
+            row.update(allocated=allocated, reserved=reserved, status=failure(exc, ctx["verbose"]))
         finally:
             ctx["peak"].disarm()
             gc.collect()
@@ -407,6 +503,101 @@ def print_row(row: dict, cuda: bool, flush: bool = False) -> None:
         f"{mem('estimate')} {sec('s_it')} {sec('render')} {sec('encode')} {sec('dit')} "
         f"{sec('backward')}  {row['status']}",
         flush=flush,
+    )
+
+
+# -- expert reload and the float32 fallback ------------------------------------------------------
+def reload_row(ctx, keep: dict) -> dict:
+    """A high -> low noise switch as WanGuidance makes it: the high-noise expert loaded from
+    the folder and resident, then ``_activate("transformer_2")`` drops it (``release``: gc and
+    the CUDA cache) and loads the other (``wan.load_expert`` to the CPU, then ``.to(device)``).
+    Seconds of each, the host RSS peak above its level before the switch, the GPU's allocated
+    bytes before and at the peak of the switch (one expert's worth: the old one is gone
+    first). The loaded expert goes to ``keep["model"]`` for the float32 row."""
+    from chord.guidance import wan
+
+    clock = Clock(ctx["cuda"])
+    guide = make_guidance(ctx["folder"], None, ctx["device"], mmgp=False)
+    clock.sync()
+    start = time.perf_counter()
+    guide._activate("transformer")
+    clock.sync()
+    first = time.perf_counter() - start
+    host, original = Peak(False), wan.load_expert
+    clock.wrap(wan, "load_expert", "load")
+    clock.wrap(guide, "release", "release")
+    try:
+        host.reset()
+        if ctx["cuda"]:
+            before = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+        clock.sync()
+        start = time.perf_counter()
+        guide._activate("transformer_2")
+        clock.sync()
+        switch = time.perf_counter() - start
+        host_peak, _ = host.read()
+    finally:
+        wan.load_expert = original
+        host.disarm()
+    t = clock.times
+    keep["model"] = guide.experts["transformer_2"]
+    return {
+        "status": "ok",
+        "first_load_s": first,
+        "switch_s": switch,
+        "release_s": t["release"],
+        "load_s": t["load"],
+        "to_device_s": switch - t["release"] - t["load"],
+        "host_peak": host_peak,
+        "gpu_before": before if ctx["cuda"] else None,
+        "gpu_peak": torch.cuda.max_memory_allocated() if ctx["cuda"] else None,
+        "loads": guide.loads,
+    }
+
+
+def float32_guidance(ctx, keep: dict):
+    """The float32 row's guidance factory: the expert the reload row loaded (else loaded from
+    the folder here), resident in bf16 as in training, then ``use_float32()``: converted in
+    place, computing without autocast. ``keep["guide"]`` holds it until the caller drops it."""
+
+    def guidance(_mmgp: bool):
+        if "guide" not in keep:
+            if "model" not in keep and ctx["saved"].get("status") != "ok":
+                raise RuntimeError(f"no expert on disk: save {ctx['saved'].get('status')}")
+            guide = make_guidance(ctx["folder"], keep.pop("model", None), ctx["device"], mmgp=False)
+            guide._activate("transformer")
+            log = logging.getLogger(guide.__module__)
+            level = log.level
+            log.setLevel(logging.ERROR)  # its warning speaks of non-finite steps: none here
+            try:
+                guide.use_float32()
+            finally:
+                log.setLevel(level)
+            keep["guide"] = guide
+        return keep["guide"]
+
+    return guidance
+
+
+def print_reload(row: dict, cuda: bool) -> None:
+    unit, div = ("GiB", memory.GiB) if cuda else ("MiB", memory.MiB)
+    if row.get("status") != "ok":
+        print(f"expert reload: {row.get('status')}")
+        return
+    dev = "cuda" if cuda else "device (CPU: none)"
+    gpu = (
+        f"; GPU allocated {row['gpu_before'] / div:.1f} {unit} before, peak "
+        f"{row['gpu_peak'] / div:.1f} {unit} during the switch"
+        if cuda
+        else ""
+    )
+    print(
+        f"expert reload (high -> low noise switch, {row['weights_bytes'] / div:.2f} {unit} of "
+        f"weights on disk): save {row['save_s']:.3f} s, first load {row['first_load_s']:.3f} s; "
+        f"switch {row['switch_s']:.3f} s = release {row['release_s']:.3f} + load to CPU "
+        f"{row['load_s']:.3f} + to {dev} {row['to_device_s']:.3f}; host RSS peak "
+        f"+{row['host_peak'] / div:.2f} {unit}{gpu}; {row['loads']} loads"
     )
 
 
@@ -447,22 +638,128 @@ def parity(scene, width: int, height: int, device) -> dict:
     }
 
 
+def time_render(render, backward: bool, leaves: list, runs: int, limit_s: float = 15.0) -> dict:
+    """Median seconds of ``runs`` renders after one warm-up (CUDA-synchronised; fewer once
+    they pass ``limit_s``) and the peak allocated above what was resident before: without
+    grad, or forward and backward."""
+    gc.collect()
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    times = []
+    for _ in range(runs + 1):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        if backward:
+            render().backward()
+        else:
+            with torch.no_grad():
+                render()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+        for leaf in leaves:
+            leaf.grad = None
+        if len(times) > 1 and sum(times) > limit_s:
+            break
+    return {
+        "s": statistics.median(times[1:]),
+        "runs": len(times) - 1,
+        "peak": torch.cuda.max_memory_allocated() - base,
+    }
+
+
+def render_timing(
+    scene, width: int, height: int, device, runs: int = 3, backends=("gsplat", "torch")
+) -> dict:
+    """gsplat vs the torch rasteriser on the GPU: time and peak memory of the parity view (8
+    frames, white background) without grad (the split tiers' target renders) and forward
+    plus backward (a weighted sum's gradient to the per-frame Gaussians, as leaves: the
+    deformation is outside the timing)."""
+    from chord import cameras
+    from chord.render import gsplat_backend, render_video
+
+    if "gsplat" in backends and device.type != "cuda":
+        return {"status": "skipped: gsplat needs CUDA (this run is on the CPU)"}
+    if "gsplat" in backends and not gsplat_backend.available():
+        return {"status": f"skipped: {gsplat_backend.unavailable_reason()}"}
+    K = cameras.intrinsics(width, height).to(device)
+    vm = cameras.orbit_viewmats(torch.tensor(20.0), torch.tensor(45.0), 2.0).to(device)
+    bg = torch.ones(3, device=device)
+    with torch.no_grad():
+        frames = scene.frame_gaussians(torch.arange(8, device=device))
+    leaves = {
+        k: v.detach().clone().requires_grad_(True)
+        for k, v in frames.items()
+        if torch.is_tensor(v) and v.is_floating_point()
+    }
+    inputs = {**frames, **leaves}
+    g = torch.Generator().manual_seed(0)
+    weights = torch.rand(8, 3, height, width, generator=g).to(device)
+    out = {"status": "ok", "size": f"{width}x{height}", "frames": 8, "runs": runs}
+    for backend in backends:
+
+        def render(backend=backend):
+            video = render_video(inputs, vm, K, width, height, bg, backend=backend)
+            return (video * weights).sum()
+
+        out[backend] = {
+            mode: soft(time_render, render, mode == "backward", list(leaves.values()), runs)
+            for mode in ("forward", "backward")
+        }
+    return out
+
+
+def print_render_timing(row: dict) -> None:
+    if row["status"] != "ok":
+        print(f"renderer timing: {row['status']}")
+        return
+    print(
+        f"renderer timing (gsplat vs torch, {row['size']}, {row['frames']} frames, median of "
+        f"up to {row['runs']} after a warm-up; peak allocated above the resident):"
+    )
+    for backend in ("gsplat", "torch"):
+        if backend not in row:
+            continue
+        parts = []
+        for mode, label in (("forward", "forward (no grad)"), ("backward", "forward+backward")):
+            r = row[backend][mode]
+            parts.append(
+                f"{label} {r['s']:.4f} s, {r['peak'] / memory.GiB:.2f} GiB"
+                if "s" in r
+                else f"{label} {r['status']}"
+            )
+        print(f"  {backend:6s} " + "; ".join(parts))
+
+
 # -- main ----------------------------------------------------------------------------------------
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tiny", action="store_true", help="CPU, tiny shapes (CI)")
     p.add_argument("--tiers", default=",".join(TIERS), help="comma-separated subset")
+    p.add_argument(
+        "--extras", default=",".join(EXTRAS), help=f"comma-separated subset of {','.join(EXTRAS)}"
+    )
+    p.add_argument("--float32-size", default=None, help="WxH of the float32 row (416x240)")
     p.add_argument("--json", default=None, help="also write the rows here")
     p.add_argument("--gaussians", type=int, default=None)
-    p.add_argument("--verbose", action="store_true", help="print tracebacks of failed tiers")
+    p.add_argument("--verbose", action="store_true", help="print tracebacks of failed parts")
     p.add_argument(
-        "--budget-s", type=float, default=420.0, help="start no tier after this many seconds"
+        "--budget-s", type=float, default=390.0, help="start no part after this many seconds"
     )
     args = p.parse_args(argv)
     names = [n for n in args.tiers.split(",") if n]
     unknown = sorted(set(names) - set(TIERS))
     if unknown:
         p.error(f"--tiers: unknown {unknown}; choose from {list(TIERS)}")
+    extras = [n for n in args.extras.split(",") if n]
+    if sorted(set(extras) - set(EXTRAS)):
+        p.error(f"--extras: unknown {sorted(set(extras) - set(EXTRAS))}; choose from {EXTRAS}")
+    float32_tier = dict(FLOAT32_TIER)
+    if args.float32_size:
+        w, _, h = args.float32_size.partition("x")
+        if not (w.isdigit() and h.isdigit()):
+            p.error(f"--float32-size: expected WxH, got {args.float32_size!r}")
+        float32_tier["split_fp32"] = (SPLIT, (int(w), int(h)))
     tiny = args.tiny
     cuda = torch.cuda.is_available() and not tiny
     if not tiny and not cuda:
@@ -475,9 +772,20 @@ def main(argv=None) -> int:
     gaussians = args.gaussians or (2000 if tiny else 100_000)
     dtype = torch.float32 if not cuda else torch.bfloat16
     started = time.perf_counter()
+    dev = torch.cuda.get_device_name() if cuda else "CPU (--tiny)"
+    report = {"device": dev}
+
+    def dump():  # after every part: a run cut short still leaves what it measured
+        if args.json:
+            Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+
+    skipped = {"status": "skipped: not in --extras"}
     with tempfile.TemporaryDirectory() as tmp:
         folder = write_folder(Path(tmp) / "wan", config, tiny=tiny)
         expert = random_expert(config, device, dtype)
+        saved = skipped
+        if {"reload", "float32"} & set(extras):  # both load the expert from disk
+            saved = soft(save_expert, expert, folder, verbose=args.verbose)
         from diffusers import AutoencoderKLWan
 
         vae_cfg = AutoencoderKLWan.load_config(folder / "vae")
@@ -505,6 +813,9 @@ def main(argv=None) -> int:
         ctx = {
             "tiny": tiny,
             "cuda": cuda,
+            "device": device,
+            "folder": folder,
+            "saved": saved,
             "width": width,
             "height": height,
             "frames": frames,
@@ -518,19 +829,70 @@ def main(argv=None) -> int:
             "verbose": args.verbose,
             "deadline": started + args.budget_s,
         }
-        dev = torch.cuda.get_device_name() if cuda else "CPU (--tiny)"
         print(
             f"gpu_check on {dev}: {width}x{height}, {frames} frames, batch {batch}, "
             f"{gaussians} Gaussians, expert of {memory.dit_params(ctx['shape']) / 1e6:,.1f}M "
             f"parameters ({dtype}), setup {time.perf_counter() - started:.0f} s"
         )
         print_header(cuda)
-        rows = tier_rows(ctx, names)
+        report["rows"] = tier_rows(ctx, names)
+        dump()
+        # the tiers' injected expert goes: the extras load theirs from the folder
+        for guide in guides.values():
+            with contextlib.suppress(Exception):
+                guide.release()
         guides.clear()
-        with contextlib.suppress(Exception):
-            expert.to("cpu")
+        expert = None
         gc.collect()
-        par = parity(scene, width, height, device)
+        if cuda:
+            torch.cuda.empty_cache()
+        keep = {}
+        reload = skipped
+        if "reload" in extras:
+            if saved.get("status") != "ok":
+                reload = {"status": f"save {saved.get('status')}"}
+            elif over_budget(ctx):
+                reload = {"status": BUDGET_SKIP}
+            else:
+                reload = soft(reload_row, ctx, keep, verbose=args.verbose)
+            reload = {**saved, **reload}
+        report["reload"] = reload
+        print_reload(reload, cuda)
+        dump()
+        report["float32"] = skipped
+        if "float32" in extras:
+            print("float32 fallback (split flags, after guidance.use_float32(): the expert's")
+            print("weights and arithmetic in float32; model = chord.memory with expert_bytes=4):")
+            print_header(cuda)
+            f32 = {**ctx, "guidance": float32_guidance(ctx, keep), "expert_bytes": 4}
+            (row,) = tier_rows(f32, ["split_fp32"], float32_tier)
+            main_size = memory.estimate(
+                SPLIT,
+                width=width,
+                height=height,
+                frames=frames,
+                batch=batch,
+                gaussians=gaussians,
+                dynamic_gaussians=gaussians // 2,
+                model=ctx["shape"],
+                expert_bytes=4,
+            )
+            row["estimate_main_size"] = main_size["gpu_bytes"]
+            div, unit = (memory.GiB, "GiB") if cuda else (memory.MiB, "MiB")
+            print(f"  (model at {width}x{height}: {main_size['gpu_bytes'] / div:.2f} {unit})")
+            report["float32"] = row
+            dump()
+        keep.clear()
+        gc.collect()
+        if cuda:
+            torch.cuda.empty_cache()
+        par = soft(parity, scene, width, height, device, verbose=args.verbose)
+        timing = skipped
+        if "render_timing" in extras:
+            if over_budget(ctx):
+                timing = {"status": BUDGET_SKIP}
+            else:
+                timing = soft(render_timing, scene, width, height, device, verbose=args.verbose)
     if par["status"] == "ok":
         print(
             f"renderer parity (gsplat vs torch, {width}x{height}, 8 frames): mean |diff| "
@@ -539,11 +901,10 @@ def main(argv=None) -> int:
         )
     else:
         print(f"renderer parity: {par['status']}")
+    print_render_timing(timing)
     print(f"total {time.perf_counter() - started:.0f} s")
-    if args.json:
-        Path(args.json).write_text(
-            json.dumps({"device": dev, "rows": rows, "parity": par}, indent=2) + "\n"
-        )
+    report.update(parity=par, render_timing=timing)
+    dump()
     return 0
 
 

@@ -51,6 +51,23 @@ def test_tiny_run_prints_every_tier_and_fails_soft(tmp_path):
         assert "needs a CUDA GPU" in rows[name]["status"]
     assert (rows["lowres"]["size"], rows["lowres_min"]["size"]) == ("48x32", "32x16")
     assert report["parity"]["status"].startswith("skipped")
+    # the float32 fallback row: split flags after use_float32, beside the float32 estimate
+    assert "\nsplit_fp32 " in proc.stdout
+    f32 = report["float32"]
+    assert (f32["tier"], f32["size"], f32["status"]) == ("split_fp32", "32x16", "ok")
+    assert isinstance(f32["allocated"], int) and f32["s_it"] > 0 and f32["dit"] > 0
+    assert f32["estimate"] > 0 and f32["estimate_main_size"] > f32["estimate"]
+    # the expert saved once, then a high -> low switch: release, load from disk, to device
+    reload = report["reload"]
+    assert reload["status"] == "ok" and reload["loads"] == 2
+    assert reload["save_s"] > 0 and reload["weights_bytes"] > 0
+    assert reload["switch_s"] >= reload["load_s"] > 0 and reload["release_s"] > 0
+    assert reload["host_peak"] is not None and reload["gpu_peak"] is None
+    assert "expert reload (high -> low noise switch" in proc.stdout
+    # gsplat timing needs CUDA: skipped with the reason
+    timing = report["render_timing"]["status"]
+    assert timing.startswith("skipped: ") and "needs CUDA" in timing
+    assert "renderer timing: skipped" in proc.stdout
 
 
 def test_an_out_of_memory_tier_is_a_row_and_the_next_tier_runs(monkeypatch, capsys):
@@ -87,6 +104,36 @@ def test_an_out_of_memory_tier_is_a_row_and_the_next_tier_runs(monkeypatch, caps
         "ok",
     ]
     assert "out of memory" in capsys.readouterr().out
+
+
+def test_extra_parts_fail_soft():
+    mod = _module()
+
+    def oom():
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 57.00 GiB")
+
+    assert mod.soft(oom) == {"status": "out of memory"}
+    assert mod.soft(lambda: 1 / 0)["status"] == "error: ZeroDivisionError: division by zero"
+    # the float32 row without an expert on disk is a row with the reason, not a crash
+    ctx = {"saved": {"status": "skipped: 1.0 GiB free"}, "folder": None, "device": "cpu"}
+    guidance = mod.float32_guidance(ctx, {})
+    assert "no expert on disk" in mod.soft(guidance, False)["status"]
+
+
+def test_render_timing_code_path_with_the_torch_rasteriser(monkeypatch):
+    """The GPU-only timing loop, run on the CPU with the torch rasteriser alone (CUDA's
+    synchronisation and memory counters stubbed)."""
+    mod = _module()
+    for name in ("synchronize", "empty_cache", "reset_peak_memory_stats"):
+        monkeypatch.setattr(mod.torch.cuda, name, lambda: None)
+    for name in ("memory_allocated", "max_memory_allocated"):
+        monkeypatch.setattr(mod.torch.cuda, name, lambda: 0)
+    scene = mod.block_scene(200, 8)
+    out = mod.render_timing(scene, 32, 24, torch.device("cpu"), runs=2, backends=("torch",))
+    assert out["status"] == "ok" and "gsplat" not in out
+    for mode in ("forward", "backward"):
+        assert out["torch"][mode]["s"] > 0 and out["torch"][mode]["runs"] == 2
+    mod.print_render_timing(out)
 
 
 def test_without_a_gpu_the_full_check_asks_for_tiny():

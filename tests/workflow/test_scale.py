@@ -221,7 +221,10 @@ def test_auto_tier_rejects_what_the_memory_model_says_will_not_fit(tmp_path):
     copy_workflow(work)
     (work / "config").mkdir()
     conf = yaml.safe_load((REPO / "config/config.yaml").read_text())
-    conf["guidance"]["backend"] = "wan"  # the model is the Wan teacher's (the oracle skips it)
+    # the model is the Wan teacher's (the oracle skips it); the folder is not there: A14B
+    conf["guidance"].update(
+        backend="wan", ckpt_dir=str(work / "Wan2.2-I2V-A14B"), tiny_vae_path="lighttaew2_1.pth"
+    )
     conf["scene_overrides"] = {"hop": {"use_tiny_vae": True}}
     (work / "config/config.yaml").write_text(yaml.safe_dump(conf, sort_keys=False))
     write_sheet(work / "config/scenes.tsv", "auto")
