@@ -31,7 +31,7 @@ batch 4, Tiny VAE on:
     lowres_min  offload at 416x240
 
 and prints one table: tier, peak torch.cuda.max_memory_allocated and max_memory_reserved, the
-estimate of chord.memory for the same shapes, and the seconds of the second iteration split
+estimate of chord.peak_memory for the same shapes, and the seconds of the second iteration split
 into render (Gaussians to video, with the deformation), encode (Tiny VAE latents and the Wan
 VAE image condition), DiT (the CFG-batched expert calls, with mmgp's transfers) and backward
 (everything else: the SDS and regulariser backward passes, the regularisers, Adam). Each tier
@@ -52,7 +52,7 @@ to mmgp). Then the extras (--extras), each failing soft the same way:
     float32        row split_fp32 of a second table: the split tier after
                    guidance.use_float32() on the expert the switch loaded (converted in place
                    on the GPU; weights and arithmetic in float32, no autocast) at 416x240
-                   (--float32-size), its peaks beside chord.memory.estimate(...,
+                   (--float32-size), its peaks beside chord.peak_memory.estimate(...,
                    expert_bytes=4), and that estimate at 832x480. Without bf16 tensor cores an
                    iteration takes about 25-35 s at 416x240: 60-90 s for the row. At 832x480
                    about 3 minutes an iteration: a run of its own (--tiers "" --extras float32
@@ -126,7 +126,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from scaling import block_scene  # noqa: E402
 
 from chord import config as cc  # noqa: E402
-from chord import memory, train  # noqa: E402
+from chord import peak_memory, train  # noqa: E402
 
 SPLIT_PLAIN = {
     "split_sds_backward": True,
@@ -225,10 +225,10 @@ def save_expert(expert, folder: Path) -> dict:
     WanGuidance can load either from disk. Skipped when the disk lacks the room."""
     need = sum(p.numel() * p.element_size() for p in expert.parameters())
     free = shutil.disk_usage(folder).free
-    if free < need + memory.GiB:
+    if free < need + peak_memory.GiB:
         return {
-            "status": f"skipped: {free / memory.GiB:.1f} GiB free in {folder.parent}, the "
-            f"expert needs {need / memory.GiB:.1f} GiB (point TMPDIR at a larger disk)"
+            "status": f"skipped: {free / peak_memory.GiB:.1f} GiB free in {folder.parent}, the "
+            f"expert needs {need / peak_memory.GiB:.1f} GiB (point TMPDIR at a larger disk)"
         }
     high, low = folder / "transformer", folder / "transformer_2"
     start = time.perf_counter()
@@ -264,9 +264,9 @@ def make_guidance(folder: Path, expert, device, *, mmgp: bool):
     return guide
 
 
-def model_shape(config: dict, vae_base: int, vae_params: int) -> memory.ModelShape:
-    """chord.memory's view of the models this check builds."""
-    return memory.ModelShape(
+def model_shape(config: dict, vae_base: int, vae_params: int) -> peak_memory.ModelShape:
+    """chord.peak_memory's view of the models this check builds."""
+    return peak_memory.ModelShape(
         layers=config["num_layers"],
         heads=config["num_attention_heads"],
         head_dim=config["attention_head_dim"],
@@ -397,11 +397,10 @@ def run_tier(name, flags, size, ctx) -> dict:
             "seed": 0,
             "use_tiny_vae": True,
             "iterations": 3000,
-            **{k: v for k, v in flags.items() if k != "enable_mmgp"},
-            "enable_mmgp": bool(flags.get("enable_mmgp")),
         }
     )
-    guide = ctx["guidance"](bool(flags.get("enable_mmgp")))
+    mem = cc.memory_from_mapping(flags)
+    guide = ctx["guidance"](mem.enable_mmgp)
     tr = train.Trainer(
         scene=ctx["scene"],
         guidance=guide,
@@ -409,7 +408,7 @@ def run_tier(name, flags, size, ctx) -> dict:
         method=method,
         width=W,
         height=H,
-        memory=train.MemoryFlags.from_method(method),
+        memory=mem,
     )
     clock = Clock(ctx["cuda"])
     clock.wrap(tr, "render", "render")
@@ -446,7 +445,7 @@ def tier_rows(ctx, names, tiers=TIERS) -> list[dict]:
         if ctx["tiny"]:
             size = TINY_LOWRES.get(name)
         size = size or (ctx["width"], ctx["height"])
-        est = memory.estimate(
+        est = peak_memory.estimate(
             flags,
             width=size[0],
             height=size[1],
@@ -490,7 +489,7 @@ def print_header(cuda: bool) -> None:
 
 
 def print_row(row: dict, cuda: bool, flush: bool = False) -> None:
-    div = memory.GiB if cuda else memory.MiB
+    div = peak_memory.GiB if cuda else peak_memory.MiB
 
     def mem(key):
         return f"{row[key] / div:10.2f}" if row.get(key) is not None else f"{'-':>10s}"
@@ -581,7 +580,7 @@ def float32_guidance(ctx, keep: dict):
 
 
 def print_reload(row: dict, cuda: bool) -> None:
-    unit, div = ("GiB", memory.GiB) if cuda else ("MiB", memory.MiB)
+    unit, div = ("GiB", peak_memory.GiB) if cuda else ("MiB", peak_memory.MiB)
     if row.get("status") != "ok":
         print(f"expert reload: {row.get('status')}")
         return
@@ -724,7 +723,7 @@ def print_render_timing(row: dict) -> None:
         for mode, label in (("forward", "forward (no grad)"), ("backward", "forward+backward")):
             r = row[backend][mode]
             parts.append(
-                f"{label} {r['s']:.4f} s, {r['peak'] / memory.GiB:.2f} GiB"
+                f"{label} {r['s']:.4f} s, {r['peak'] / peak_memory.GiB:.2f} GiB"
                 if "s" in r
                 else f"{label} {r['status']}"
             )
@@ -831,7 +830,7 @@ def main(argv=None) -> int:
         }
         print(
             f"gpu_check on {dev}: {width}x{height}, {frames} frames, batch {batch}, "
-            f"{gaussians} Gaussians, expert of {memory.dit_params(ctx['shape']) / 1e6:,.1f}M "
+            f"{gaussians} Gaussians, expert of {peak_memory.dit_params(ctx['shape']) / 1e6:,.1f}M "
             f"parameters ({dtype}), setup {time.perf_counter() - started:.0f} s"
         )
         print_header(cuda)
@@ -862,11 +861,13 @@ def main(argv=None) -> int:
         report["float32"] = skipped
         if "float32" in extras:
             print("float32 fallback (split flags, after guidance.use_float32(): the expert's")
-            print("weights and arithmetic in float32; model = chord.memory with expert_bytes=4):")
+            print(
+                "weights and arithmetic in float32; model = chord.peak_memory with expert_bytes=4):"
+            )
             print_header(cuda)
             f32 = {**ctx, "guidance": float32_guidance(ctx, keep), "expert_bytes": 4}
             (row,) = tier_rows(f32, ["split_fp32"], float32_tier)
-            main_size = memory.estimate(
+            main_size = peak_memory.estimate(
                 SPLIT,
                 width=width,
                 height=height,
@@ -878,7 +879,7 @@ def main(argv=None) -> int:
                 expert_bytes=4,
             )
             row["estimate_main_size"] = main_size["gpu_bytes"]
-            div, unit = (memory.GiB, "GiB") if cuda else (memory.MiB, "MiB")
+            div, unit = (peak_memory.GiB, "GiB") if cuda else (peak_memory.MiB, "MiB")
             print(f"  (model at {width}x{height}: {main_size['gpu_bytes'] / div:.2f} {unit})")
             report["float32"] = row
             dump()

@@ -157,7 +157,9 @@ def one_mode(mode: str, repeat: int) -> None:
             method=method,
             width=64,
             height=32,
-            memory=train.MemoryFlags(s, r, c),
+            memory=cc.memory_from_mapping(
+                {"split_sds_backward": s, "split_render_backward": r, "split_render_chunk_size": c}
+            ),
         )
         cams = tr.cameras_at(1)
         for name in ("transformer", "transformer_2"):  # load both experts before measuring

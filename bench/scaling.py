@@ -1,5 +1,5 @@
 """How one training iteration's cost grows on a CPU, and the CPU-proxy calibration of the
-peak-memory model (``chord.memory``).
+peak-memory model (``chord.peak_memory``).
 
     python bench/scaling.py cost [--plot docs/scaling.png] [--repeat 2]
     python bench/scaling.py modes [--repeat 2]
@@ -27,13 +27,13 @@ overrides, guidance; --set overrides method keys), single-threaded unless --thre
 mean CPU seconds per phase and per iteration over --iterations after a warm-up iteration, and
 the wall seconds per iteration; --ops adds the torch profiler's operator table.
 
-memory-fit: the CPU proxy measurements behind ``chord.memory``: the memory held by the
+memory-fit: the CPU proxy measurements behind ``chord.peak_memory``: the memory held by the
 autograd graph (current RSS above the baseline, after the forward pass) of the render of a
 video (deform + projection + rasteriser, torch backend), of the deformation alone (what the
 temporal loss keeps besides its pair lists), of the Tiny VAE encoder and of the
 Wan VAE encoder (random weights, base widths 8 and 16), and the no-grad peak of the Wan VAE
 encoder, at several shapes; then least-squares fits of the per-unit coefficients, printed
-next to the constants ``chord.memory`` uses.
+next to the constants ``chord.peak_memory`` uses.
 
 The memory-fit children run with MALLOC_MMAP_THRESHOLD_=65536 so freed tensors go back to the
 system and RSS follows the live memory (cost children do not: it would slow every
@@ -172,7 +172,7 @@ def modes_trainer(p: dict, folder: Path):
         method=method,
         width=W,
         height=H,
-        memory=train.MemoryFlags(*p["mode"]),
+        memory=cc.memory_from_mapping(dict(zip(MODE_FLAGS, p["mode"], strict=True))),
         backend="torch",
     )
     for name in ("transformer", "transformer_2"):  # load both experts before measuring
@@ -424,7 +424,12 @@ def profile(args) -> None:
 
 
 # -- memory modes ---------------------------------------------------------------------------------
-# (split_sds_backward, split_render_backward, split_render_chunk_size, checkpoint_tiny_vae)
+MODE_FLAGS = (
+    "split_sds_backward",
+    "split_render_backward",
+    "split_render_chunk_size",
+    "checkpoint_tiny_vae",
+)
 MODES = [
     (False, False, -1, False),
     (False, True, -1, False),
@@ -470,7 +475,7 @@ def _lstsq(features, values):
 
 
 def memory_fit(args) -> None:
-    from chord import memory
+    from chord import peak_memory
 
     MB = 2**20
     out = {}
@@ -554,7 +559,7 @@ def memory_fit(args) -> None:
         nvals.append(r["nograd_peak_mb"] * MB)
     out["wan_vae"] = _lstsq(feats, vals)[0]
     out["wan_vae_nograd"] = _lstsq(nfeats, nvals)[0]
-    c = memory.CPU_PROXY
+    c = peak_memory.CPU_PROXY
     rows = [
         ("render bytes / (frame·Gaussian)", out["render"][0], "render_per_gaussian"),
         ("render bytes / (frame·pixel)", out["render"][1], "render_per_pixel"),
@@ -570,7 +575,7 @@ def memory_fit(args) -> None:
         ("Wan VAE bytes / (base·frame·pixel)", out["wan_vae"], "wan_vae_per_base_pixel"),
         ("Wan VAE no-grad / (base·pixel)", out["wan_vae_nograd"], "wan_vae_nograd_per_base_pixel"),
     ]
-    print(f"\n{'coefficient':36s} {'fit':>9s} {'chord.memory':>12s}")
+    print(f"\n{'coefficient':36s} {'fit':>9s} {'chord.peak_memory':>12s}")
     for name, fit, key in rows:
         print(f"{name:36s} {fit:9.2f} {c[key]:12.2f}")
 

@@ -116,16 +116,28 @@ def method_schema() -> dict:
     return read_schema(CONFIG_SCHEMA)["properties"]["method"]
 
 
-def _method_fields() -> list[str]:
-    return list(method_schema()["properties"])
+def memory_schema() -> dict:
+    return read_schema(CONFIG_SCHEMA)["properties"]["memory"]
 
 
-# One frozen dataclass whose fields are exactly the schema's method keys (no second copy of the
+# Frozen dataclasses whose fields are exactly the schema's keys (no second copy of the names or
 # defaults: values always come from a validated, defaulted mapping).
 MethodConfig = dataclasses.make_dataclass(
-    "MethodConfig", [(name, Any) for name in _method_fields()], frozen=True
+    "MethodConfig", [(name, Any) for name in method_schema()["properties"]], frozen=True
 )
-MethodConfig.__doc__ = "CHORD method parameters (METHOD.md), keyed by the release's flag names."
+MethodConfig.__doc__ = (
+    "CHORD method parameters (METHOD.md), keyed by the release's flag names: everything that "
+    "changes a result."
+)
+MemoryConfig = dataclasses.make_dataclass(
+    "MemoryConfig", [(name, Any) for name in memory_schema()["properties"]], frozen=True
+)
+MemoryConfig.__doc__ = (
+    "Memory flags (METHOD §15, CHORD's names): they change memory and time, never the result. "
+    "Never part of the method: a training's hash, rule params and checkpoints ignore them."
+)
+#: the memory flags' names: the one list (the schema's `memory` section)
+MEMORY_FLAGS = tuple(f.name for f in dataclasses.fields(MemoryConfig))
 
 
 def method_from_mapping(values: dict, *, where: str = "method") -> Any:
@@ -135,6 +147,16 @@ def method_from_mapping(values: dict, *, where: str = "method") -> Any:
     values = validate(_copy(values), sub, where=where)
     _check_method(values, where)
     return MethodConfig(**values)
+
+
+def memory_from_mapping(values: dict, *, where: str = "memory") -> Any:
+    """Validate a (partial) memory-flag mapping and fill the defaults -> MemoryConfig."""
+    return MemoryConfig(**validate(_copy(values), memory_schema(), where=where))
+
+
+def check_memory_flags(values: dict, *, where: str) -> dict:
+    """Validate memory flags without filling defaults (a tier's partial set)."""
+    return validate(_copy(values), memory_schema(), where=where, set_default=False)
 
 
 def guidance_from_mapping(values: dict, *, where: str = "guidance") -> GuidanceConfig:
@@ -205,6 +227,7 @@ class Config:
     results: Path
     demo_dir: Path
     guidance: GuidanceConfig
+    memory: Any = None  # MemoryConfig: the flags a tier leaves unset
     tiers: dict[str, dict] = field(default_factory=dict)
     render_backend: str = "auto"
     auto_lowres: bool = False
@@ -340,6 +363,7 @@ def load(config: dict, *, base: Path | None = None) -> Config:
         results=base / config["results"],
         demo_dir=base / config["demo_dir"],
         guidance=guidance,
+        memory=MemoryConfig(**config["memory"]),
         tiers=tiers,
         render_backend=config["render_backend"],
         auto_lowres=config["auto_lowres"],
@@ -388,20 +412,8 @@ def stage_params(method: Any, stage: str) -> dict:
     return {k: getattr(method, k) for k in STAGE_KEYS[stage]}
 
 
-# Memory flags (METHOD §15, plus our checkpoint_tiny_vae): what a memory tier may set.
-MEMORY_FLAG_KEYS = (
-    "split_sds_backward",
-    "split_render_backward",
-    "split_render_chunk_size",
-    "enable_mmgp",
-    "mmgp_profile",
-    "mmgp_transformer_budget",
-    "checkpoint_tiny_vae",
-)
-# Method keys that change a training's memory or time, never its result.
-MEMORY_KEYS = (*MEMORY_FLAG_KEYS, "log_run_time")
 # Read only by the reference view, export and naming, never by training: a change to them must
-# not re-run hours of training.
+# not re-run hours of training (the one exception to "the training hash is the whole method").
 VIEW_KEYS = ("ref_azim", "ref_cam_radius", "save_fps", "ex_name")
 
 
@@ -412,11 +424,11 @@ def values_hash(values: dict) -> str:
 
 
 def training_hash(method: Any, guidance: Any) -> str:
-    """Hash of everything that changes a training's result (memory flags and view keys
-    excluded): its checkpoint folder and the training rules' ``params``. Torch-free, so the
-    workflow's DAG build does not import torch."""
-    skip = MEMORY_KEYS + VIEW_KEYS
-    values = {k: v for k, v in dataclasses.asdict(method).items() if k not in skip}
+    """Hash of everything that changes a training's result: the method (memory flags are not
+    part of it; its view-only keys are left out) and the teacher. It names the checkpoint
+    folder and is the training rules' ``params``. Torch-free, so the workflow's DAG build does
+    not import torch."""
+    values = {k: v for k, v in dataclasses.asdict(method).items() if k not in VIEW_KEYS}
     values["guidance"] = {
         "backend": guidance.backend,
         "ckpt_dir": guidance.ckpt_dir,

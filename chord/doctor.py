@@ -17,15 +17,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from chord import config as cc
-from chord import memory, runtime, tiers
+from chord import gpus, peak_memory, runtime, tiers
 
 logger = logging.getLogger(__name__)
 
+GiB, MiB = peak_memory.GiB, peak_memory.MiB
 PASS, FAIL, NA = "pass", "fail", "n/a"
 #: interface of a Wan 2.2 I2V A14B expert (transformer/config.json) the guidance relies on
 I2V_INTERFACE = {"in_channels": 36, "out_channels": 16, "patch_size": [1, 2, 2]}
 #: headroom kept free on the results disk besides the estimate (bytes)
-DISK_MARGIN = memory.GiB
+DISK_MARGIN = GiB
 
 
 @dataclass(frozen=True)
@@ -104,10 +105,10 @@ def check_cuda(needs_gpu: bool) -> Check:
         return Check(
             "cuda",
             PASS,
-            f"{p.name}, {p.total_memory / memory.GiB:.1f} GiB, {torch.cuda.device_count()} "
+            f"{p.name}, {p.total_memory / GiB:.1f} GiB, {torch.cuda.device_count()} "
             f"GPU(s), torch {torch.__version__} (CUDA {torch.version.cuda})",
         )
-    listed = tiers.visible_gpus(os.environ) if shutil.which("nvidia-smi") else []
+    listed = gpus.visible_gpus(os.environ) if shutil.which("nvidia-smi") else []
     if listed or needs_gpu:
         build = "a CPU build" if torch.version.cuda is None else f"CUDA {torch.version.cuda}"
         where = f"nvidia-smi lists {len(listed)} GPU(s) but " if listed else ""
@@ -233,7 +234,7 @@ def check_wan_folder(guidance) -> Check:
             f"{folder}: not Wan 2.2 I2V A14B-shaped: " + "; ".join(problems),
             "point guidance.ckpt_dir at a Wan2.2-I2V-A14B-Diffusers folder",
         )
-    shape = memory.ModelShape.from_folder(folder)
+    shape = peak_memory.ModelShape.from_folder(folder)
     return Check(
         "wan folder",
         PASS,
@@ -272,8 +273,8 @@ def check_memory(
     """GPU memory and host RAM against the peak-memory model's ``estimate`` (one training);
     ``gpu_mem``/``host_mem`` in bytes, None where unknown."""
     rows = []
-    need = estimate["reserved_bytes"] + memory.CUDA_CONTEXT_GIB * memory.GiB
-    line = f"{label}: {memory.describe(estimate)}"
+    need = estimate["reserved_bytes"] + peak_memory.CUDA_CONTEXT_GIB * GiB
+    line = f"{label}: {peak_memory.describe(estimate)}"
     if gpu_mem is None:
         rows.append(Check("gpu memory", NA, f"needs a GPU (or gpu_mem_gb); {line}"))
     elif need > gpu_mem:
@@ -281,17 +282,15 @@ def check_memory(
             Check(
                 "gpu memory",
                 FAIL,
-                f"{line}: {need / memory.GiB:.1f} GiB with the CUDA context, over the "
-                f"{gpu_mem / memory.GiB:.0f} GiB GPU",
+                f"{line}: {need / GiB:.1f} GiB with the CUDA context, over the "
+                f"{gpu_mem / GiB:.0f} GiB GPU",
                 "a leaner tier (the sheet's tier column), method.use_tiny_vae: true, or a lower "
                 "size, frame_num or batch_size",
                 fatal=gpu_fatal,
             )
         )
     else:
-        rows.append(
-            Check("gpu memory", PASS, f"{line}; fits {gpu_mem / memory.GiB:.0f} GiB", fatal=False)
-        )
+        rows.append(Check("gpu memory", PASS, f"{line}; fits {gpu_mem / GiB:.0f} GiB", fatal=False))
     host = estimate["host_bytes"]
     if host_mem is None:
         rows.append(Check("host ram", NA, f"host RAM unknown; the model needs {host / 1e9:.0f} GB"))
@@ -300,8 +299,8 @@ def check_memory(
             Check(
                 "host ram",
                 FAIL,
-                f"{label}: the model needs {host / memory.GiB:.0f} GiB of host RAM (one expert "
-                f"resident, mmgp staging where on), {host_mem / memory.GiB:.0f} GiB available",
+                f"{label}: the model needs {host / GiB:.0f} GiB of host RAM (one expert "
+                f"resident, mmgp staging where on), {host_mem / GiB:.0f} GiB available",
                 "more host RAM (the tier's host_mem_gb, i.e. the job's mem_mb), or a tier "
                 "without enable_mmgp",
             )
@@ -311,7 +310,7 @@ def check_memory(
             Check(
                 "host ram",
                 PASS,
-                f"{label}: {host / memory.GiB:.0f} GiB of {host_mem / memory.GiB:.0f} GiB",
+                f"{label}: {host / GiB:.0f} GiB of {host_mem / GiB:.0f} GiB",
             )
         )
     return rows
@@ -371,7 +370,7 @@ def export_bytes(method, gaussians: int, imported: bool) -> int:
     """The export's PLY sequence (one standard 3DGS PLY per frame) plus videos and the GLB."""
     degree = min(method.sh_degree, 3) if imported else 0
     per_gaussian = (17 + 3 * ((degree + 1) ** 2 - 1)) * 4
-    return gaussians * per_gaussian * method.frame_num + 64 * memory.MiB
+    return gaussians * per_gaussian * method.frame_num + 64 * MiB
 
 
 # --- the workflow's scenes ---------------------------------------------------------------------
@@ -401,7 +400,7 @@ def run(conf: cc.Config, env: Mapping[str, str], *, gpu_mem_gb: float | None = N
     guidance = conf.guidance
     methods = [s.method for s in conf.scenes.values()]
     wan = guidance.backend == "wan"
-    model = memory.model_for(guidance.ckpt_dir)
+    model = peak_memory.model_for(guidance.ckpt_dir)
     checks = [
         Check(
             "config",
@@ -410,7 +409,7 @@ def run(conf: cc.Config, env: Mapping[str, str], *, gpu_mem_gb: float | None = N
             f"{conf.render_backend}, tiers {', '.join(conf.tiers)}",
         ),
         # an A14B-sized teacher needs a GPU; a small test model runs on a CPU
-        check_cuda(needs_gpu=wan and model.dit == memory.A14B.dit),
+        check_cuda(needs_gpu=wan and model.dit == peak_memory.A14B.dit),
         check_renderer(conf.render_backend, parity=True),
         check_wan_folder(guidance),
         check_tiny_vae(guidance, methods),
@@ -418,9 +417,9 @@ def run(conf: cc.Config, env: Mapping[str, str], *, gpu_mem_gb: float | None = N
     gpu = gpu_bytes()
     host = host_bytes() if torch.cuda.is_available() else None  # the job's node, not a login
     if gpu is None and gpu_mem_gb is not None:
-        gpu = int(gpu_mem_gb * memory.GiB)
+        gpu = int(gpu_mem_gb * GiB)
     tier_table = tiers.parse(conf.tiers)
-    gb = None if gpu is None else gpu / memory.GiB
+    gb = None if gpu is None else gpu / GiB
     groups: dict = {}  # (tier, estimate) -> scenes: one row per distinct training
     disk_need = 0
     for name, spec in conf.scenes.items():
@@ -438,7 +437,7 @@ def run(conf: cc.Config, env: Mapping[str, str], *, gpu_mem_gb: float | None = N
         if not wan or n <= 0:
             continue
         fits = tiers.scene_fits(
-            spec.method, roles, gb, backend="wan", label=f"scene {name}", model=model
+            spec.method, conf.memory, roles, gb, backend="wan", label=f"scene {name}", model=model
         )
         try:
             tier = tiers.base(
@@ -447,7 +446,7 @@ def run(conf: cc.Config, env: Mapping[str, str], *, gpu_mem_gb: float | None = N
         except cc.ConfigError as exc:
             checks.append(Check("gpu memory", FAIL, f"scene {name}: {exc}", "see the message"))
             continue
-        e = tiers.estimate(spec.method, tier_table[tier], n, dyn, model)
+        e = tiers.estimate(spec.method, conf.memory, tier_table[tier], n, dyn, model)
         key = (tier, e["reserved_bytes"], e["host_bytes"])
         groups.setdefault(key, (e, []))[1].append(name)
     if not wan:
@@ -457,7 +456,7 @@ def run(conf: cc.Config, env: Mapping[str, str], *, gpu_mem_gb: float | None = N
     for (tier, _, _), (e, names) in groups.items():
         more = f" (+{len(names) - 3})" if len(names) > 3 else ""
         label = f"tier {tier}, scene(s) {', '.join(names[:3])}{more}"
-        job = int(tier_table[tier].host_mem_gb * memory.GiB)  # the job's mem_mb
+        job = int(tier_table[tier].host_mem_gb * GiB)  # the job's mem_mb
         checks += check_memory(label, e, gpu, min(host or job, job), gpu_fatal=True)
     checks.append(check_allocator(env))
     checks.append(check_disk(conf.results, disk_need, f"{len(conf.scenes)} scene(s)' outputs"))
@@ -467,6 +466,7 @@ def run(conf: cc.Config, env: Mapping[str, str], *, gpu_mem_gb: float | None = N
 def preflight(
     *,
     method,
+    memory,
     guidance,
     device,
     render_backend: str,
@@ -490,11 +490,11 @@ def preflight(
         checks.append(check_renderer(render_backend, parity=False))
     checks += [check_wan_folder(guidance), check_tiny_vae(guidance, [method])]
     if wan:
-        model = memory.model_for(guidance.ckpt_dir)
-        e = tiers.estimate(method, None, gaussians, dynamic_gaussians, model)
+        model = peak_memory.model_for(guidance.ckpt_dir)
+        e = tiers.estimate(method, memory, None, gaussians, dynamic_gaussians, model)
         host = host_bytes()
         if host_mem_gb is not None:
-            host = min(host or host_mem_gb * memory.GiB, int(host_mem_gb * memory.GiB))
+            host = min(host or host_mem_gb * GiB, int(host_mem_gb * GiB))
         label = f"tier {tier}" if tier else "this training"
         # the GPU check is not fatal: an out-of-memory exit escalates to the next tier
         checks += check_memory(label, e, gpu_bytes(device) if cuda else None, host, gpu_fatal=False)

@@ -1,41 +1,36 @@
 """Memory tiers (DESIGN §6): named sets of memory flags with the GPU memory, host RAM and wall
-time a training needs; the tier a scene starts on; the leaner tier an out-of-memory retry moves
-to; and the GPU a local training job runs on.
+time a training needs; the tier a scene starts on; and the leaner tier an out-of-memory retry
+moves to (which GPU a job takes: :mod:`chord.gpus`).
 
-Memory flags change memory and time, never results, so they are Snakemake resources of the
-training rules (computed from ``attempt``), not params. A tier's ``size`` (the ``lowres``
-tiers) does change results: :func:`apply` puts it into the method, so it enters the training's
-configuration hash and checkpoint folder. ``tier: auto`` checks each candidate against the
-peak-memory model (:mod:`chord.memory`, :class:`ModelFits`) before a job starts. Nothing here
-imports Snakemake or torch; ``rules/common.smk`` and ``workflow/scripts/train.py`` call these
-functions.
+Memory flags (:class:`chord.config.MemoryConfig`) change memory and time, never results, so
+they are Snakemake resources of the training rules (computed from ``attempt``), not params. A
+tier's ``size`` (the ``lowres`` tiers) does change results: :func:`apply` puts it into the
+method, so it enters the training's configuration hash and checkpoint folder. ``tier: auto``
+checks each candidate against the peak-memory model (:mod:`chord.peak_memory`,
+:class:`ModelFits`) before a job starts. Nothing here imports Snakemake or torch;
+``rules/common.smk`` and the training stage call these functions.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import logging
 import math
-import os
-import shutil
-import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from chord import config as cc
-from chord import memory
+from chord import peak_memory
 
 logger = logging.getLogger(__name__)
 
 AUTO = "auto"
-# The method keys a tier may set; a tier that leaves one out keeps the method's value.
-FLAG_KEYS = cc.MEMORY_FLAG_KEYS
+# What a tier holds besides its memory flags (chord.config.MEMORY_FLAGS).
+TIER_KEYS = ("gpu_mem_gb", "host_mem_gb", "runtime_h", "size", "gpu_model", "slurm_partition")
 # Written next to a stage's checkpoints: one tier name per line that ran out of GPU memory.
 OOM_RECORD = "out_of_memory.txt"
 
@@ -50,7 +45,7 @@ class Tier:
     gpu_mem_gb: float
     host_mem_gb: float = 32.0
     runtime_h: float = 24.0
-    flags: dict = field(default_factory=dict)  # FLAG_KEYS -> value, only those the tier sets
+    flags: dict = field(default_factory=dict)  # memory flag -> value, only those the tier sets
     size: str | None = None
     gpu_model: str | None = None
     slurm_partition: str | None = None
@@ -79,12 +74,14 @@ def parse(mapping: Mapping[str, Mapping]) -> dict[str, Tier]:
         size = spec.get("size")
         if size is not None:
             cc.parse_size(size, where=f"config: tiers.{name}.size")
+        flags = {k: v for k, v in spec.items() if k not in TIER_KEYS}
+        cc.check_memory_flags(flags, where=f"config: tiers.{name}")  # names and types
         tiers[name] = Tier(
             name=name,
             gpu_mem_gb=float(spec["gpu_mem_gb"]),
             host_mem_gb=float(spec.get("host_mem_gb", 32)),
             runtime_h=float(spec.get("runtime_h", 24)),
-            flags={k: spec[k] for k in FLAG_KEYS if k in spec},
+            flags=flags,
             size=size,
             gpu_model=spec.get("gpu_model"),
             slurm_partition=spec.get("slurm_partition"),
@@ -141,7 +138,7 @@ def auto(
         tier = tiers[name]
         if method is None:
             return tier.size is not None
-        return apply(method, tier).size != method.size
+        return lower_size(method, tier) is not None
 
     keep = [n for n in candidates if allow_lowres or not changes_result(n)]
     remedies = (
@@ -264,14 +261,9 @@ def ply_vertex_count(path: Path) -> int:
     raise ValueError(f"{path}: no 'element vertex' in the PLY header")
 
 
-def memory_flags(method) -> dict:
-    """The method's memory flags, as :func:`chord.memory.estimate` reads them."""
-    return {k: getattr(method, k) for k in memory.FLAG_DEFAULTS if hasattr(method, k)}
-
-
 def memory_shape(method, gaussians: int, dynamic_gaussians: int | None = None) -> dict:
-    """The keyword arguments of :func:`chord.memory.estimate` besides the flags: the method's
-    SDS size, frame_num, batch_size, use_tiny_vae, sds_cfg_batch and the Gaussian counts."""
+    """The keyword arguments of :func:`chord.peak_memory.estimate` besides the flags: the method's
+    SDS size, frame_num, batch_size, use_tiny_vae and the Gaussian counts."""
     width, height = cc.parse_size(method.size, where="method: size")
     return {
         "width": width,
@@ -281,72 +273,77 @@ def memory_shape(method, gaussians: int, dynamic_gaussians: int | None = None) -
         "gaussians": gaussians,
         "dynamic_gaussians": dynamic_gaussians,
         "use_tiny_vae": method.use_tiny_vae,
-        "sds_cfg_batch": method.sds_cfg_batch,
     }
 
 
 def estimate(
     method,
+    mem,
     tier: Tier | None,
     gaussians: int,
     dynamic_gaussians: int | None = None,
-    model: memory.ModelShape = memory.A14B,
+    model: peak_memory.ModelShape = peak_memory.A14B,
 ) -> dict:
-    """:func:`chord.memory.estimate` of a training of ``method`` on ``tier`` (its flags and
-    size applied, :func:`apply`; ``None``: ``method`` as it is, e.g. already applied), with
-    the experts of ``model`` (:func:`chord.memory.model_for` the Wan folder)."""
-    m = method if tier is None else apply(method, tier)
-    shape = memory_shape(m, gaussians, dynamic_gaussians)
-    return memory.estimate(memory_flags(m), model=model, **shape)
+    """:func:`chord.peak_memory.estimate` of a training of ``method`` with the memory flags ``mem``
+    on ``tier`` (its flags and size applied, :func:`apply`; ``None``: as they are, e.g.
+    already applied), with the experts of ``model`` (:func:`chord.peak_memory.model_for`)."""
+    if tier is not None:
+        method, mem = apply(method, mem, tier)
+    return peak_memory.estimate(
+        mem, model=model, **memory_shape(method, gaussians, dynamic_gaussians)
+    )
 
 
 @dataclass(frozen=True)
 class ModelFits:
     """The ``fits`` of :func:`auto` for one scene: whether the peak-memory model predicts that
-    a training of ``method`` on a tier fits a GPU of ``gpu_mem_gb`` (:func:`chord.memory.fits`:
-    reserved bytes plus a CUDA context, read as GiB)."""
+    a training of ``method`` with the memory flags ``mem`` on a tier fits a GPU of
+    ``gpu_mem_gb`` (:func:`chord.peak_memory.fits`: reserved bytes plus a CUDA context, read as
+    GiB)."""
 
     method: Any
+    mem: Any  # MemoryConfig: the flags a tier leaves unset
     gpu_mem_gb: float
     gaussians: int
     dynamic_gaussians: int
     label: str = ""
-    model: memory.ModelShape = memory.A14B
+    model: peak_memory.ModelShape = peak_memory.A14B
 
     def __call__(self, tier: Tier) -> bool:
-        m = apply(self.method, tier)
+        m, mem = apply(self.method, self.mem, tier)
         shape = memory_shape(m, self.gaussians, self.dynamic_gaussians)
-        return memory.fits(
-            {}, self.gpu_mem_gb, base_flags=memory_flags(m), model=self.model, **shape
-        )
+        return peak_memory.fits(mem, self.gpu_mem_gb, model=self.model, **shape)
 
     def describe(self, tier: Tier) -> str:
-        e = estimate(self.method, tier, self.gaussians, self.dynamic_gaussians, self.model)
+        e = estimate(
+            self.method, self.mem, tier, self.gaussians, self.dynamic_gaussians, self.model
+        )
         where = f"{self.label}, " if self.label else ""
-        return f"{where}tier {tier.name} predicted {memory.describe(e)}"
+        return f"{where}tier {tier.name} predicted {peak_memory.describe(e)}"
 
 
 def scene_fits(
     method,
+    mem,
     roles: Mapping[str, str],
     gpu_mem_gb: float | None,
     *,
     backend: str,
     fitted: Path | None = None,
     label: str = "",
-    model: memory.ModelShape = memory.A14B,
+    model: peak_memory.ModelShape = peak_memory.A14B,
 ) -> ModelFits | None:
     """The :class:`ModelFits` of a scene for ``tier: auto``, or None where the model does not
     apply: no GPU, the oracle teacher (the model is that of the Wan teacher), or no objects
     known (ingest reports that). ``fitted``: the sheet's ``gaussians`` folder; ``model``: the
-    experts' shapes (:func:`chord.memory.model_for` the Wan folder)."""
+    experts' shapes (:func:`chord.peak_memory.model_for` the Wan folder)."""
     if gpu_mem_gb is None or backend != "wan":
         return None
     objects = [obj for obj, role in roles.items() if role != "avoided"]
     n, dynamic = gaussian_counts(method, roles, imported_counts(fitted, objects))
     if n <= 0:
         return None
-    return ModelFits(method, gpu_mem_gb, n, dynamic, label, model)
+    return ModelFits(method, mem, gpu_mem_gb, n, dynamic, label, model)
 
 
 def for_attempt(
@@ -373,15 +370,23 @@ def pixels(size: str) -> int:
     return w * h
 
 
-def apply(method, tier: Tier):
-    """``method`` with ``tier``'s memory flags and, for a tier with a lower ``size``, that size.
-
-    The size only ever goes down: a tier's size larger than the method's is ignored.
-    """
-    values = dict(tier.flags)
+def lower_size(method, tier: Tier) -> str | None:
+    """``tier``'s size where it is below ``method``'s (the lowres tiers), else None."""
     if tier.size is not None and pixels(tier.size) < pixels(method.size):
-        values["size"] = tier.size
-    return dataclasses.replace(method, **values) if values else method
+        return tier.size
+    return None
+
+
+def apply(method, mem, tier: Tier) -> tuple:
+    """(method, memory flags) a training on ``tier`` runs with: ``mem`` with the flags the
+    tier sets, and ``method`` with the tier's size where that is lower (it changes the result:
+    the size only ever goes down)."""
+    size = lower_size(method, tier)
+    if size is not None:
+        method = dataclasses.replace(method, size=size)
+    if tier.flags:
+        mem = dataclasses.replace(mem, **tier.flags)
+    return method, mem
 
 
 def read_out_of_memory(path: Path) -> set[str]:
@@ -431,103 +436,3 @@ def inject_out_of_memory(tiers_spec: str, tier: str) -> None:
         raise torch.cuda.OutOfMemoryError(
             f"injected out-of-memory on tier {tier!r} (test hook CHORD_TEST_OOM_TIERS)"
         )
-
-
-def visible_gpus(env: Mapping[str, str]) -> list[str]:
-    """GPU ids this process may use: ``CUDA_VISIBLE_DEVICES`` when set, else every GPU that
-    ``nvidia-smi -L`` lists (none without the NVIDIA driver)."""
-    if "CUDA_VISIBLE_DEVICES" in env:
-        return [g.strip() for g in env["CUDA_VISIBLE_DEVICES"].split(",") if g.strip()]
-    out = _nvidia_smi(["-L"])
-    return [str(i) for i, line in enumerate(out.splitlines()) if line.startswith("GPU ")]
-
-
-def gpu_memory_gb(env: Mapping[str, str]) -> float | None:
-    """Memory of the smallest visible GPU in GB (``nvidia-smi``), or None without a GPU."""
-    gpus = visible_gpus(env)
-    if not gpus:
-        return None
-    out = _nvidia_smi(["--query-gpu=index,uuid,memory.total", "--format=csv,noheader,nounits"])
-    sizes = []
-    for line in out.splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 3 and (parts[0] in gpus or parts[1] in gpus):
-            sizes.append(float(parts[2]) / 1024)  # MiB -> GiB
-    return min(sizes) if sizes else None
-
-
-def gpu_slots(env: Mapping[str, str]) -> int:
-    """How many training jobs may run at once on this machine: one per visible GPU; without
-    GPUs they train on the CPU, one thread each, so the ``cores`` limit alone governs."""
-    gpus = len(visible_gpus(env))
-    return gpus if gpus else max(1, os.cpu_count() or 1)
-
-
-def _nvidia_smi(args: list[str]) -> str:
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return ""
-    try:
-        proc = subprocess.run([exe, *args], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    return proc.stdout if proc.returncode == 0 else ""
-
-
-@contextlib.contextmanager
-def gpu_slot(gpus: list[str], lock_dir: Path, *, poll_s: float = 2.0) -> Iterator[str]:
-    """Hold one of ``gpus`` while the block runs; yields its id.
-
-    Snakemake counts GPUs (the ``gpu`` resource) but does not say which one a job gets. Each
-    job takes an exclusive lock on ``lock_dir/gpu_<id>.lock`` (the first free one), so jobs
-    running at once on one machine get distinct GPUs; the kernel drops the lock when the process
-    ends, however it ends. Waits while every GPU is taken (e.g. by another Snakemake run).
-    """
-    if not gpus:
-        raise ValueError("gpu_slot: no GPUs to choose from")
-    lock_dir = Path(lock_dir)
-    lock_dir.mkdir(parents=True, exist_ok=True)
-    waited = False
-    while True:
-        for gpu in gpus:
-            f = open(lock_dir / f"gpu_{gpu}.lock", "a")
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                f.close()
-                continue
-            try:
-                yield gpu
-            finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
-                f.close()
-            return
-        if not waited:
-            logger.info("all GPUs %s are taken by other jobs; waiting for one", gpus)
-            waited = True
-        time.sleep(poll_s)
-
-
-@contextlib.contextmanager
-def job_gpu(env: MutableMapping[str, str], lock_dir: Path | None = None) -> Iterator[str | None]:
-    """Pin a training job to one GPU while the block runs; yields its id (None without GPUs).
-
-    With several GPUs visible, takes a free one (:func:`gpu_slot`) and narrows
-    ``CUDA_VISIBLE_DEVICES`` in ``env`` to it, before CUDA starts; with one or none (a Slurm job
-    sees only its own), ``env`` stays as it is.
-    """
-    gpus = visible_gpus(env)
-    if len(gpus) <= 1:
-        yield gpus[0] if gpus else None
-        return
-    with gpu_slot(gpus, lock_dir or default_lock_dir()) as gpu:
-        env["CUDA_VISIBLE_DEVICES"] = gpu
-        logger.info("GPU %s of %s", gpu, gpus)
-        yield gpu
-
-
-def default_lock_dir() -> Path:
-    """Per-user, per-machine folder of the GPU locks."""
-    import tempfile
-
-    return Path(tempfile.gettempdir()) / f"chord-gpu-locks-{os.getuid()}"

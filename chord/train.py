@@ -26,22 +26,6 @@ logger = logging.getLogger(__name__)
 CKPT_FORMAT = "chord-train/1"
 
 
-@dataclass(frozen=True)
-class MemoryFlags:
-    """METHOD §15: change memory and time, never results (kept apart from the method)."""
-
-    split_sds_backward: bool = False
-    split_render_backward: bool = False
-    split_render_chunk_size: int = -1
-    checkpoint_tiny_vae: bool = False  # ours: activation checkpoints in the Tiny VAE encoder
-
-    @classmethod
-    def from_method(cls, method, **overrides) -> MemoryFlags:
-        values = {k: getattr(method, k) for k in cls.__dataclass_fields__}
-        values.update(overrides)
-        return cls(**values)
-
-
 class PhaseClock:
     """``log_run_time`` (METHOD §15): wall seconds (synchronised on CUDA) and, on CUDA, the
     peak allocated memory per phase; a no-op when disabled."""
@@ -81,7 +65,7 @@ class Trainer:
     width: int
     height: int
     target: tuple = (0.0, 0.0, 0.0)
-    memory: MemoryFlags = field(default_factory=MemoryFlags)
+    memory: object = None  # chord.config.MemoryConfig (METHOD §15; None: the defaults)
     seed: int = 0
     group: Group = field(default_factory=Group)  # this rank's process group (METHOD §18)
     ground_level: float = 0.0
@@ -92,6 +76,12 @@ class Trainer:
 
     def __post_init__(self):
         m = self.method
+        if self.memory is None:
+            from chord import config
+
+            self.memory = config.memory_from_mapping({})
+        # the memory mode is chosen once (METHOD §15): both give the same gradients
+        self.sds = self.sds_split if self.memory.split_sds_backward else self.sds_joint
         self.device = self.scene.means.device  # the scene's: cameras and frames follow it
         self.backend = resolve_backend(self.backend, self.device)
         if self.gpu_memory_bytes is None and self.device.type == "cuda":
@@ -238,54 +228,64 @@ class Trainer:
             total.backward()
         return out
 
-    def sds(self, it: int, cams: dict) -> float:
-        """METHOD §11–§15: the RF-SDS backward of every video in the configured memory mode;
-        returns the reported SDS loss ½·Σg² (times the scales)."""
+    def sds_terms(self, it: int, cams: dict) -> tuple:
+        """The iteration's shared timestep t, SDS weight w and CFG scale, and the loss scale
+        of each video (METHOD §11–§14)."""
         m, B = self.method, len(cams["viewmats"])
         t, w = rfsds.timestep_at(it, m.iterations, resample=m.resample_timestep)
         cfg = rfsds.cfg_scale_at(it, m.iterations, m.init_cfg_scale, m.last_cfg_scale)
-        scale = self.sds_scale / B
-        reported = 0.0
+        return t, w, cfg, self.sds_scale / B
 
-        def camera(b):
-            return {
-                "viewmat": cams["viewmats"][b],
-                "K": self.K,
-                "background": cams["backgrounds"][b],
-            }
+    def target_grad(self, z: Tensor, video: Tensor, it: int, b: int, cams: dict, terms) -> Tensor:
+        """g_b (METHOD §11, no grad) for the latents z of video b, from the teacher's guided
+        velocity at the iteration's t. sds_grad zeroes NaN entries (METHOD §11); they are
+        counted, so a teacher producing NaNs makes the step non-finite (skipped, rolled back)
+        instead of vanishing."""
+        t, w, cfg, _ = terms
+        cond = self.guidance.condition(
+            video.detach(),
+            viewmat=cams["viewmats"][b],
+            K=self.K,
+            background=cams["backgrounds"][b],
+        )
+        eps = rfsds.noise_like(z, rng.generator(self.seed, self.video_index(b), it, "noise"))
+        z_t = rfsds.noisy_latents(z, eps, t)
+        v_hat = self.guidance.velocity(z_t[None], t, [cond], self.text, cfg)[0]
+        self.teacher_nan = self.teacher_nan + torch.isnan(v_hat).sum()
+        return rfsds.sds_grad(z.detach(), eps, v_hat.to(z.dtype), w)
 
-        def target_grad(z, video, b):
-            """g_b for latents z of video b (no grad)."""
-            cond = self.guidance.condition(video.detach(), **camera(b))
-            eps = rfsds.noise_like(z, rng.generator(self.seed, self.video_index(b), it, "noise"))
-            v_hat = self.guidance.velocity(
-                rfsds.noisy_latents(z, eps, t)[None], t, [cond], self.text, cfg
-            )[0]
-            # sds_grad zeroes NaN entries (METHOD §11); count them, so a teacher producing
-            # NaNs makes the step non-finite (skipped, rolled back) instead of vanishing
-            self.teacher_nan = self.teacher_nan + torch.isnan(v_hat).sum()
-            return rfsds.sds_grad(z.detach(), eps, v_hat.to(z.dtype), w)
+    def sds_joint(self, it: int, cams: dict) -> float:
+        """METHOD §11–§15, the default mode: per video, render and encode with grad, the
+        teacher's target, and one backward while the graphs live; returns the reported SDS
+        loss ½·Σg² (times the scales)."""
+        terms = self.sds_terms(it, cams)
+        scale = terms[3]
+        reported = []
+        for b in range(len(cams["viewmats"])):
 
-        if not self.memory.split_sds_backward:
-            for b in range(B):
+            def loss_of_video(video, b=b):
+                z = self.encode(video)
+                loss, rep = rfsds.sds_loss(z, self.target_grad(z, video, it, b, cams, terms))
+                reported.append(float(rep) * scale)
+                return loss * scale
 
-                def loss_of_video(video, b=b):
-                    nonlocal reported
-                    z = self.encode(video)
-                    loss, rep = rfsds.sds_loss(z, target_grad(z, video, b))
-                    reported += float(rep) * scale
-                    return loss * scale
+            self.backprop_video(cams["viewmats"][b], cams["backgrounds"][b], loss_of_video)
+            self.guidance.unload()
+        return sum(reported)
 
-                self.backprop_video(cams["viewmats"][b], cams["backgrounds"][b], loss_of_video)
-                self.guidance.unload()
-            return reported
-        # split: targets without grad, release the expert, then re-render with grad
-        targets, videos = [], []
+    def sds_split(self, it: int, cams: dict) -> float:
+        """METHOD §15, ``split_sds_backward``: the targets of all videos without grad, the
+        expert released, then each video re-rendered and re-encoded with grad and
+        backpropagated against its stored target; returns the reported SDS loss."""
+        terms = self.sds_terms(it, cams)
+        scale = terms[3]
+        B = len(cams["viewmats"])
+        reported, targets, videos = 0.0, [], []
         with torch.no_grad():
             for b in range(B):
                 video = self.render(cams["viewmats"][b], cams["backgrounds"][b], self.frames)
                 z = self.encode(video)
-                g = target_grad(z, video, b)
+                g = self.target_grad(z, video, it, b, cams, terms)
                 reported += float(0.5 * g.square().sum()) * scale
                 targets.append(rfsds.sds_target(z, g))
                 if self.memory.split_render_backward:
@@ -300,11 +300,9 @@ class Trainer:
                 loss, _ = rfsds.sds_loss(z, z.detach() - targets[b])
                 return loss * scale
 
+            video = videos[b] if videos else None
             self.backprop_video(
-                cams["viewmats"][b],
-                cams["backgrounds"][b],
-                loss_of_video,
-                video=videos[b] if videos else None,
+                cams["viewmats"][b], cams["backgrounds"][b], loss_of_video, video=video
             )
             if videos:
                 videos[b] = None
@@ -391,7 +389,7 @@ class Trainer:
         for opt in self.optimizers.values():
             optim.set_learning_rates(opt, it, self.method)
         cams = self.cameras_at(it)
-        clock = PhaseClock(self.method.log_run_time)
+        clock = PhaseClock(self.memory.log_run_time)
         self.teacher_nan = 0
         with clock("regularisers"):
             reg = self.regularisers(it, cams)
@@ -438,7 +436,7 @@ class Trainer:
             "skipped": int(not finite),
             "nan": nan,
         }
-        if self.method.log_run_time:
+        if self.memory.log_run_time:
             rec.update(clock.times, sds_scale=self.sds_scale, temporal_scale=self.temporal_scale)
         return rec
 
@@ -452,43 +450,37 @@ class Trainer:
 
     def float32_fallback_problem(self) -> str | None:
         """Why the guidance cannot switch to float32 here, or None: mmgp keeps bf16, and the
-        memory model (:mod:`chord.memory`, the expert in float32: twice its weights and
+        memory model (:mod:`chord.peak_memory`, the expert in float32: twice its weights and
         activations) must fit the device's memory (unknown off CUDA: no limit)."""
         g = self.guidance
         if getattr(g, "mmgp", None) is not None:
             return "enable_mmgp keeps the experts in bf16"
         if self.gpu_memory_bytes is None:
             return None
-        from chord import memory
+        from chord import peak_memory
 
-        m, mem = self.method, self.memory
+        m = self.method
         dynamic = sum(
             self.scene.slices[n].stop - self.scene.slices[n].start for n in self.scene.dynamic
         )
-        e = memory.estimate(
-            {
-                "split_sds_backward": mem.split_sds_backward,
-                "split_render_backward": mem.split_render_backward,
-                "split_render_chunk_size": mem.split_render_chunk_size,
-                "checkpoint_tiny_vae": mem.checkpoint_tiny_vae,
-            },
+        e = peak_memory.estimate(
+            self.memory,
             width=self.width,
             height=self.height,
             frames=m.frame_num,
             batch=m.batch_size,
             gaussians=int(self.scene.means.shape[0]),
             dynamic_gaussians=dynamic,
-            model=getattr(g, "model_shape", memory.A14B),
+            model=getattr(g, "model_shape", peak_memory.A14B),
             use_tiny_vae=getattr(g, "tiny_vae", None) is not None,
-            sds_cfg_batch=getattr(g, "sds_cfg_batch", True),
             expert_bytes=4,
         )
-        need = e["reserved_bytes"] + memory.CUDA_CONTEXT_GIB * memory.GiB
+        need = e["reserved_bytes"] + peak_memory.CUDA_CONTEXT_GIB * peak_memory.GiB
         if need > self.gpu_memory_bytes:
             return (
-                f"in float32 the memory model predicts {need / memory.GiB:.1f} GiB "
-                f"({e['phase']}; expert weights {e['parts']['dit_weights'] / memory.GiB:.1f} "
-                f"GiB) on a {self.gpu_memory_bytes / memory.GiB:.0f} GiB GPU"
+                f"in float32 the memory model predicts {need / peak_memory.GiB:.1f} GiB "
+                f"({e['phase']}; expert weights {e['parts']['dit_weights'] / peak_memory.GiB:.1f} "
+                f"GiB) on a {self.gpu_memory_bytes / peak_memory.GiB:.0f} GiB GPU"
             )
         return None
 

@@ -34,11 +34,12 @@ def _item_type(spec: dict):
     return {"integer": int, "number": float, "boolean": bool, "string": str}.get(kind)
 
 
-def add_method_flags(parser: argparse.ArgumentParser) -> None:
-    """One flag per method key: --<key>, typed from the schema; unset flags keep defaults."""
+def add_schema_flags(parser: argparse.ArgumentParser, section: dict) -> None:
+    """One flag per key of a config ``section`` (method, memory): --<key>, typed from the
+    schema; unset flags keep defaults."""
     schema = cc.read_schema(cc.CONFIG_SCHEMA)
     defs = schema["$defs"]
-    for key, spec in cc.method_schema()["properties"].items():
+    for key, spec in section["properties"].items():
         if "$ref" in spec:
             spec = {**defs[spec["$ref"].split("/")[-1]], **spec}
         kw = {"dest": key, "default": argparse.SUPPRESS, "help": spec.get("description")}
@@ -105,12 +106,13 @@ def build_parser() -> argparse.ArgumentParser:
             default=argparse.SUPPRESS,
             help=f"alias of --{key}",
         )
-    add_method_flags(p)
+    add_schema_flags(p, cc.method_schema())
+    add_schema_flags(p, cc.memory_schema())
     return p
 
 
 def parse(argv: list[str]):
-    """(args, method) from a CHORD command line; invalid values raise ConfigError."""
+    """(args, method, memory) from a CHORD command line; invalid values raise ConfigError."""
     args = build_parser().parse_args(argv)
     if args.ulysses_size != 1:
         raise cc.ConfigError(
@@ -122,10 +124,15 @@ def parse(argv: list[str]):
                 f"--{flag}: sharded Wan is not supported; use torchrun data "
                 "parallelism (one model per GPU) or --enable_mmgp"
             )
-    keys = set(cc.method_schema()["properties"])
-    values = {k: v for k, v in vars(args).items() if k in keys}
-    method = cc.method_from_mapping(values, where="chord train")
-    return args, method
+    given = vars(args)
+    method = cc.method_from_mapping(
+        {k: v for k, v in given.items() if k in cc.method_schema()["properties"]},
+        where="chord train",
+    )
+    memory = cc.memory_from_mapping(
+        {k: v for k, v in given.items() if k in cc.MEMORY_FLAGS}, where="chord train"
+    )
+    return args, method, memory
 
 
 def prepare(args, method, guidance, data: Path, res: Path, s: str, scene: str) -> None:
@@ -163,7 +170,7 @@ def run(argv: list[str]) -> int:
     from chord import distributed, paths
     from chord.stages import train as train_stage
 
-    args, method = parse(argv)
+    args, method, memory = parse(argv)
     guidance = cc.guidance_from_mapping(
         {
             "backend": "wan" if args.ckpt_dir else "oracle",
@@ -197,6 +204,7 @@ def run(argv: list[str]) -> int:
                 loss_log=train_dir / f"{st}_losses.tsv",
                 checkpoint_dir=root / "checkpoints" / st,
                 method=method,
+                memory=memory,
                 guidance=guidance,
                 handoff=train_dir / "coarse.pt" if st == "fine" else None,
                 device=group.device,

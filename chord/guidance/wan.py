@@ -94,9 +94,9 @@ def load_expert(ckpt_dir: Path | str, name: str, *, dtype):
     return model.eval().requires_grad_(False)
 
 
-def from_config(guidance, method, *, device="cpu") -> WanGuidance:
-    """WanGuidance as the config asks: Tiny VAE (use_tiny_vae), mmgp (enable_mmgp), CFG
-    batching (sds_cfg_batch)."""
+def from_config(guidance, method, memory, *, device="cpu") -> WanGuidance:
+    """WanGuidance as the config asks: the Tiny VAE (``method.use_tiny_vae``), mmgp and CFG
+    batching (the memory flags ``enable_mmgp``, ``sds_cfg_batch``)."""
     tiny = None
     if method.use_tiny_vae:
         if not guidance.tiny_vae_path:
@@ -107,14 +107,14 @@ def from_config(guidance, method, *, device="cpu") -> WanGuidance:
 
         tiny = load_tiny_vae(guidance.tiny_vae_path, device=device)
     mmgp = None
-    if method.enable_mmgp:
+    if memory.enable_mmgp:
         from chord.guidance.mmgp_residency import MMGPResidency
 
-        mmgp = MMGPResidency(method.mmgp_profile, method.mmgp_transformer_budget)
+        mmgp = MMGPResidency(memory.mmgp_profile, memory.mmgp_transformer_budget)
     return WanGuidance(
         guidance.ckpt_dir,
         device=device,
-        sds_cfg_batch=method.sds_cfg_batch,
+        sds_cfg_batch=memory.sds_cfg_batch,
         tiny_vae=tiny,
         tiny_vae_normalize=guidance.tiny_vae_normalize,
         mmgp=mmgp,
@@ -176,10 +176,10 @@ class WanGuidance:
 
     @functools.cached_property
     def model_shape(self):
-        """The experts' shapes from the folder's configs (:mod:`chord.memory`'s model)."""
-        from chord import memory
+        """The experts' shapes from the folder's configs (:mod:`chord.peak_memory`'s model)."""
+        from chord import peak_memory
 
-        return memory.ModelShape.from_folder(self.folder)
+        return peak_memory.ModelShape.from_folder(self.folder)
 
     @property
     def compute_dtype(self) -> torch.dtype:

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 import trimesh
 
-from chord import cameras, config, demo, gaussians, memory, paths, rng, tiers, train
+from chord import cameras, config, demo, gaussians, paths, peak_memory, rng, tiers, train
 from chord.distributed import Group
 from chord.guidance import text as text_cond
 from chord.motion import build_scene
@@ -22,7 +22,6 @@ from chord.stages import ingest
 
 logger = logging.getLogger(__name__)
 
-MEMORY_KEYS, VIEW_KEYS = config.MEMORY_KEYS, config.VIEW_KEYS
 LOG_FIELDS = ("it", "sds", "ground", "temporal", "arap", "t", "cfg", "skipped", "nan")
 config_hash = config.training_hash  # the name the checkpoints and tests know
 
@@ -88,14 +87,16 @@ def build(
     data_dir: Path,
     method,
     guidance,
-    memory: train.MemoryFlags | None = None,
+    memory=None,
     seed: int = 0,
     group: Group | None = None,
     device="cpu",
     render_backend: str = "auto",
 ) -> train.Trainer:
-    """A :class:`~chord.train.Trainer` from the stage outputs of one scene; ``render_backend``
-    is resolved for ``device`` first (an error before anything loads when it cannot run)."""
+    """A :class:`~chord.train.Trainer` from the stage outputs of one scene, with the memory
+    flags ``memory`` (a MemoryConfig; None: the defaults); ``render_backend`` is resolved for
+    ``device`` first (an error before anything loads when it cannot run)."""
+    memory = memory or config.memory_from_mapping({})
     backend = resolve_backend(render_backend, device)
     doc = ingest.read(scene_json)
     names = [o["name"] for o in doc["objects"] if o["role"] != "avoided"]
@@ -114,7 +115,7 @@ def build(
     else:
         from chord.guidance import wan
 
-        teacher = wan.from_config(guidance, method, device=device)
+        teacher = wan.from_config(guidance, method, memory, device=device)
         text = text_cond.read(text_path)[0]
     meshes = {}
     for name in method.add_cp_objs:
@@ -131,7 +132,7 @@ def build(
         width=width,
         height=height,
         target=target,
-        memory=memory or train.MemoryFlags.from_method(method),
+        memory=memory,
         seed=seed,
         group=group or Group(device=device),
         ground_level=ground,
@@ -199,7 +200,9 @@ class LossLog:
         self.f.close()
 
 
-def run_preflight(inputs, method, guidance, device, render_backend, tier, checkpoint_dir, env):
+def run_preflight(
+    inputs, method, memory, guidance, device, render_backend, tier, checkpoint_dir, env
+):
     """:func:`chord.doctor.preflight` of this training, from its input files' headers."""
     from chord import doctor
 
@@ -207,6 +210,7 @@ def run_preflight(inputs, method, guidance, device, render_backend, tier, checkp
     dynamic = list(inputs["voxels"])
     return doctor.preflight(
         method=method,
+        memory=memory,
         guidance=guidance,
         device=device,
         render_backend=render_backend,
@@ -221,24 +225,25 @@ def run_preflight(inputs, method, guidance, device, render_backend, tier, checkp
 
 
 def log_memory_estimate(trainer: train.Trainer, method, guidance, tier: str | None) -> dict | None:
-    """Log the peak-memory model's estimate (:mod:`chord.memory`, that of the Wan teacher) of
-    this training, ``method`` being the effective one; returns it (None for the oracle)."""
+    """Log the peak-memory model's estimate (:mod:`chord.peak_memory`, that of the Wan teacher) of
+    this training, ``method`` and ``trainer.memory`` being the effective ones; returns it (None
+    for the oracle)."""
     if guidance.backend != "wan":
         return None
     scene = trainer.scene
     dynamic = sum(scene.slices[n].stop - scene.slices[n].start for n in scene.dynamic)
-    model = memory.model_for(guidance.ckpt_dir)
-    e = tiers.estimate(method, None, int(scene.means.shape[0]), dynamic, model)
+    model = peak_memory.model_for(guidance.ckpt_dir)
+    e = tiers.estimate(method, trainer.memory, None, int(scene.means.shape[0]), dynamic, model)
     on = f" on tier {tier}" if tier else ""
-    logger.info("memory model%s (experts: %s): %s", on, model.describe(), memory.describe(e))
+    logger.info("memory model%s (experts: %s): %s", on, model.describe(), peak_memory.describe(e))
     return e
 
 
-def log_measured_memory(device, predicted: dict | None, method) -> None:
+def log_measured_memory(device, predicted: dict | None, memory) -> None:
     """On CUDA, log the measured peak GPU memory of this process beside the model's."""
     if torch.device(device).type != "cuda" or not torch.cuda.is_available():
         return
-    gib = memory.GiB
+    gib = peak_memory.GiB
     line = (
         f"measured peak GPU memory: {torch.cuda.max_memory_allocated() / gib:.1f} GiB allocated, "
         f"{torch.cuda.max_memory_reserved() / gib:.1f} GiB reserved"
@@ -248,7 +253,7 @@ def log_measured_memory(device, predicted: dict | None, method) -> None:
             f" (model: {predicted['gpu_bytes'] / gib:.1f} allocated, "
             f"{predicted['reserved_bytes'] / gib:.1f} reserved)"
         )
-    if method.log_run_time:  # its phase clock resets the allocated peak per phase
+    if memory.log_run_time:  # its phase clock resets the allocated peak per phase
         line += "; allocated is the last phase's (per-phase peaks: the loss log's *_peak_mb)"
     logger.info(line)
 
@@ -262,7 +267,7 @@ def run_stage(
     checkpoint_dir: Path,
     method,
     guidance,
-    memory: train.MemoryFlags | None = None,
+    memory=None,
     handoff: Path | None = None,
     device="cpu",
     group: Group | None = None,
@@ -272,8 +277,9 @@ def run_stage(
 ) -> dict:
     """Run ``stage`` ("coarse" or "fine"); returns a summary.
 
-    ``method`` is the effective one, with the memory tier's flags and size applied
-    (:func:`chord.tiers.apply`); the hand-off state records that size and ``tier``. The fine
+    ``method`` and ``memory`` (a MemoryConfig; None: the defaults) are the effective ones, with
+    the memory tier's flags and size applied (:func:`chord.tiers.apply`); the hand-off state
+    records that size and ``tier``. The fine
     stage continues the coarse hand-off at the size it was trained at.
 
     The training's preflight (:func:`chord.doctor.preflight`, ``env`` the process
@@ -293,7 +299,10 @@ def run_stage(
         if size != method.size:  # e.g. the coarse stage escalated to a lowres tier
             logger.info("continuing the coarse hand-off at its size %s, not %s", size, method.size)
             method = dataclasses.replace(method, size=size)
-    run_preflight(inputs, method, guidance, device, render_backend, tier, checkpoint_dir, env)
+    memory = memory or config.memory_from_mapping({})
+    run_preflight(
+        inputs, method, memory, guidance, device, render_backend, tier, checkpoint_dir, env
+    )
     h = config_hash(method, guidance)
     seed = rng.base_seed(method.seed)
     if start_ckpt is not None:
@@ -334,7 +343,7 @@ def run_stage(
         logger.info("resuming %s from iteration %d", stage, start)
     early = (2 * N) // 3 if method.early_stop else None
     timings = ()
-    if method.log_run_time:  # per-phase seconds (and CUDA peaks) as extra columns
+    if memory.log_run_time:  # per-phase seconds (and CUDA peaks) as extra columns
         phases = ("regularisers", "sds", "all_reduce")
         timings = tuple(f"{p}_s" for p in phases)
         if torch.cuda.is_available():
@@ -359,7 +368,7 @@ def run_stage(
     finally:
         if log is not None:
             log.close()
-    log_measured_memory(device, predicted, method)
+    log_measured_memory(device, predicted, memory)
     if writer:  # the hand-off records the size trained at (a lowres tier changes it) and the tier
         final = {
             **trainer.checkpoint(last, h),
@@ -371,3 +380,47 @@ def run_stage(
         train.save_checkpoint(out, final)
     group.barrier()
     return {"stage": stage, "start": start, "last": last, "seed": seed}
+
+
+def run(
+    stage: str,
+    *,
+    conf,
+    scene: str,
+    tier: str,
+    inputs: dict,
+    out: Path,
+    loss_log: Path,
+    checkpoint_dir: Path,
+    handoff: Path | None,
+    env,
+) -> dict:
+    """Rules ``train_coarse`` and ``train_fine``: :func:`run_stage` on this attempt's memory
+    ``tier`` (its flags and size applied to the scene's method and the config's memory
+    flags), on a GPU of its own (:func:`chord.gpus.job_gpu` narrows ``env``'s
+    CUDA_VISIBLE_DEVICES before CUDA starts), noting an out-of-memory exit for the retry's
+    tier (:func:`chord.tiers.out_of_memory_record`). ``CHORD_TEST_OOM_TIERS`` in ``env``
+    (tests) makes the training run out of memory on those tiers."""
+    from chord import gpus
+
+    spec = conf.scenes[scene]
+    chosen = tiers.parse(conf.tiers)[tier]
+    method, memory = tiers.apply(spec.method, conf.memory, chosen)
+    record = Path(checkpoint_dir) / tiers.OOM_RECORD
+    with gpus.job_gpu(env), tiers.out_of_memory_record(record, chosen.name):
+        tiers.inject_out_of_memory(env.get("CHORD_TEST_OOM_TIERS", ""), chosen.name)
+        return run_stage(
+            stage,
+            inputs={**inputs, "data_dir": spec.data},
+            out=out,
+            loss_log=loss_log,
+            checkpoint_dir=checkpoint_dir,
+            method=method,
+            memory=memory,
+            guidance=conf.guidance,
+            handoff=handoff,
+            device="cuda" if torch.cuda.is_available() else "cpu",
+            tier=chosen.name,
+            render_backend=conf.render_backend,
+            env=env,
+        )

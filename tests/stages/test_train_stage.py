@@ -117,7 +117,7 @@ def test_oracle_needs_the_scripted_motion(hop, tmp_path):
 def test_log_run_time_adds_phase_timings_to_the_loss_log(hop):
     root, m, inputs = hop
     guidance = cc.guidance_from_mapping({"backend": "oracle"})
-    timed = cc.method_from_mapping({**vars(m), "iterations": 2, "log_run_time": True})
+    timed = cc.method_from_mapping({**vars(m), "iterations": 2})
     train_stage.run_stage(
         "coarse",
         inputs=inputs,
@@ -125,6 +125,7 @@ def test_log_run_time_adds_phase_timings_to_the_loss_log(hop):
         loss_log=root / "timed.tsv",
         checkpoint_dir=root / "timed_ckpt",
         method=timed,
+        memory=cc.memory_from_mapping({"log_run_time": True}),
         guidance=guidance,
     )
     with open(root / "timed.tsv") as f:

@@ -20,12 +20,21 @@ def test_default_config_holds_every_method_default():
         default = SHIPPED.get(key, props[key]["default"])
         assert value == default, key
         assert type(value) is type(default), key
+    flags = cc.memory_schema()["properties"]  # and the memory section its flags' defaults
+    assert conf["memory"] == {k: spec["default"] for k, spec in flags.items()}
+    assert not set(flags) & set(props)  # a memory flag is never a method key
 
 
 def test_method_defaults_match_method_md():
     m = cc.method_from_mapping({})
     assert (m.init_voxel_size, m.cp_num, m.frame_num, m.size) == (0.015, 60, 41, "832*480")
-    assert (m.batch_size, m.split_sds_backward, m.static_id, m.n_cp_num) == (4, False, 1, 3)
+    assert (m.batch_size, m.static_id, m.n_cp_num) == (4, 1, 3)
+    mem = cc.memory_from_mapping({})  # METHOD §15: all memory modes off by default
+    assert (mem.split_sds_backward, mem.split_render_chunk_size, mem.mmgp_profile) == (
+        False,
+        -1,
+        4.0,
+    )
     assert m.arap_landmarks == [1200, 800, 400, 200, 50]
     assert m.deform_lr_final == pytest.approx(6e-5)
     assert m.surface_target_num == 8000 and m.spatial_lr_scale == 2.2

@@ -8,7 +8,7 @@ import shutil
 import pytest
 import torch
 
-from chord import cli, doctor, memory
+from chord import cli, doctor, peak_memory
 from chord.guidance import tiny_models
 from tests.conftest import REPO, write_config
 
@@ -134,6 +134,7 @@ def test_preflight_stops_a_training_that_would_fail_later(tmp_path, wan_config):
     )
     kw = dict(
         method=cc.method_from_mapping({"use_tiny_vae": True}),
+        memory=cc.memory_from_mapping({}),
         guidance=guidance,
         device="cpu",
         render_backend="auto",
@@ -162,7 +163,7 @@ def test_preflight_stops_a_training_that_would_fail_later(tmp_path, wan_config):
 
 def test_disk_need_counts_checkpoints_and_the_ply_sequence(tmp_path):
     m = doctor.cc.method_from_mapping({})
-    assert 1 * memory.MiB < doctor.checkpoint_bytes(m, 60) < 100 * memory.MiB
+    assert 1 * peak_memory.MiB < doctor.checkpoint_bytes(m, 60) < 100 * peak_memory.MiB
     # one 3DGS PLY per frame: 41 frames of 200k degree-0 Gaussians (17 floats each)
     assert doctor.export_bytes(m, 200_000, imported=False) > 200_000 * 68 * 41
     full = doctor.check_disk(tmp_path / "not" / "yet", 10**18, "everything")

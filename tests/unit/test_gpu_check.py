@@ -92,7 +92,7 @@ def test_an_out_of_memory_tier_is_a_row_and_the_next_tier_runs(monkeypatch, caps
         "batch": 2,
         "gaussians": 2000,
         "peak": mod.Peak(False),
-        "shape": mod.memory.A14B,
+        "shape": mod.peak_memory.A14B,
         "verbose": False,
     }
     rows = mod.tier_rows(ctx, ["full", "split", "offload", "lowres"])

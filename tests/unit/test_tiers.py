@@ -3,11 +3,6 @@ the OOM exit status, and GPU assignment for concurrent jobs."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
-
 import pytest
 import torch
 import yaml
@@ -17,6 +12,8 @@ from chord import tiers
 from chord.stages import adapter
 from chord.stages.train import config_hash
 from tests.conftest import REPO
+
+MEM = cc.memory_from_mapping({})  # the memory section's defaults
 
 
 @pytest.fixture
@@ -50,6 +47,11 @@ def test_parse_rejects_tiers_out_of_escalation_order():
         tiers.parse({"auto": {"gpu_mem_gb": 24}})
     with pytest.raises(cc.ConfigError, match="multiples of 16"):
         tiers.parse({"odd": {"gpu_mem_gb": 24, "size": "100*50"}})
+    # a tier's other keys are memory flags, checked against the memory section
+    with pytest.raises(cc.ConfigError, match=r"tiers.fast: .*'split_sds_bakward' was unexpected"):
+        tiers.parse({"fast": {"gpu_mem_gb": 24, "split_sds_bakward": True}})
+    with pytest.raises(cc.ConfigError, match=r"tiers.fast: split_render_chunk_size"):
+        tiers.parse({"fast": {"gpu_mem_gb": 24, "split_render_chunk_size": "21"}})
 
 
 @pytest.mark.parametrize(
@@ -80,24 +82,28 @@ def test_escalation_moves_past_tiers_that_ran_out_of_memory(default_tiers):
 
 def test_memory_flags_keep_the_hash_and_a_lower_size_changes_it(default_tiers):
     method = cc.method_from_mapping({"size": "832*480"})
+    mem = cc.memory_from_mapping({})
     guidance = cc.guidance_from_mapping({})
     h = config_hash(method, guidance)
     for name in ("full", "split", "offload"):
-        applied = tiers.apply(method, default_tiers[name])
-        assert config_hash(applied, guidance) == h, name
-    offload = tiers.apply(method, default_tiers["offload"])
+        applied, _ = tiers.apply(method, mem, default_tiers[name])
+        assert applied == method and config_hash(applied, guidance) == h, name
+    _, offload = tiers.apply(method, mem, default_tiers["offload"])
     assert offload.enable_mmgp and offload.split_render_chunk_size == 21
-    lowres = tiers.apply(method, default_tiers["lowres"])
+    lowres, _ = tiers.apply(method, mem, default_tiers["lowres"])
     assert lowres.size == "576*320" and config_hash(lowres, guidance) != h
     # the size only ever goes down: a small method size is kept
     small = cc.method_from_mapping({"size": "64*32"})
-    assert tiers.apply(small, default_tiers["lowres"]).size == "64*32"
+    assert tiers.apply(small, mem, default_tiers["lowres"])[0].size == "64*32"
 
 
-def test_tier_flags_left_out_keep_the_method_value(default_tiers):
-    method = cc.method_from_mapping({"split_sds_backward": True, "mmgp_transformer_budget": 500})
-    assert tiers.apply(method, default_tiers["full"]).split_sds_backward is True
-    assert tiers.apply(method, default_tiers["offload"]).mmgp_transformer_budget == 500
+def test_tier_flags_left_out_keep_the_memory_sections_value(default_tiers):
+    method = cc.method_from_mapping({})
+    mem = cc.memory_from_mapping({"split_sds_backward": True, "mmgp_transformer_budget": 500})
+    assert tiers.apply(method, mem, default_tiers["full"])[1].split_sds_backward is True
+    assert tiers.apply(method, mem, default_tiers["offload"])[1].mmgp_transformer_budget == 500
+    with pytest.raises(cc.ConfigError, match="split_sds_backward"):  # never a method key
+        cc.method_from_mapping({"split_sds_backward": True})
 
 
 def test_out_of_memory_record_notes_the_tier_and_clears_on_success(tmp_path):
@@ -126,82 +132,6 @@ def test_out_of_memory_exits_with_its_own_status(tmp_path, capsys):
         with adapter.stage_logging(str(tmp_path / "y.log")):
             raise ValueError("bad input")
     assert exc.value.code == adapter.EXIT_INPUT
-
-
-def test_visible_gpus_and_slots(monkeypatch, tmp_path):
-    assert tiers.visible_gpus({"CUDA_VISIBLE_DEVICES": "2,5"}) == ["2", "5"]
-    assert tiers.visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) == []
-    # CPU only: trainings run side by side, limited by the cores
-    assert tiers.gpu_slots({"CUDA_VISIBLE_DEVICES": ""}) == max(1, os.cpu_count() or 1)
-    fake = tmp_path / "nvidia-smi"
-    fake.write_text(
-        textwrap.dedent(
-            """\
-            #!/bin/sh
-            if [ "$1" = "-L" ]; then
-              echo "GPU 0: NVIDIA A10 (UUID: GPU-a)"; echo "GPU 1: NVIDIA A10 (UUID: GPU-b)"
-              echo "GPU 2: NVIDIA L40S (UUID: GPU-c)"
-            else
-              echo "0, GPU-a, 23028"; echo "1, GPU-b, 23028"; echo "2, GPU-c, 46068"
-            fi
-            """
-        )
-    )
-    fake.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
-    assert tiers.visible_gpus({}) == ["0", "1", "2"]
-    assert tiers.gpu_slots({}) == 3
-    assert tiers.gpu_memory_gb({}) == pytest.approx(23028 / 1024)  # the smallest one
-    assert tiers.gpu_memory_gb({"CUDA_VISIBLE_DEVICES": "2"}) == pytest.approx(46068 / 1024)
-
-
-def test_concurrent_jobs_get_distinct_gpus(tmp_path):
-    """Two jobs on a 2-GPU machine hold different GPUs; a third waits for a free one."""
-    env1, env2, env3 = ({"CUDA_VISIBLE_DEVICES": "0,1"} for _ in range(3))
-    with tiers.job_gpu(env1, tmp_path), tiers.job_gpu(env2, tmp_path):
-        assert {env1["CUDA_VISIBLE_DEVICES"], env2["CUDA_VISIBLE_DEVICES"]} == {"0", "1"}
-        held = env1["CUDA_VISIBLE_DEVICES"]
-    with tiers.job_gpu(env3, tmp_path):  # both released: the first GPU again
-        assert env3["CUDA_VISIBLE_DEVICES"] == "0" == held
-
-
-def test_gpu_slots_across_processes(tmp_path):
-    """Separate processes (as Snakemake's jobs are) get distinct CUDA_VISIBLE_DEVICES."""
-    code = textwrap.dedent(
-        f"""
-        import os, sys, time
-        from chord import tiers
-        env = {{"CUDA_VISIBLE_DEVICES": "3,4"}}
-        with tiers.job_gpu(env, {str(tmp_path)!r}):
-            print(env["CUDA_VISIBLE_DEVICES"], flush=True)
-            time.sleep(float(sys.argv[1]))
-        """
-    )
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    first = subprocess.Popen(
-        [sys.executable, "-c", code, "3"], stdout=subprocess.PIPE, text=True, env=env
-    )
-    got_first = first.stdout.readline().strip()  # it holds its GPU from here on
-    second = subprocess.run(
-        [sys.executable, "-c", code, "0"], capture_output=True, text=True, env=env, check=True
-    )
-    first.wait()
-    assert {got_first, second.stdout.strip()} == {"3", "4"}
-
-
-def test_default_profile_caps_gpus_at_the_local_count(monkeypatch):
-    """profiles/default is rendered by Snakemake's profile parser (YTE) on this machine; with
-    no GPU the trainings run side by side on the CPU, limited by the cores."""
-    from snakemake.profiles import ProfileConfigFileParser
-
-    path = REPO / "profiles/default/config.yaml"
-    for visible, slots in (("0,1,2", 3), ("", max(1, os.cpu_count() or 1))):
-        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
-        with open(path) as f:
-            parsed = ProfileConfigFileParser().parse(f)
-        assert parsed["resources"] == [f"gpu={slots}"]
-    assert parsed["cores"] == "all" and parsed["keep-going"] == "True"
-    assert parsed["rerun-incomplete"] == "True" and int(parsed["retries"]) >= 1
 
 
 def test_lowres_size_is_recorded_and_the_fine_stage_continues_at_it(tmp_path):
@@ -233,16 +163,18 @@ def test_lowres_size_is_recorded_and_the_fine_stage_continues_at_it(tmp_path):
     inputs = train_inputs(data, tmp_path / "results", "hop", m)
     guidance = cc.guidance_from_mapping({"backend": "oracle"})
     t = tiers.parse({"full": {"gpu_mem_gb": 80}, "tiny": {"gpu_mem_gb": 8, "size": "32*16"}})
-    lean = tiers.apply(m, t["tiny"])
+    lean, _ = tiers.apply(m, MEM, t["tiny"])
     ckpts = tmp_path / "ckpt"
     for stage, tier in (("coarse", "tiny"), ("fine", "full")):
+        method, mem = tiers.apply(m, MEM, t[tier])
         train_stage.run_stage(
             stage,
             inputs=inputs,
             out=tmp_path / f"{stage}.pt",
             loss_log=tmp_path / f"{stage}.tsv",
             checkpoint_dir=ckpts / stage,
-            method=tiers.apply(m, t[tier]),
+            method=method,
+            memory=mem,
             guidance=guidance,
             handoff=tmp_path / "coarse.pt" if stage == "fine" else None,
             tier=tier,
@@ -347,13 +279,12 @@ def test_imported_counts_read_the_fitted_ply_headers(tmp_path):
 
 
 def test_memory_shape_and_flags_follow_the_tier(default_tiers):
-    from chord import memory
+    from chord import peak_memory
 
     m = cc.method_from_mapping({"size": "832*480", "frame_num": 41, "batch_size": 4})
-    lowres = tiers.apply(m, default_tiers["lowres"])
-    flags = tiers.memory_flags(lowres)
-    assert flags == {k: getattr(lowres, k) for k in memory.FLAG_DEFAULTS}  # every model flag
-    assert flags["enable_mmgp"] is True and flags["split_render_chunk_size"] == 21
+    mem = cc.memory_from_mapping({})
+    lowres, lean = tiers.apply(m, mem, default_tiers["lowres"])
+    assert lean.enable_mmgp is True and lean.split_render_chunk_size == 21
     shape = tiers.memory_shape(lowres, 200, 100)
     assert shape == {
         "width": 576,
@@ -363,11 +294,10 @@ def test_memory_shape_and_flags_follow_the_tier(default_tiers):
         "gaussians": 200,
         "dynamic_gaussians": 100,
         "use_tiny_vae": m.use_tiny_vae,
-        "sds_cfg_batch": m.sds_cfg_batch,
     }
-    e = tiers.estimate(m, default_tiers["lowres"], 200, 100)
-    assert e == memory.estimate(tiers.memory_flags(lowres), **shape)
-    assert tiers.estimate(lowres, None, 200, 100) == e  # an already applied method
+    e = tiers.estimate(m, mem, default_tiers["lowres"], 200, 100)
+    assert e == peak_memory.estimate(lean, **shape)
+    assert tiers.estimate(lowres, lean, None, 200, 100) == e  # already applied
 
 
 def documented(**values):
@@ -384,7 +314,7 @@ def test_the_model_agrees_with_the_default_tiers_at_the_documented_shapes(
     predicted to fit its GPU class, so the model changes nothing there."""
     m = documented()
     roles = {"obj_0": "dynamic", "obj_1": "static"}
-    fits = tiers.scene_fits(m, roles, gpu, backend="wan", label="scene s")
+    fits = tiers.scene_fits(m, MEM, roles, gpu, backend="wan", label="scene s")
     assert (fits.gaussians, fits.dynamic_gaussians) == (200_000, 100_000)
     with caplog.at_level("INFO", logger="chord.tiers"):
         assert tiers.auto(default_tiers, gpu, fits) == expected
@@ -405,7 +335,7 @@ def test_the_model_rejects_tiers_whose_declared_memory_is_optimistic(default_tie
     for gpu, skipped, expected in ((80, "full", "split"), (48, "split", "offload")):
         caplog.clear()
         with caplog.at_level("INFO", logger="chord.tiers"):
-            fits = tiers.scene_fits(dense, roles, gpu, backend="wan")
+            fits = tiers.scene_fits(dense, MEM, roles, gpu, backend="wan")
             assert tiers.auto(default_tiers, gpu, fits) == expected
         [record] = caplog.records
         assert record.levelname == "INFO"  # a skip to a tier of the same size: no warning
@@ -415,11 +345,11 @@ def test_the_model_rejects_tiers_whose_declared_memory_is_optimistic(default_tie
     caplog.clear()
     wan_vae = documented(use_tiny_vae=False)
     with caplog.at_level("WARNING", logger="chord.tiers"):
-        fits48 = tiers.scene_fits(wan_vae, roles, 48, backend="wan")
+        fits48 = tiers.scene_fits(wan_vae, MEM, roles, 48, backend="wan")
         assert tiers.auto(default_tiers, 48, fits48) == "split"
     assert "no tier fits 48 GB of GPU memory" in caplog.text and "starting on split" in caplog.text
     caplog.clear()
-    fits80 = tiers.scene_fits(wan_vae, roles, 80, backend="wan", label="scene s")
+    fits80 = tiers.scene_fits(wan_vae, MEM, roles, 80, backend="wan", label="scene s")
     with pytest.raises(cc.ConfigError) as err:
         tiers.auto(default_tiers, 80, fits80, method=wan_vae)
     msg = str(err.value)
@@ -436,11 +366,11 @@ def test_the_model_rejects_tiers_whose_declared_memory_is_optimistic(default_tie
 def test_scene_fits_applies_to_the_wan_teacher_on_a_gpu_only():
     m = documented()
     roles = {"obj_0": "dynamic", "obj_1": "static"}
-    assert tiers.scene_fits(m, roles, 48, backend="oracle") is None  # no Wan weights resident
-    assert tiers.scene_fits(m, roles, None, backend="wan") is None  # a CPU run
-    assert tiers.scene_fits(m, {}, 48, backend="wan") is None  # objects not known yet
+    assert tiers.scene_fits(m, MEM, roles, 48, backend="oracle") is None  # no Wan weights resident
+    assert tiers.scene_fits(m, MEM, roles, None, backend="wan") is None  # a CPU run
+    assert tiers.scene_fits(m, MEM, {}, 48, backend="wan") is None  # objects not known yet
     assert (
-        tiers.scene_fits(m, roles, 48, backend="wan", label="scene s")
+        tiers.scene_fits(m, MEM, roles, 48, backend="wan", label="scene s")
         .describe(tiers.Tier("t", 48))
         .startswith("scene s, tier t predicted 832x480: peak")
     )
@@ -456,12 +386,12 @@ def test_training_logs_the_model_estimate_of_its_tier(caplog):
         slices={"obj_0": slice(0, 100), "obj_1": slice(100, 300)},
         dynamic={"obj_0": None},
     )
-    trainer = SimpleNamespace(scene=scene)
+    trainer = SimpleNamespace(scene=scene, memory=MEM)
     m = documented()
     wan = cc.guidance_from_mapping({"backend": "wan"})
     with caplog.at_level("INFO", logger="chord.stages.train"):
         e = train_stage.log_memory_estimate(trainer, m, wan, "split")
-    assert e == tiers.estimate(m, None, 300, 100)
+    assert e == tiers.estimate(m, MEM, None, 300, 100)
     assert "memory model on tier split (experts: 40 layers x 5120 (A14B)" in caplog.text
     assert "): 832x480: peak" in caplog.text
     oracle = cc.guidance_from_mapping({"backend": "oracle"})

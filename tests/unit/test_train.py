@@ -103,8 +103,20 @@ def sds_grads(memory, guidance, txt, m):
     return {k: p.grad.clone() for k, p in obj.param_groups().items()}
 
 
+def flags(split_sds=False, split_render=False, chunk=-1, **kw):
+    """MemoryConfig with the split flags and chunk given (the schema's defaults otherwise)."""
+    return cc.memory_from_mapping(
+        {
+            "split_sds_backward": split_sds,
+            "split_render_backward": split_render,
+            "split_render_chunk_size": chunk,
+            **kw,
+        }
+    )
+
+
 MODES = [
-    train.MemoryFlags(s, r, c)
+    flags(s, r, c)
     for s, r, c in itertools.product((False, True), (False, True), (-1, 2, 1))
     if r or c == -1
 ]
@@ -132,8 +144,8 @@ def test_memory_modes_give_the_default_gradients(memory, wan_guidance):
 @pytest.mark.parametrize(
     "memory",
     [
-        train.MemoryFlags(checkpoint_tiny_vae=True),
-        train.MemoryFlags(True, True, 2, checkpoint_tiny_vae=True),  # the split tier's flags
+        flags(checkpoint_tiny_vae=True),
+        flags(True, True, 2, checkpoint_tiny_vae=True),  # the split tier's flags
     ],
     ids=["checkpoint", "split-tier"],
 )
@@ -148,7 +160,7 @@ def test_tiny_vae_checkpoints_give_the_default_gradients(memory, tmp_path):
     guidance = wan.WanGuidance(folder, tiny_vae=TinyVAEEncoder())
     txt = {"prompt": e[0], "negative": e[1]}
     m = method()
-    ref = sds_grads(train.MemoryFlags(), guidance, txt, m)
+    ref = sds_grads(flags(), guidance, txt, m)
     got = sds_grads(memory, guidance, txt, m)
     for k in ref:
         rel = float((got[k] - ref[k]).norm() / ref[k].norm().clamp_min(1e-30))
@@ -168,7 +180,7 @@ def test_split_backward_renders_each_video_once_without_grad(wan_guidance):
         method=method(),
         width=W,
         height=H,
-        memory=train.MemoryFlags(True, True, 2),
+        memory=flags(True, True, 2),
     )
     calls = []
     render = tr.render
@@ -346,7 +358,7 @@ def test_split_render_backward_empties_the_cuda_cache_after_each_chunk(monkeypat
     calls = []
     monkeypatch.setattr(train.runtime, "empty_cache", lambda device: calls.append(device))
     m = method(batch_size=2)
-    tr = make_trainer(m, memory=train.MemoryFlags(True, True, 2))
+    tr = make_trainer(m, memory=flags(True, True, 2))
     tr.sds(3, tr.cameras_at(3))
     chunks = len(range(0, T, 2))  # frames [0, 2), [2, 4), [4, 5)
     assert calls == [tr.device] * (1 + chunks) * m.batch_size
@@ -392,13 +404,13 @@ def test_float32_fallback_is_not_taken_where_the_memory_model_says_it_will_not_f
     the full tier): where it cannot fit, the fallback would run out of memory hours into a
     run. It is checked first and, when it does not fit (here: a 48 GiB GPU at the test's tiny
     size), the run retries at its precision and then stops with the reason."""
-    from chord import memory
+    from chord import peak_memory
 
     m = method(iterations=6, batch_size=1, save_interval=2)
     for gib, switches in ((48, False), (200, True)):
-        tr = make_trainer(m, gpu_memory_bytes=gib * memory.GiB)
+        tr = make_trainer(m, gpu_memory_bytes=gib * peak_memory.GiB)
         tr.guidance = FlakyTeacher(tr.guidance)
-        tr.guidance.model_shape = memory.A14B
+        tr.guidance.model_shape = peak_memory.A14B
         tr.guidance.fp32 = True
         folder = tmp_path / str(gib)
         train.run(tr, 1, 3, config_hash="h", checkpoint_dir=folder)

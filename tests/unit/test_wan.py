@@ -160,7 +160,8 @@ def test_from_config_with_the_tiny_vae(folder, tmp_path):
     guidance = cc.guidance_from_mapping(
         {"backend": "wan", "ckpt_dir": str(folder), "tiny_vae_path": str(weights)}
     )
-    g = wan.from_config(guidance, cc.method_from_mapping({"use_tiny_vae": True}))
+    mem = cc.memory_from_mapping({})
+    g = wan.from_config(guidance, cc.method_from_mapping({"use_tiny_vae": True}), mem)
     v = video().requires_grad_(True)
     z = g.encode_video(v)
     assert z.shape == (16, 11, H // 8, W // 8)
@@ -170,11 +171,13 @@ def test_from_config_with_the_tiny_vae(folder, tmp_path):
         wan.from_config(
             cc.guidance_from_mapping({"backend": "wan", "ckpt_dir": str(folder)}),
             cc.method_from_mapping({"use_tiny_vae": True}),
+            mem,
         )
     with pytest.raises(RuntimeError, match="enable_mmgp needs a CUDA GPU"):
         wan.from_config(
             cc.guidance_from_mapping({"backend": "wan", "ckpt_dir": str(folder)}),
-            cc.method_from_mapping({"enable_mmgp": True}),
+            cc.method_from_mapping({}),
+            cc.memory_from_mapping({"enable_mmgp": True}),
         )
 
 

@@ -203,15 +203,6 @@ CUDA_CONTEXT_GIB = 0.8
 #: Host RAM besides the experts: the Python process, scene, videos, loaders (GiB).
 HOST_BASE_GIB = 6.0
 
-FLAG_DEFAULTS = {
-    "split_sds_backward": False,
-    "split_render_backward": False,
-    "split_render_chunk_size": -1,
-    "enable_mmgp": False,
-    "mmgp_transformer_budget": 100,
-    "checkpoint_tiny_vae": False,
-}
-
 
 def dit_block_params(s: ModelShape) -> int:
     """Parameters of one Wan transformer block: self- and cross-attention (q, k, v, out with
@@ -246,31 +237,18 @@ def tokens(width: int, height: int, frames: int, model: ModelShape = A14B) -> in
     return (f // pt) * (h // ph) * (w // pw)
 
 
-def _flags(tier_flags: Mapping | None) -> dict:
-    out = dict(FLAG_DEFAULTS)
-    for k, v in (tier_flags or {}).items():
-        if k in FLAG_DEFAULTS:
-            out[k] = v
-    return out
+def _memory_config(flags):
+    """A MemoryConfig from one, or from a (partial) mapping of memory flags (validated, the
+    schema's defaults filled: chord.config holds the one list of flags)."""
+    if isinstance(flags, Mapping):
+        from chord import config as cc
 
-
-def _parse_size(size: str) -> tuple[int, int]:
-    w, h = size.lower().replace("x", "*").split("*")
-    return int(w), int(h)
-
-
-def effective_size(tier_flags: Mapping | None, width: int, height: int) -> tuple[int, int]:
-    """The SDS size a tier trains at: its ``size`` when that is smaller than the method's."""
-    size = (tier_flags or {}).get("size")
-    if size:
-        w, h = _parse_size(size)
-        if w * h < width * height:
-            return w, h
-    return width, height
+        return cc.memory_from_mapping(dict(flags))
+    return flags
 
 
 def estimate(
-    tier_flags: Mapping | None,
+    flags,
     *,
     width: int,
     height: int,
@@ -280,21 +258,20 @@ def estimate(
     dynamic_gaussians: int | None = None,
     model: str | ModelShape = "A14B",
     use_tiny_vae: bool = True,
-    sds_cfg_batch: bool = True,
     expert_bytes: int = 2,
 ) -> dict:
     """Peak GPU memory and host RAM of one training iteration.
 
     Args:
-        tier_flags: memory flags (``split_sds_backward``, ``split_render_backward``,
-            ``split_render_chunk_size``, ``enable_mmgp``, ``mmgp_transformer_budget``; missing
-            ones take the defaults) and optionally a tier ``size`` ("W*H", used when smaller
-            than width×height). Other keys are ignored, so a tier's mapping can be passed.
-        width, height, frames, batch: the method's SDS size, frame_num and batch_size.
+        flags: the memory flags, a :class:`chord.config.MemoryConfig` (or a mapping of some of
+            them; the others take their defaults): split_sds_backward, split_render_backward,
+            split_render_chunk_size, enable_mmgp, mmgp_transformer_budget,
+            checkpoint_tiny_vae and sds_cfg_batch are read.
+        width, height, frames, batch: the SDS size trained at, frame_num and batch_size.
         gaussians: all Gaussians of the scene (every frame renders them);
         dynamic_gaussians: those of the dynamic objects (temporal loss), default all.
         model: "A14B" or a :class:`ModelShape`.
-        use_tiny_vae, sds_cfg_batch: the method's flags of the same names.
+        use_tiny_vae: the method's flag.
         expert_bytes: bytes per expert weight: 2 (bf16), 4 for the float32 fallback (which
             also doubles the DiT activations).
 
@@ -304,15 +281,15 @@ def estimate(
         "parts": {part: bytes}, "width", "height", "tokens"}.
 
     Example:
-        >>> from chord import memory
+        >>> from chord import peak_memory as memory
         >>> e = memory.estimate({}, width=832, height=480, frames=41, batch=4,
         ...                     gaussians=200_000)
         >>> e["gpu_bytes"] > 48 * memory.GiB  # the default mode needs more than 48 GB
         True
     """
     s = MODELS[model] if isinstance(model, str) else model
-    f = _flags(tier_flags)
-    W, H = effective_size(tier_flags, width, height)
+    f = _memory_config(flags)
+    W, H = int(width), int(height)
     T, B, N = int(frames), int(batch), int(gaussians)
     Nd = N if dynamic_gaussians is None else int(dynamic_gaussians)
     if min(W, H, T, B, N) <= 0:
@@ -327,8 +304,8 @@ def estimate(
     block = dit_block_params(s) * expert_bytes
     outside = expert - s.layers * block
     largest = max(s.dim * 6 * s.dim, s.dim * s.ffn) * expert_bytes
-    if f["enable_mmgp"]:
-        window = 2 * max(int(f["mmgp_transformer_budget"]) * MiB, largest) + outside
+    if f.enable_mmgp:
+        window = 2 * max(int(f.mmgp_transformer_budget) * MiB, largest) + outside
     else:
         window = expert
     parts = {
@@ -339,7 +316,7 @@ def estimate(
         "render_graph": int(c["render_per_gaussian"] * T * N + c["render_per_pixel"] * T * px),
         "video": T * 3 * px * 4,
         "encoder_graph": int(
-            (c["tiny_vae_ckpt_per_pixel"] if f["checkpoint_tiny_vae"] else c["tiny_vae_per_pixel"])
+            (c["tiny_vae_ckpt_per_pixel"] if f.checkpoint_tiny_vae else c["tiny_vae_per_pixel"])
             * f4
             * px
             if use_tiny_vae
@@ -349,7 +326,7 @@ def estimate(
             (
                 c[
                     "tiny_vae_ckpt_nograd_per_pixel"
-                    if f["checkpoint_tiny_vae"]
+                    if f.checkpoint_tiny_vae
                     else "tiny_vae_nograd_per_pixel"
                 ]
                 * f4
@@ -360,7 +337,7 @@ def estimate(
         ),
         "condition": int(c["wan_vae_nograd_per_base_pixel"] * s.vae_base_dim * px),
         "dit_activations": int(
-            (2 if sds_cfg_batch else 1)
+            (2 if f.sds_cfg_batch else 1)
             * L
             * (DIT_PER_TOKEN_DIM * s.dim + DIT_PER_TOKEN_FFN * s.ffn)
             * expert_bytes
@@ -373,12 +350,12 @@ def estimate(
     }
     static = parts["vae_weights"] + parts["tiny_vae_weights"] + parts["text"]
     resident = static + window  # the expert stays between iterations without mmgp
-    between = static + (0 if f["enable_mmgp"] else window)
+    between = static + (0 if f.enable_mmgp else window)
     nograd_render = parts["video"] * 2  # the output plus the compositor's buffers
     dit_phase = max(parts["condition"], parts["dit_activations"])
     phases = {"regularisers": between + parts["temporal_graph"]}
-    if not f["split_sds_backward"]:
-        if f["split_render_backward"]:
+    if not f.split_sds_backward:
+        if f.split_render_backward:
             encode = parts["video"] + parts["encoder_graph"] + dit_phase
             phases["sds"] = resident + max(encode, _chunk_graph(parts, f, T, N, px))
         else:
@@ -390,7 +367,7 @@ def estimate(
             + parts["targets"]
             + max(nograd_render, nograd_encode, parts["condition"], dit_phase)
         )
-        if f["split_render_backward"]:
+        if f.split_render_backward:
             back = max(parts["video"] + parts["encoder_graph"], _chunk_graph(parts, f, T, N, px))
         else:
             back = parts["render_graph"] + parts["encoder_graph"]
@@ -399,7 +376,7 @@ def estimate(
     gpu = phases[phase]
     # one expert in host RAM: a switch drops the other before loading (chord.guidance.wan)
     host = expert + HOST_BASE_GIB * GiB
-    if f["enable_mmgp"]:
+    if f.enable_mmgp:
         host += expert // 2  # mmgp's pinned staging of the active expert's blocks
     return {
         "gpu_bytes": int(gpu),
@@ -414,11 +391,9 @@ def estimate(
     }
 
 
-def _chunk_graph(parts: dict, f: dict, T: int, N: int, px: int) -> int:
+def _chunk_graph(parts: dict, f, T: int, N: int, px: int) -> int:
     """Render graph of one re-render chunk (split_render_backward) plus the video gradient."""
-    chunk = (
-        T if int(f["split_render_chunk_size"]) == -1 else min(T, int(f["split_render_chunk_size"]))
-    )
+    chunk = T if int(f.split_render_chunk_size) == -1 else min(T, int(f.split_render_chunk_size))
     c = CPU_PROXY
     return (
         int(c["render_per_gaussian"] * chunk * N + c["render_per_pixel"] * chunk * px)
@@ -426,33 +401,11 @@ def _chunk_graph(parts: dict, f: dict, T: int, N: int, px: int) -> int:
     )
 
 
-def _tier_mapping(tier) -> dict:
-    """Flags and size of a tier given as a mapping or an object with ``flags``/``size``."""
-    if isinstance(tier, Mapping):
-        return dict(tier)
-    out = dict(getattr(tier, "flags", {}) or {})
-    if getattr(tier, "size", None):
-        out["size"] = tier.size
-    return out
-
-
-def fits(
-    tier,
-    gpu_mem_gb: float,
-    *,
-    host_mem_gb: float | None = None,
-    base_flags: Mapping | None = None,
-    **shape,
-) -> bool:
-    """Whether ``tier`` (a ``chord.tiers.Tier``, or a mapping of flags and ``size``) fits a
-    GPU of ``gpu_mem_gb`` GB (read as GiB: reserved bytes plus a CUDA context must fit), and
-    ``host_mem_gb`` of host RAM when given.
-
-    ``base_flags``: the method's memory flags, which the tier's own flags override (a tier
-    that leaves a flag out keeps the method's value). ``shape``: the keyword arguments of
-    :func:`estimate` (width, height, frames, batch, gaussians, ...).
-    """
-    flags = {**(base_flags or {}), **_tier_mapping(tier)}
+def fits(flags, gpu_mem_gb: float, *, host_mem_gb: float | None = None, **shape) -> bool:
+    """Whether a training with the memory flags ``flags`` (as :func:`estimate` takes them)
+    fits a GPU of ``gpu_mem_gb`` GB (read as GiB: reserved bytes plus a CUDA context must
+    fit), and ``host_mem_gb`` of host RAM when given. ``shape``: the keyword arguments of
+    :func:`estimate` (width, height, frames, batch, gaussians, ...)."""
     e = estimate(flags, **shape)
     if e["reserved_bytes"] + CUDA_CONTEXT_GIB * GiB > gpu_mem_gb * GiB:
         return False

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 
-from chord import memory
+from chord import peak_memory
 
 SEED_SPLIT = {  # the seed document's split flags
     "split_sds_backward": True,
@@ -16,15 +14,22 @@ SEED_SPLIT = {  # the seed document's split flags
 }
 SPLIT = {**SEED_SPLIT, "checkpoint_tiny_vae": True}
 OFFLOAD = {**SPLIT, "enable_mmgp": True}
-TIERS = {  # config/config.yaml's tiers (flags and size)
+TIERS = {  # config/config.yaml's tiers' flags
     "full": {},
     "split": SPLIT,
     "offload": OFFLOAD,
-    "lowres": {**OFFLOAD, "size": "576*320"},
-    "lowres_min": {**OFFLOAD, "size": "416*240"},
+    "lowres": OFFLOAD,
+    "lowres_min": OFFLOAD,
 }
 # METHOD §21's documented command: 832x480, 41 frames, batch 4, Tiny VAE, early stop
 DOC = {"width": 832, "height": 480, "frames": 41, "batch": 4, "gaussians": 200_000}
+SIZES = {"lowres": (576, 320), "lowres_min": (416, 240)}  # the tiers' lower sizes
+
+
+def tier_doc(name: str, **over) -> dict:
+    """DOC at the size tier ``name`` trains at."""
+    w, h = SIZES.get(name, (DOC["width"], DOC["height"]))
+    return {**DOC, "width": w, "height": h, **over}
 
 
 def _diffusers_dit(**kw):
@@ -53,9 +58,9 @@ def test_expert_parameters_match_the_diffusers_model_exactly():
         num_layers=40,
         rope_max_seq_len=1024,
     )
-    assert memory.dit_params(memory.A14B) == sum(p.numel() for p in m.parameters())
-    assert memory.dit_params(memory.A14B) == 14_288_901_184  # 26.6 GiB in bf16
-    small = memory.ModelShape(
+    assert peak_memory.dit_params(peak_memory.A14B) == sum(p.numel() for p in m.parameters())
+    assert peak_memory.dit_params(peak_memory.A14B) == 14_288_901_184  # 26.6 GiB in bf16
+    small = peak_memory.ModelShape(
         layers=2,
         heads=3,
         head_dim=8,
@@ -75,7 +80,7 @@ def test_expert_parameters_match_the_diffusers_model_exactly():
         num_layers=2,
         rope_max_seq_len=64,
     )
-    assert memory.dit_params(small) == sum(p.numel() for p in m.parameters())
+    assert peak_memory.dit_params(small) == sum(p.numel() for p in m.parameters())
 
 
 def test_vae_parameter_counts_match_the_models():
@@ -85,14 +90,14 @@ def test_vae_parameter_counts_match_the_models():
 
     with torch.device("meta"):
         vae = AutoencoderKLWan()
-    assert memory.A14B.vae_params == sum(p.numel() for p in vae.parameters())
-    assert memory.A14B.tiny_vae_params == sum(p.numel() for p in TinyVAEEncoder().parameters())
+    assert peak_memory.A14B.vae_params == sum(p.numel() for p in vae.parameters())
+    assert peak_memory.A14B.tiny_vae_params == sum(p.numel() for p in TinyVAEEncoder().parameters())
 
 
 def test_tokens_follow_the_method_table():
-    assert memory.tokens(832, 480, 41) == 17_160
-    assert memory.tokens(576, 320, 41) == 7_920
-    assert memory.tokens(416, 240, 41) == 4_290
+    assert peak_memory.tokens(832, 480, 41) == 17_160
+    assert peak_memory.tokens(576, 320, 41) == 7_920
+    assert peak_memory.tokens(416, 240, 41) == 4_290
 
 
 def test_documented_tier_figures():
@@ -100,36 +105,36 @@ def test_documented_tier_figures():
     the low-resolution tiers fit their smaller GPUs."""
     gpu = {"full": 80, "split": 48, "offload": 24, "lowres": 16, "lowres_min": 12}
     for name, flags in TIERS.items():
-        assert memory.fits(flags, gpu[name], **DOC), name
-    assert not memory.fits(TIERS["full"], 48, **DOC)
-    assert not memory.fits(TIERS["split"], 24, **DOC)
-    full = memory.estimate(TIERS["full"], **DOC)
-    split = memory.estimate(TIERS["split"], **DOC)
-    assert full["gpu_bytes"] > 48 * memory.GiB
-    assert split["gpu_bytes"] < 48 * memory.GiB
+        assert peak_memory.fits(flags, gpu[name], **tier_doc(name)), name
+    assert not peak_memory.fits(TIERS["full"], 48, **DOC)
+    assert not peak_memory.fits(TIERS["split"], 24, **DOC)
+    full = peak_memory.estimate(TIERS["full"], **DOC)
+    split = peak_memory.estimate(TIERS["split"], **DOC)
+    assert full["gpu_bytes"] > 48 * peak_memory.GiB
+    assert split["gpu_bytes"] < 48 * peak_memory.GiB
     # mmgp keeps the expert in host RAM: it needs more host memory, far less GPU memory
-    off = memory.estimate(TIERS["offload"], **DOC)
+    off = peak_memory.estimate(TIERS["offload"], **DOC)
     assert off["host_bytes"] > split["host_bytes"]
-    assert off["parts"]["dit_weights"] < 2 * memory.GiB < split["parts"]["dit_weights"]
+    assert off["parts"]["dit_weights"] < 2 * peak_memory.GiB < split["parts"]["dit_weights"]
 
 
 def test_tiny_vae_checkpoints_lower_the_split_tiers_and_their_targets_pass():
     """checkpoint_tiny_vae: 366 instead of 994 bytes per frame and pixel for the graph, 226
     instead of 655 for the no-grad encode; the seed's figures hold with or without it."""
     for plain, lean in [(SEED_SPLIT, SPLIT), ({**SEED_SPLIT, "enable_mmgp": True}, OFFLOAD)]:
-        a, b = memory.estimate(plain, **DOC), memory.estimate(lean, **DOC)
+        a, b = peak_memory.estimate(plain, **DOC), peak_memory.estimate(lean, **DOC)
         assert b["gpu_bytes"] < a["gpu_bytes"]
         assert b["parts"]["encoder_graph"] < 0.4 * a["parts"]["encoder_graph"]
         assert b["parts"]["nograd_encode"] < 0.4 * a["parts"]["nograd_encode"]
-    assert memory.estimate(SEED_SPLIT, **DOC)["reserved_bytes"] < 48 * memory.GiB
-    assert memory.estimate({**SEED_SPLIT, "enable_mmgp": True}, **DOC)["reserved_bytes"] < (
-        24 * memory.GiB
+    assert peak_memory.estimate(SEED_SPLIT, **DOC)["reserved_bytes"] < 48 * peak_memory.GiB
+    assert peak_memory.estimate({**SEED_SPLIT, "enable_mmgp": True}, **DOC)["reserved_bytes"] < (
+        24 * peak_memory.GiB
     )
 
 
 def test_split_phases_do_not_overlap_the_dit_with_the_graphs():
-    full = memory.estimate(TIERS["full"], **DOC)
-    split = memory.estimate(TIERS["split"], **DOC)
+    full = peak_memory.estimate(TIERS["full"], **DOC)
+    split = peak_memory.estimate(TIERS["split"], **DOC)
     p = full["parts"]
     assert full["phase"] == "sds"
     assert full["phases"]["sds"] >= p["render_graph"] + p["encoder_graph"] + p["dit_weights"]
@@ -153,52 +158,47 @@ def test_split_phases_do_not_overlap_the_dit_with_the_graphs():
     [("frames", 21, 41), ("batch", 1, 4), ("gaussians", 50_000, 400_000)],
 )
 def test_peak_grows_with_frames_batch_and_gaussians(name, key, small, large):
-    lo = memory.estimate(TIERS[name], **{**DOC, key: small})
-    hi = memory.estimate(TIERS[name], **{**DOC, key: large})
+    lo = peak_memory.estimate(TIERS[name], **tier_doc(name, **{key: small}))
+    hi = peak_memory.estimate(TIERS[name], **tier_doc(name, **{key: large}))
     assert hi["gpu_bytes"] >= lo["gpu_bytes"]
     assert sum(hi["parts"].values()) > sum(lo["parts"].values())
 
 
 def test_peak_grows_with_size_and_lower_tiers_need_less():
     peaks = [
-        memory.estimate(TIERS["split"], **{**DOC, "width": w, "height": h})["gpu_bytes"]
+        peak_memory.estimate(TIERS["split"], **{**DOC, "width": w, "height": h})["gpu_bytes"]
         for w, h in [(416, 240), (576, 320), (832, 480)]
     ]
     assert peaks == sorted(peaks) and peaks[0] < peaks[-1]
-    order = [memory.estimate(TIERS[n], **DOC)["gpu_bytes"] for n in TIERS]
+    order = [peak_memory.estimate(TIERS[n], **tier_doc(n))["gpu_bytes"] for n in TIERS]
     assert order == sorted(order, reverse=True)
 
 
-def test_a_tier_size_applies_only_when_smaller():
-    assert memory.effective_size({"size": "576*320"}, 832, 480) == (576, 320)
-    assert memory.effective_size({"size": "576*320"}, 416, 240) == (416, 240)
-    assert memory.effective_size({}, 832, 480) == (832, 480)
-    e = memory.estimate(TIERS["lowres"], **DOC)
+def test_fits_reads_the_flags_and_host_ram():
+    # mmgp alone does not fit 24 GB: without split, the graphs overlap the DiT
+    assert peak_memory.fits({**SPLIT, "enable_mmgp": True}, 24, **DOC)
+    assert not peak_memory.fits({"enable_mmgp": True}, 24, **DOC)
+    assert not peak_memory.fits({}, 48, **DOC)
+    assert peak_memory.fits(TIERS["split"], 48, host_mem_gb=64, **DOC)
+    assert not peak_memory.fits(TIERS["offload"], 24, host_mem_gb=32, **DOC)  # host RAM
+    e = peak_memory.estimate(TIERS["lowres"], **tier_doc("lowres"))
     assert (e["width"], e["height"], e["tokens"]) == (576, 320, 7_920)
-
-
-def test_fits_takes_tier_objects_and_the_method_flags_under_them():
-    tier = SimpleNamespace(flags={"enable_mmgp": True}, size=None)
-    # the tier sets only mmgp; the method's split flags stay (a tier keeps what it leaves out)
-    assert memory.fits(tier, 24, base_flags=SPLIT, **DOC)
-    assert not memory.fits(tier, 24, **DOC)  # without split, the graphs overlap the DiT
-    assert not memory.fits(SimpleNamespace(flags={}, size=None), 48, **DOC)
-    assert memory.fits(TIERS["split"], 48, host_mem_gb=64, **DOC)
-    assert not memory.fits(TIERS["offload"], 24, host_mem_gb=32, **DOC)  # host RAM
+    with pytest.raises(ValueError, match="split_sds_bakward"):  # one list of flags: the schema
+        peak_memory.estimate({"split_sds_bakward": True}, **DOC)
 
 
 def test_full_vae_path_and_sequential_cfg():
-    tiny = memory.estimate(TIERS["split"], **DOC)
-    full_vae = memory.estimate(TIERS["split"], **DOC, use_tiny_vae=False)
+    tiny = peak_memory.estimate(TIERS["split"], **DOC)
+    full_vae = peak_memory.estimate(TIERS["split"], **DOC, use_tiny_vae=False)
     assert full_vae["parts"]["encoder_graph"] > tiny["parts"]["encoder_graph"]
-    seq = memory.estimate(TIERS["split"], **DOC, sds_cfg_batch=False)
+    seq = peak_memory.estimate({**TIERS["split"], "sds_cfg_batch": False}, **DOC)
     assert seq["parts"]["dit_activations"] * 2 == tiny["parts"]["dit_activations"]
 
 
 def test_invalid_shapes_are_errors():
     with pytest.raises(ValueError, match="positive"):
-        memory.estimate({}, **{**DOC, "batch": 0})
-    assert "GiB" in memory.describe(memory.estimate({}, **DOC))
+        peak_memory.estimate({}, **{**DOC, "batch": 0})
+    assert "GiB" in peak_memory.describe(peak_memory.estimate({}, **DOC))
 
 
 def test_the_model_takes_the_experts_shapes_from_the_wan_folder(tmp_path, caplog):
@@ -213,21 +213,23 @@ def test_the_model_takes_the_experts_shapes_from_the_wan_folder(tmp_path, caplog
     from chord.stages import train as train_stage
 
     folder = tiny_models.write_tiny_wan(tmp_path / "wan")
-    shape = memory.ModelShape.from_folder(folder)
+    shape = peak_memory.ModelShape.from_folder(folder)
     assert (shape.layers, shape.heads, shape.head_dim, shape.ffn) == (1, 2, 8, 32)
     assert shape.vae_base_dim == 8 and shape.experts == 2
     vae = tiny_models.tiny_vae()
     assert shape.vae_params == sum(p.numel() for p in vae.parameters())
     expert = tiny_models.tiny_transformer()
-    assert memory.dit_params(shape) == sum(p.numel() for p in expert.parameters())
-    assert memory.model_for(folder) == shape and memory.model_for(None) is memory.A14B
-    assert memory.ModelShape.from_folder(tmp_path / "elsewhere") is memory.A14B
+    assert peak_memory.dit_params(shape) == sum(p.numel() for p in expert.parameters())
+    assert (
+        peak_memory.model_for(folder) == shape and peak_memory.model_for(None) is peak_memory.A14B
+    )
+    assert peak_memory.ModelShape.from_folder(tmp_path / "elsewhere") is peak_memory.A14B
     shape_kw = dict(width=64, height=32, frames=5, batch=1, gaussians=1000)
-    small = memory.estimate({}, model=shape, **shape_kw)
+    small = peak_memory.estimate({}, model=shape, **shape_kw)
     assert (
         small["parts"]["dit_weights"]
-        < memory.MiB
-        < memory.estimate({}, **shape_kw)["parts"]["dit_weights"]
+        < peak_memory.MiB
+        < peak_memory.estimate({}, **shape_kw)["parts"]["dit_weights"]
     )
     scene = SimpleNamespace(
         means=torch.zeros(300, 3), slices={"obj_0": slice(0, 300)}, dynamic={"obj_0": None}
@@ -235,6 +237,7 @@ def test_the_model_takes_the_experts_shapes_from_the_wan_folder(tmp_path, caplog
     m = cc.method_from_mapping({"size": "64*32", "frame_num": 5, "batch_size": 1})
     wan = cc.guidance_from_mapping({"backend": "wan", "ckpt_dir": str(folder)})
     with caplog.at_level("INFO", logger="chord.stages.train"):
-        e = train_stage.log_memory_estimate(SimpleNamespace(scene=scene), m, wan, None)
-    assert e == tiers.estimate(m, None, 300, 300, shape)
+        mem = cc.memory_from_mapping({})
+        e = train_stage.log_memory_estimate(SimpleNamespace(scene=scene, memory=mem), m, wan, None)
+    assert e == tiers.estimate(m, mem, None, 300, 300, shape)
     assert "experts: 1 layers x 16," in caplog.text and "dit_weights 26.6" not in caplog.text
