@@ -18,6 +18,7 @@ from pathlib import Path
 
 from chord import config as cc
 from chord import demo, paths
+from chord import scene as sc
 from chord.stages import gaussians, ingest, voxelize
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -41,7 +42,7 @@ def run_scene(data: Path, results: Path, scene: str, method) -> dict[str, float]
             scene=scene,
         )
     }
-    doc = ingest.read(sj)
+    doc = sc.read_scene_json(sj)
     t["gaussians"] = t["voxelize"] = 0.0
     for o in doc["objects"]:
         if o["role"] == "avoided":

@@ -41,11 +41,10 @@ MODES = [
 
 
 def prepare(scene: str, root: Path, method):
-    from chord import paths
-    from chord.stages import geometry
+    from chord import paths, runs
 
     data = root / "data" / scene
-    out = geometry.run(data=data, results=root, scene=scene, method=method)
+    out = runs.prepare_geometry(data=data, results=root, scene=scene, method=method)
     return {
         "scene_json": paths.scene_json(root, scene),
         "plys": out["plys"],

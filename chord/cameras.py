@@ -165,3 +165,10 @@ def background_for(invert_bg_prob: float) -> list[float]:
     """Fixed-view renders (reference, export): white unless black backgrounds are always
     drawn (METHOD §20: white if invert_bg_prob ≤ 0, else black)."""
     return [1.0, 1.0, 1.0] if invert_bg_prob <= 0 else [0.0, 0.0, 0.0]
+
+
+def scene_target(method, doc: dict) -> np.ndarray:
+    """METHOD §8's orbit target of a scene (scene.json ``doc``): :func:`camera_target` of the
+    method's ``cam_height`` and ``recenter_cam`` over the dynamic objects' rest bounds."""
+    dynamic = [o["bounds"] for o in doc["objects"] if o["role"] == "dynamic"]
+    return camera_target(method.cam_height, method.recenter_cam, dynamic)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from chord import config as cfg
 from chord import paths
+from chord import scene as sc
 from chord.scene import SceneError
 
 logger = logging.getLogger("chord")
@@ -28,9 +29,7 @@ def _spec(conf: cfg.Config, scene: str) -> cfg.SceneSpec:
 
 
 def _roles(conf: cfg.Config, spec: cfg.SceneSpec) -> dict[str, str]:
-    from chord.stages import ingest
-
-    doc = ingest.read(paths.scene_json(conf.results, spec.scene))
+    doc = sc.read_scene_json(paths.scene_json(conf.results, spec.scene))
     return {o["name"]: o["role"] for o in doc["objects"]}
 
 
@@ -123,13 +122,13 @@ def cmd_voxelize(args) -> int:
 
 
 def cmd_evaluate(args) -> int:
+    from chord import runs
     from chord.stages import evaluate
-    from chord.stages import export as export_stage
 
     conf = _load(args)
     spec = _spec(conf, args.scene)
-    inputs = export_stage.run_inputs(paths.scene_dir(conf.results, spec.scene))
-    final = export_stage.final_stage(spec.method)
+    inputs = runs.run_inputs(paths.scene_dir(conf.results, spec.scene))
+    final = cfg.final_stage(spec.method)
     stages = ["coarse", "fine"] if final == "fine" else ["coarse"]
     motion = Path(spec.data) / "motion.json"
     out = evaluate.run(
@@ -156,11 +155,11 @@ def _run_folder(args) -> Path:
 
 
 def cmd_render(args) -> int:
-    from chord.stages import export as export_stage
+    from chord import runs
 
     d = cfg.method_from_mapping({})  # the method defaults (METHOD §20)
     w, h = cfg.parse_size(d.size, where="size")
-    out = export_stage.render_run(
+    out = runs.render_run(
         _run_folder(args),
         checkpoint=args.checkpoint,
         width=args.image_width or w,
@@ -183,11 +182,11 @@ def cmd_render(args) -> int:
 
 
 def cmd_export_glb(args) -> int:
-    from chord.stages import export as export_stage
+    from chord import runs
 
     if args.mesh_source_path is None:
         raise ValueError("--mesh_source_path: required (the scene folder with obj_<i>.glb)")
-    out = export_stage.export_glb_run(
+    out = runs.export_glb_run(
         _run_folder(args),
         mesh_source_path=Path(args.mesh_source_path),
         checkpoint=args.checkpoint,
@@ -309,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
 
     runtime.configure_allocator(os.environ)  # before anything starts CUDA (METHOD §15)
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["train"]:  # CHORD's train.py flags, parsed by chord.train_cli
+    if argv[:1] == ["train"]:  # CHORD's train.py flags, parsed by chord.runs
         return _train(argv[1:])
     args = build_parser().parse_args(argv)
     logging.basicConfig(
@@ -325,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _train(argv: list[str]) -> int:
-    from chord import train_cli
+    from chord import runs
 
     logging.basicConfig(
         level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr
@@ -333,7 +332,7 @@ def _train(argv: list[str]) -> int:
     from chord.train import Interrupted
 
     try:
-        return train_cli.run(argv)
+        return runs.train(argv)
     except Interrupted as exc:
         print(f"chord train: {exc}; rerun the same command to resume", file=sys.stderr)
         return Interrupted.exit_code

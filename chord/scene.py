@@ -175,3 +175,28 @@ class ObjectInfo:
             "n_vertices": self.n_vertices,
             "n_faces": self.n_faces,
         }
+
+
+# --- scene.json (the ingest stage's output) --------------------------------------------------
+
+SCENE_FORMAT = "chord-scene/1"
+
+
+def read_scene_json(scene_json: Path) -> dict:
+    """Load a scene.json written by the ingest stage, checking its format tag."""
+    from chord.io import read_json
+
+    doc = read_json(scene_json)
+    if doc.get("format") != SCENE_FORMAT:
+        raise SceneError(
+            f"{scene_json}: format is {doc.get('format')!r}, expected {SCENE_FORMAT!r}"
+        )
+    return doc
+
+
+def mesh_path(scene_json: Path, doc: dict, name: str) -> Path:
+    """Path of a normalised mesh named in scene.json (relative to its folder)."""
+    entry = next((o for o in doc["objects"] if o["name"] == name), None)
+    if entry is None or entry["mesh"] is None:
+        raise SceneError(f"{scene_json}: {name} has no normalised mesh (unknown or avoided)")
+    return Path(scene_json).parent / entry["mesh"]

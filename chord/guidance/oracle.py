@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from scipy.spatial.transform import Rotation
 from torch import Tensor
 
-from chord import demo
 from chord import quaternion as quat
+from chord.motion import scripted
 from chord.render import render_video
 
 logger = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ def scripted_gaussians(doc: dict, rest: dict[str, dict], motion: dict, frame_num
     """Target per-frame Gaussians of a scene under its scripted motion (no gradient).
 
     ``doc``: scene.json mapping (normalisation), ``rest``: {name: splat_tensors} in the
-    scene's object order, ``motion``: :func:`chord.demo.load_motion`. Positions follow
+    scene's object order, ``motion``: :func:`chord.motion.scripted.load_motion`. Positions follow
     ``apply_motion`` in world space; each Gaussian turns by the rotation part (polar
     decomposition) of the deformation's local Jacobian. Returns means [T, N, 3] and
     quats [T, N, 4] concatenated in ``rest`` order.
@@ -62,10 +62,10 @@ def scripted_gaussians(doc: dict, rest: dict[str, dict], motion: dict, frame_num
         fm, fq = [], []
         eye = np.eye(3) * JACOBIAN_STEP
         for t in range(frame_num):
-            moved = demo.apply_motion(world, spec, t)
+            moved = scripted.apply_motion(world, spec, t)
             jac = np.stack(
                 [
-                    (demo.apply_motion(world + eye[a], spec, t) - moved) / JACOBIAN_STEP
+                    (scripted.apply_motion(world + eye[a], spec, t) - moved) / JACOBIAN_STEP
                     for a in range(3)
                 ],
                 axis=2,

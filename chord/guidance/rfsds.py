@@ -102,16 +102,6 @@ def cfg_scale_at(
     return float(init_cfg_scale) + (float(last_cfg_scale) - float(init_cfg_scale)) * r
 
 
-def cfg_combine(v_uncond: Tensor, v_cond: Tensor, scale: float) -> Tensor:
-    """METHOD §11 step 2: v̂ = v_u + s·(v_c − v_u); velocities [B, C, F, h, w] or [C, F, h, w]."""
-    if v_uncond.shape != v_cond.shape:
-        raise ValueError(
-            f"v_cond: expected the shape of v_uncond {tuple(v_uncond.shape)}, "
-            f"got {tuple(v_cond.shape)}"
-        )
-    return v_uncond + scale * (v_cond - v_uncond)
-
-
 # --- RF-SDS -----------------------------------------------------------------------------------
 
 

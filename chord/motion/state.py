@@ -1,26 +1,17 @@
-"""The motion state file (METHOD §19, our format): safetensors tensors plus JSON metadata,
-loadable without executing code. It holds everything needed to rebuild and continue the
-motion of a scene on top of its rest Gaussians: per dynamic object the layers' centres,
-radii, rotations and tables (with their per-frame flags), the surface set, the ARAP sample
-count, the rotation composition, plus the configuration hash and the iteration."""
+"""The motion state (METHOD §19): plain tensors plus JSON-able metadata, which every training
+checkpoint and hand-off state holds (``chord.train.save_checkpoint``: a torch file read back
+with ``weights_only``, so loading executes no code). It holds everything needed to rebuild and
+continue the motion of a scene on top of its rest Gaussians: per dynamic object the layers'
+centres, radii, rotations and tables (with their per-frame flags), the surface set, the ARAP
+sample count and the rotation composition."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import torch
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 
-from chord.config import values_hash
-from chord.io import atomic_path
 from chord.motion.model import MotionScene
 
 FORMAT = "chord-motion/1"
-
-
-config_hash = values_hash  # chord.config's, re-exported
 
 
 def _layer_tensors(prefix: str, layer) -> dict:
@@ -54,35 +45,6 @@ def to_dict(scene: MotionScene, **extra) -> tuple[dict, dict]:
         objects[name] = info
     meta = {"format": FORMAT, "objects": objects, "names": scene.names, **extra}
     return {k: v.detach().cpu().clone().contiguous() for k, v in tensors.items()}, meta
-
-
-def save(
-    path: Path | str,
-    scene: MotionScene,
-    *,
-    iteration: int,
-    config_hash: str,
-    extra: dict | None = None,
-) -> None:
-    """Write the motion state of ``scene`` (atomically)."""
-    tensors, meta = to_dict(
-        scene, iteration=int(iteration), config_hash=config_hash, **(extra or {})
-    )
-    with atomic_path(path, suffix=".safetensors") as tmp:
-        save_file(tensors, str(tmp), metadata={"chord": json.dumps(meta)})
-
-
-def load(path: Path | str) -> tuple[dict, dict]:
-    """Read a state file: (tensors, metadata). Errors name the file."""
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            meta = json.loads((f.metadata() or {}).get("chord", "{}"))
-            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
-    except (OSError, ValueError, json.JSONDecodeError, SafetensorError) as exc:
-        raise ValueError(f"{path}: not a readable motion state ({exc})") from exc
-    if meta.get("format") != FORMAT:
-        raise ValueError(f"{path}: format is {meta.get('format')!r}, expected {FORMAT!r}")
-    return tensors, meta
 
 
 @torch.no_grad()

@@ -11,10 +11,9 @@ import numpy as np
 import torch
 from PIL import Image
 
-from chord import cameras, config, demo, losses, media, metrics, plots
+from chord import cameras, config, losses, media, metrics, plots, trained
 from chord.io import write_json
-from chord.stages import export as export_stage
-from chord.stages.reference import target_of
+from chord.motion import scripted
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +63,7 @@ def scripted_means(doc: dict, scene, motion_json: Path, frames: int) -> torch.Te
     """Ground-truth means [T, N_dyn, 3] of the dynamic Gaussians under motion.json."""
     from chord.guidance.oracle import scripted_gaussians
 
-    motion = demo.load_motion(motion_json)
+    motion = scripted.load_motion(motion_json)
     rest = {n: {"means": o.rest_means, "quats": o.rest_quats} for n, o in scene.dynamic.items()}
     return scripted_gaussians(doc, rest, motion, frames)[0]
 
@@ -84,7 +83,7 @@ def run(
     out_losses: Path,
 ) -> dict:
     """Compute and write the metrics of one trained scene; returns them."""
-    doc, scene, ckpt = export_stage.load_trained(
+    doc, scene, ckpt = trained.load_trained(
         scene_json=scene_json,
         plys=plys,
         voxels=voxels,
@@ -92,7 +91,7 @@ def run(
         frame_num=method.frame_num,
         sh_degree=method.sh_degree,
     )
-    T = export_stage.scene_frame_num(scene, method)
+    T = trained.scene_frame_num(scene, method)
     dynamic = list(scene.dynamic)
     with torch.no_grad():
         X = (
@@ -103,7 +102,7 @@ def run(
     out = {
         "format": FORMAT,
         "scene": doc["scene"],
-        "stage": export_stage.final_stage(method),
+        "stage": config.final_stage(method),
         "iteration": ckpt["iteration"],
         "seed": ckpt["seed"],
         "frames": T,
@@ -124,9 +123,13 @@ def run(
             f"{ref_png}: {ref.shape[1]}x{ref.shape[0]}, but method size is {width}x{height}; "
             "rerun the reference stage"
         )
-    g0 = export_stage.scene_frames(scene, 1, objects=scene.names)
+    g0 = trained.scene_frames(scene, 1, objects=scene.names)
     view = cameras.reference_view(
-        method.elev_l, method.elev_r, method.ref_azim, method.ref_cam_radius, target_of(method, doc)
+        method.elev_l,
+        method.elev_r,
+        method.ref_azim,
+        method.ref_cam_radius,
+        cameras.scene_target(method, doc),
     )
     from chord.export import render_frames
 

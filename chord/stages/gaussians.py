@@ -8,14 +8,13 @@ from pathlib import Path
 
 from chord import gaussians as gs
 from chord import scene as sc
-from chord.stages import ingest
 
 logger = logging.getLogger(__name__)
 
 
 def run(*, scene_json: Path, obj: str, out: Path, method, fitted: Path | None = None) -> None:
     """Write ``out`` for object ``obj``; ``fitted`` is the sheet's ``gaussians`` folder or None."""
-    doc = ingest.read(scene_json)
+    doc = sc.read_scene_json(scene_json)
     index = int(obj.split("_")[1])
     if fitted is not None:
         path = gs.find_fitted_ply(Path(fitted) / obj)
@@ -27,7 +26,7 @@ def run(*, scene_json: Path, obj: str, out: Path, method, fitted: Path | None = 
             "%s: imported %d Gaussians (SH degree %d) from %s", obj, len(g), g.sh_degree, path
         )
     else:
-        parts = sc.load_parts(ingest.mesh_path(scene_json, doc, obj))
+        parts = sc.load_parts(sc.mesh_path(scene_json, doc, obj))
         n = method.gs_init_nums.get(obj, method.gs_init_num)
         g = gs.init_from_mesh(parts, n, scale=method.gs_init_scale, seed=index)
         logger.info("%s: %d surface-initialised Gaussians", obj, len(g))

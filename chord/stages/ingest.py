@@ -13,8 +13,6 @@ from chord.io import atomic_dir, write_json
 
 logger = logging.getLogger(__name__)
 
-FORMAT = "chord-scene/1"
-
 
 def run(*, data: Path, out_json: Path, out_meshes: Path, method, scene: str) -> dict:
     """Read the scene folder ``data``; write ``out_json`` and ``out_meshes/obj_<i>.glb``.
@@ -53,7 +51,7 @@ def run(*, data: Path, out_json: Path, out_meshes: Path, method, scene: str) -> 
     static = objects[method.static_id]
     ground = method.ground_level if method.ground_level is not None else static.bounds[0][1]
     doc = {
-        "format": FORMAT,
+        "format": sc.SCENE_FORMAT,
         "scene": scene,
         "source": str(data),
         "normalisation": {"centre": [float(c) for c in centre], "scale": float(scale)},
@@ -68,21 +66,3 @@ def run(*, data: Path, out_json: Path, out_meshes: Path, method, scene: str) -> 
             trimesh.Scene(parts).export(Path(tmp) / f"{name}.glb", file_type="glb")
     write_json(out_json, doc)
     return doc
-
-
-def read(scene_json: Path) -> dict:
-    """Load a scene.json written by :func:`run`, checking its format tag."""
-    from chord.io import read_json
-
-    doc = read_json(scene_json)
-    if doc.get("format") != FORMAT:
-        raise sc.SceneError(f"{scene_json}: format is {doc.get('format')!r}, expected {FORMAT!r}")
-    return doc
-
-
-def mesh_path(scene_json: Path, doc: dict, name: str) -> Path:
-    """Path of a normalised mesh named in scene.json (relative to its folder)."""
-    entry = next((o for o in doc["objects"] if o["name"] == name), None)
-    if entry is None or entry["mesh"] is None:
-        raise sc.SceneError(f"{scene_json}: {name} has no normalised mesh (unknown or avoided)")
-    return Path(scene_json).parent / entry["mesh"]

@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 
 from chord import cameras, config, gaussians, media
+from chord import scene as sc
 from chord.render import render_views, splat_tensors
-from chord.stages import ingest
 
 logger = logging.getLogger(__name__)
 
@@ -20,7 +20,7 @@ ORBIT_FPS = 20
 
 def scene_splats(scene_json: Path, plys: dict[str, Path], *, dtype=torch.float32) -> dict:
     """Every non-avoided object's Gaussians at rest, concatenated, as render tensors."""
-    doc = ingest.read(scene_json)
+    doc = sc.read_scene_json(scene_json)
     names = [o["name"] for o in doc["objects"] if o["role"] != "avoided"]
     missing = sorted(set(names) - set(plys))
     if missing:
@@ -30,16 +30,11 @@ def scene_splats(scene_json: Path, plys: dict[str, Path], *, dtype=torch.float32
     )
 
 
-def target_of(method, doc: dict):
-    dyn = [o["bounds"] for o in doc["objects"] if o["role"] == "dynamic"]
-    return cameras.camera_target(method.cam_height, method.recenter_cam, dyn)
-
-
 def run(*, scene_json: Path, plys: dict[str, Path], out_png: Path, out_orbit: Path, method) -> None:
     width, height = config.parse_size(method.size, where="method: size")
-    doc = ingest.read(scene_json)
+    doc = sc.read_scene_json(scene_json)
     splats = scene_splats(scene_json, plys)
-    target = target_of(method, doc)
+    target = cameras.scene_target(method, doc)
     K = cameras.intrinsics(width, height, method.fovy)
     ref = cameras.reference_view(
         method.elev_l, method.elev_r, method.ref_azim, method.ref_cam_radius, target

@@ -13,17 +13,16 @@ import numpy as np
 import torch
 import trimesh
 
-from chord import cameras, config, demo, gaussians, paths, peak_memory, rng, tiers, train
+from chord import cameras, config, gaussians, peak_memory, rng, tiers, train
+from chord import scene as sc
 from chord.distributed import Group
 from chord.guidance import text as text_cond
-from chord.motion import build_scene
+from chord.motion import build_scene, scripted
 from chord.render import describe_backend, resolve_backend, splat_tensors
-from chord.stages import ingest
 
 logger = logging.getLogger(__name__)
 
 LOG_FIELDS = ("it", "sds", "ground", "temporal", "arap", "t", "cfg", "skipped", "nan")
-config_hash = config.training_hash  # the name the checkpoints and tests know
 
 
 def oracle_for(
@@ -45,7 +44,7 @@ def oracle_for(
             f"{path}: missing; the oracle guidance distils a scene's scripted "
             "motion.json (use guidance.backend: wan for other scenes)"
         )
-    motion = demo.load_motion(path)
+    motion = scripted.load_motion(path)
     rest = {n: splat_tensors(g) for n, g in gsets.items()}
     means, quats = scripted_gaussians(doc, rest, motion, method.frame_num)
     cat = lambda k: torch.cat([rest[n][k] for n in rest])  # noqa: E731
@@ -98,7 +97,7 @@ def build(
     ``device`` first (an error before anything loads when it cannot run)."""
     memory = memory or config.memory_from_mapping({})
     backend = resolve_backend(render_backend, device)
-    doc = ingest.read(scene_json)
+    doc = sc.read_scene_json(scene_json)
     names = [o["name"] for o in doc["objects"] if o["role"] != "avoided"]
     gsets = {n: gaussians.read_ply(plys[n], sh_degree_cap=method.sh_degree) for n in names}
     vox = {}
@@ -107,8 +106,7 @@ def build(
             vox[name] = {k: z[k] for k in z.files}
     scene = build_scene(doc, gsets, vox, method, device=device)
     width, height = config.parse_size(method.size, where="method: size")
-    dyn_bounds = [o["bounds"] for o in doc["objects"] if o["role"] == "dynamic"]
-    target = tuple(cameras.camera_target(method.cam_height, method.recenter_cam, dyn_bounds))
+    target = tuple(cameras.scene_target(method, doc))
     if guidance.backend == "oracle":
         teacher = oracle_for(doc, gsets, data_dir, method, guidance, width, height, device, backend)
         text = None
@@ -119,7 +117,7 @@ def build(
         text = text_cond.read(text_path)[0]
     meshes = {}
     for name in method.add_cp_objs:
-        parts = ingest.sc.load_parts(ingest.mesh_path(scene_json, doc, name))
+        parts = sc.load_parts(sc.mesh_path(scene_json, doc, name))
         meshes[name] = trimesh.util.concatenate(
             [trimesh.Trimesh(p.vertices, p.faces, process=False) for p in parts]
         )
@@ -140,29 +138,6 @@ def build(
         surface_voxel_size={n: float(v["surface_voxel_size"]) for n, v in vox.items()},
         backend=backend,
     )
-
-
-def run_inputs(root: Path) -> dict:
-    """scene.json, Gaussians and voxels of a ``chord train`` run folder <model>/<ex_name>."""
-    root = Path(root)
-    res, s = root.parent, root.name
-    scene_json = paths.scene_json(res, s)
-    if not scene_json.is_file():
-        raise ValueError(f"{root}: not a chord train run folder ({scene_json} is missing)")
-    doc = ingest.read(scene_json)
-    return {
-        "scene_json": scene_json,
-        "plys": {
-            o["name"]: paths.gaussians_ply(res, s, o["name"])
-            for o in doc["objects"]
-            if o["role"] != "avoided"
-        },
-        "voxels": {
-            o["name"]: paths.voxels_npz(res, s, o["name"])
-            for o in doc["objects"]
-            if o["role"] == "dynamic"
-        },
-    }
 
 
 def newest_checkpoint(folder: Path) -> dict | None:
@@ -303,7 +278,7 @@ def run_stage(
     run_preflight(
         inputs, method, memory, guidance, device, render_backend, tier, checkpoint_dir, env
     )
-    h = config_hash(method, guidance)
+    h = config.training_hash(method, guidance)
     seed = rng.base_seed(method.seed)
     if start_ckpt is not None:
         if start_ckpt["config_hash"] != h:

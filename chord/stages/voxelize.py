@@ -13,19 +13,18 @@ from chord import gaussians as gs
 from chord import scene as sc
 from chord import voxels as vx
 from chord.io import atomic_path
-from chord.stages import ingest
 
 logger = logging.getLogger(__name__)
 
 
 def run(*, scene_json: Path, obj: str, gaussians: Path, out: Path, method) -> dict:
     """Write ``out`` (npz: solid, surface, control_points, voxel_size, surface_voxel_size)."""
-    doc = ingest.read(scene_json)
+    doc = sc.read_scene_json(scene_json)
     entry = next(o for o in doc["objects"] if o["name"] == obj)
     if entry["role"] != "dynamic":
         raise ValueError(f"{scene_json}: {obj} is {entry['role']}; only dynamic objects voxelize")
     index = entry["id"]
-    parts = sc.load_parts(ingest.mesh_path(scene_json, doc, obj))
+    parts = sc.load_parts(sc.mesh_path(scene_json, doc, obj))
     mesh = trimesh.util.concatenate(
         [trimesh.Trimesh(p.vertices, p.faces, process=False) for p in parts]
     )

@@ -13,12 +13,12 @@ import pytest
 import torch
 from PIL import Image
 
-from chord import cli, demo, export, gaussians, media, paths
+from chord import cli, demo, gaussians, gltf, media, paths, runs, trained
 from chord import config as cc
-from chord.stages import aggregate, evaluate, geometry, reference
+from chord.stages import aggregate, evaluate, reference
 from chord.stages import export as export_stage
 from chord.stages import train as train_stage
-from tests.unit.test_export import gltf_validator, validate_glb  # noqa: F401
+from tests.unit.test_gltf import gltf_validator, validate_glb  # noqa: F401
 
 T, W, H = 5, 32, 16
 
@@ -46,7 +46,7 @@ def sway(tmp_path_factory):
         }
     )
     res, s = root / "results", "sway"
-    out = geometry.run(data=data, results=res, scene=s, method=m)
+    out = runs.prepare_geometry(data=data, results=res, scene=s, method=m)
     reference.run(
         scene_json=paths.scene_json(res, s),
         plys=out["plys"],
@@ -115,10 +115,10 @@ def test_export_writes_videos_gif_and_ply_sequence(sway, exported):
 
 def test_exported_glb_follows_the_trained_motion(sway, exported):
     _, outs = exported
-    doc, blob = export.read_glb(outs["out_glb"])
+    doc, blob = gltf.read_glb(outs["out_glb"])
     names = [doc["nodes"][r]["name"] for r in doc["scenes"][0]["nodes"]]
     assert names == ["obj_0", "obj_1", "obj_2"]
-    _, scene, _ = export_stage.load_trained(
+    _, scene, _ = trained.load_trained(
         **sway.inputs, state_path=paths.train_state(sway.res, sway.s, "coarse")
     )
     nd = json.loads(paths.scene_json(sway.res, sway.s).read_text())["normalisation"]
@@ -127,11 +127,11 @@ def test_exported_glb_follows_the_trained_motion(sway, exported):
     for ch in anim["channels"]:  # one node per dynamic object (the demo GLBs place each once)
         n = ch["target"]["node"]
         obj = next(name for r, name in zip(doc["scenes"][0]["nodes"], names, strict=True)
-                   if n in export.world_matrices(doc, [r]))  # fmt: skip
+                   if n in gltf.world_matrices(doc, [r]))  # fmt: skip
         assert obj in ("obj_0", "obj_2")
-        M = export.world_matrices(doc, doc["scenes"][0]["nodes"])[n]
+        M = gltf.world_matrices(doc, doc["scenes"][0]["nodes"])[n]
         (prim,) = doc["meshes"][doc["nodes"][n]["mesh"]]["primitives"]
-        base = export.read_accessor(doc, blob, prim["attributes"]["POSITION"])
+        base = gltf.read_accessor(doc, blob, prim["attributes"]["POSITION"])
         to_n = lambda v, M=M: ((v @ M[:3, :3].T + M[:3, 3]) - c) * s  # noqa: E731
         with torch.no_grad():
             X, _ = scene.dynamic[obj].deform(
@@ -139,7 +139,7 @@ def test_exported_glb_follows_the_trained_motion(sway, exported):
             )
         assert len(prim["targets"]) == T - 1
         for k, target in enumerate(prim["targets"], start=1):
-            moved = base + export.read_accessor(doc, blob, target["POSITION"])
+            moved = base + gltf.read_accessor(doc, blob, target["POSITION"])
             np.testing.assert_allclose(to_n(moved), X[k].numpy(), atol=2e-5)
     sampler = anim["samplers"][0]
     assert sampler["interpolation"] == "STEP"
@@ -153,18 +153,18 @@ def test_exported_glb_passes_the_khronos_validator(exported, gltf_validator, tmp
 
 
 def test_glb_honours_exclude_objs(sway, tmp_path):
-    doc, scene, _ = export_stage.load_trained(
+    doc, scene, _ = trained.load_trained(
         **sway.inputs, state_path=paths.train_state(sway.res, sway.s, "coarse")
     )
     out = tmp_path / "x.glb"
-    summary = export_stage.write_glb(
+    summary = trained.write_glb(
         out, doc=doc, scene=scene, sources=sway.sources, frames=3, fps=4, exclude_objs=["obj_2"]
     )
     assert summary == {"nodes": 1, "targets": 2, "frames": 3}
-    got, _ = export.read_glb(out)
+    got, _ = gltf.read_glb(out)
     assert [got["nodes"][r]["name"] for r in got["scenes"][0]["nodes"]] == ["obj_0", "obj_1"]
     with pytest.raises(ValueError, match=r"exclude_objs: \['obj_9'\] are not objects"):
-        export_stage.write_glb(
+        trained.write_glb(
             out, doc=doc, scene=scene, sources=sway.sources, frames=3, fps=4, exclude_objs=["obj_9"]
         )
 
@@ -246,7 +246,7 @@ def test_cli_render_and_export_glb(sway, capsys):
          "--exclude_objs", "obj_0", "--lst_frame", "4", "--static_id", "1"]
     )  # fmt: skip
     assert rc == 0
-    doc, _ = export.read_glb(sway.res / ex / "saved_meshes/iteration_2/dynamic_scene.glb")
+    doc, _ = gltf.read_glb(sway.res / ex / "saved_meshes/iteration_2/dynamic_scene.glb")
     assert [doc["nodes"][r]["name"] for r in doc["scenes"][0]["nodes"]] == ["obj_1", "obj_2"]
     (anim,) = doc["animations"]
     assert doc["accessors"][anim["samplers"][0]["input"]]["max"] == [pytest.approx(3 / 12)]
@@ -278,10 +278,10 @@ def test_exclude_plane_needs_static_obj_glb(sway, tmp_path):
     data = tmp_path / "data"
     shutil.copytree(sway.data, data)
     with pytest.raises(ValueError, match="--exclude_plane: .*static_obj.glb does not exist"):
-        export_stage.export_glb_run(sway.res / sway.s, mesh_source_path=data, exclude_plane=True)
+        runs.export_glb_run(sway.res / sway.s, mesh_source_path=data, exclude_plane=True)
     shutil.copy(data / "obj_1.glb", data / "static_obj.glb")
-    out = export_stage.export_glb_run(
+    out = runs.export_glb_run(
         sway.res / sway.s, mesh_source_path=data, exclude_plane=True, lst_frame=2
     )
-    doc, _ = export.read_glb(out)
+    doc, _ = gltf.read_glb(out)
     assert len(doc["scenes"][0]["nodes"]) == 3

@@ -7,19 +7,19 @@ import pytest
 
 from chord import config as cc
 from chord import gaussians as gs
-from chord import paths
-from chord.stages import gaussians, geometry, ingest
+from chord import paths, runs
+from chord.stages import gaussians, ingest
 from tests.conftest import copy_glb
 
 
 def run_all(data, results, scene, method):
-    out = geometry.run(data=data, results=results, scene=scene, method=method)
+    out = runs.prepare_geometry(data=data, results=results, scene=scene, method=method)
     return out["doc"], out["stats"]
 
 
 def train_inputs(data, results, scene, method) -> dict:
     """Run the geometry stages; the inputs of ``chord.stages.train.build`` (oracle guidance)."""
-    out = geometry.run(data=data, results=results, scene=scene, method=method)
+    out = runs.prepare_geometry(data=data, results=results, scene=scene, method=method)
     return {
         "scene_json": paths.scene_json(results, scene),
         "plys": out["plys"],

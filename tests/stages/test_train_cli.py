@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import csv
 import os
 import shlex
 
 import pytest
 
-from chord import cli, demo, train, train_cli
+from chord import cli, demo, runs, train
 from chord.guidance import tiny_models
 
 SEED_48GB = """--ex_name <experiment_name> --mesh_source_path data/<scene_name> --model
@@ -51,17 +52,18 @@ def tiny_train_flags(data, model, **overrides) -> list[str]:
 
 @pytest.mark.parametrize("command", [SEED_48GB, SEED_24GB])
 def test_seed_commands_parse(command):
-    args, method = train_cli.parse(shlex.split(command))
+    args, method, memory = runs.parse(shlex.split(command))
     assert args.mesh_source_path == "data/<scene_name>" and args.ckpt_dir == "./Wan2.2-I2V-A14B"
-    assert method.split_render_chunk_size == 21 and method.use_tiny_vae
+    assert memory.split_render_chunk_size == 21 and method.use_tiny_vae
     assert method.resample_timestep and method.early_stop and method.invert_bg_prob == -0.5
     assert method.size == "832*480" and method.iterations == 3000 and method.cp_num == 60
-    assert method.enable_mmgp == ("--enable_mmgp" in command)
+    assert memory.enable_mmgp == ("--enable_mmgp" in command) and memory.split_sds_backward
+    assert not hasattr(method, "split_sds_backward")  # memory flags are never method keys
 
 
 def test_bad_flags_are_errors(capsys):
     with pytest.raises(SystemExit):
-        train_cli.parse(shlex.split(SEED_48GB) + ["--cp_nmu", "3"])
+        runs.parse(shlex.split(SEED_48GB) + ["--cp_nmu", "3"])
     assert "unrecognized arguments: --cp_nmu" in capsys.readouterr().err
     code = cli.main(["train", *shlex.split(SEED_48GB), "--size", "833*480"])
     assert code == 2 and "nearest valid sizes: 832*480, 848*480" in capsys.readouterr().err
@@ -125,8 +127,37 @@ def test_seed_command_runs_against_a_tiny_saved_model(tmp_path, caplog, monkeypa
     assert (run / "train" / "coarse_losses.tsv").read_text().count("\n") == 3
 
 
+def assert_same_state(a, b, where: str = "state") -> None:
+    """``a`` and ``b`` equal field by field: dicts by their keys, sequences item by item,
+    tensors bit for bit (dtype and shape too)."""
+    import torch
+
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and set(a) == set(b), f"{where}: {sorted(a)} != {sorted(b)}"
+        for key in a:
+            assert_same_state(a[key], b[key], f"{where}[{key!r}]")
+    elif isinstance(a, (list, tuple)):
+        assert type(a) is type(b) and len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_same_state(x, y, f"{where}[{i}]")
+    elif torch.is_tensor(a):
+        assert torch.is_tensor(b) and a.dtype == b.dtype and a.shape == b.shape, where
+        assert a.equal(b), where
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+def read_loss_log(path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f, delimiter="\t"))
+
+
 def test_sigkill_mid_run_then_rerun_equals_an_uninterrupted_run(tmp_path):
-    import os
+    """A run killed (SIGKILL: no chance to save) after its iteration-4 checkpoint; the same
+    command again resumes after the newest checkpoint left, K - 1: it logs so, rewrites none
+    of the checkpoints before K, keeps the loss log's rows before K as they were (a marker put
+    into them survives), and ends in the uninterrupted run's state, every tensor and every
+    optimizer field bit for bit (a CPU run is deterministic)."""
     import signal
     import subprocess
     import sys
@@ -140,27 +171,62 @@ def test_sigkill_mid_run_then_rerun_equals_an_uninterrupted_run(tmp_path):
         )
         return [sys.executable, "-m", "chord.cli", *flags]
 
-    assert subprocess.run(command(tmp_path / "once"), capture_output=True).returncode == 0
+    once = subprocess.run(command(tmp_path / "once"), capture_output=True, text=True)
+    assert once.returncode == 0, once.stderr[-3000:]
     victim = subprocess.Popen(
         command(tmp_path / "killed"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
-    ckpts = tmp_path / "killed" / "default" / "checkpoints" / "coarse"
-    deadline = time.time() + 300
-    while time.time() < deadline and not list(ckpts.glob("*/ckpt_000004.pt")):
+    run = tmp_path / "killed" / "default"
+    ckpts = run / "checkpoints" / "coarse"
+    deadline = time.monotonic() + 300  # a bound on waiting only; nothing asserts a time
+    while time.monotonic() < deadline and not list(ckpts.glob("*/ckpt_000004.pt")):
         time.sleep(0.05)
     os.kill(victim.pid, signal.SIGKILL)
     victim.wait()
     assert victim.returncode == -signal.SIGKILL
-    assert not (tmp_path / "killed" / "default" / "train" / "coarse.pt").exists()
-    assert subprocess.run(command(tmp_path / "killed"), capture_output=True).returncode == 0
+    assert not (run / "train" / "coarse.pt").exists()
+
+    # the resume point, from the checkpoints the kill left (save points 1, 2, 4, 5, 6, 8, 10)
+    left = sorted(ckpts.glob("*/ckpt_*.pt"))
+    assert len({p.parent for p in left}) == 1, left  # one configuration's folder
+    iterations = [train.load_checkpoint(p)["iteration"] for p in left]
+    assert iterations == [int(p.stem.split("_")[1]) for p in left]
+    resume_at = max(iterations) + 1
+    assert 5 <= resume_at <= 10, f"killed after iteration {resume_at - 1}: nothing to resume"
+    before = {p: (p.stat().st_ino, p.stat().st_mtime_ns) for p in left}
+    # the killed run logged every iteration up to its last checkpoint, as the whole run did;
+    # mark those rows: a rerun that recomputed them would overwrite the marker
+    losses = run / "train" / "coarse_losses.tsv"
+    rows = read_loss_log(losses)
+    once_rows = read_loss_log(tmp_path / "once" / "default" / "train" / "coarse_losses.tsv")
+    kept = [r for r in rows if int(r["it"]) < resume_at]
+    assert kept == once_rows[: resume_at - 1]
+    with open(losses, "w", newline="") as f:
+        w = csv.DictWriter(f, list(rows[0]), delimiter="\t")
+        w.writeheader()
+        w.writerows({**r, "sds": "kept"} if int(r["it"]) < resume_at else r for r in rows)
+
+    rerun = subprocess.run(command(tmp_path / "killed"), capture_output=True, text=True)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert f"resuming coarse from iteration {resume_at}\n" in rerun.stderr, rerun.stderr[-3000:]
+    assert f"coarse: iterations {resume_at}..10 " in rerun.stderr, rerun.stderr[-3000:]
+    for path, stat in before.items():  # not rewritten (a rewrite replaces the file)
+        assert (path.stat().st_ino, path.stat().st_mtime_ns) == stat, path.name
+    rows = read_loss_log(losses)
+    assert [int(r["it"]) for r in rows] == list(range(1, 11))
+    assert [r["sds"] for r in rows[: resume_at - 1]] == ["kept"] * (resume_at - 1)
+    assert rows[resume_at - 1 :] == once_rows[resume_at - 1 :]
+
     a = train.load_checkpoint(tmp_path / "once" / "default" / "train" / "coarse.pt")
-    b = train.load_checkpoint(tmp_path / "killed" / "default" / "train" / "coarse.pt")
+    b = train.load_checkpoint(run / "train" / "coarse.pt")
     assert a["iteration"] == b["iteration"] == 10
-    for k in a["motion"]:
-        assert a["motion"][k].equal(b["motion"][k]), k
-    for name in a["optimizers"]:
-        for i, st in a["optimizers"][name]["state"].items():
-            assert st["exp_avg"].equal(b["optimizers"][name]["state"][i]["exp_avg"])
+    assert a["motion"] and all(a["optimizers"][n]["state"] for n in a["optimizers"])
+    assert all(  # Adam's fields, for every parameter of every object
+        set(st) == {"exp_avg", "exp_avg_sq", "step"}
+        for opt in a["optimizers"].values()
+        for st in opt["state"].values()
+    )
+    assert_same_state(a, b, "coarse.pt")  # motion, optimizers, seed, config hash, size, ...
 
 
 def test_torchrun_two_ranks_equal_one_process_with_twice_the_batch(tmp_path):
@@ -198,5 +264,17 @@ def test_torchrun_two_ranks_equal_one_process_with_twice_the_batch(tmp_path):
     assert two.returncode == 0, two.stderr[-3000:]
     a = train.load_checkpoint(tmp_path / "one" / "default" / "train" / "coarse.pt")
     b = train.load_checkpoint(tmp_path / "two" / "default" / "train" / "coarse.pt")
+    assert set(a["motion"]) == set(b["motion"]) and set(a["optimizers"]) == set(b["optimizers"])
     for k in a["motion"]:
-        torch.testing.assert_close(b["motion"][k], a["motion"][k], atol=1e-5, rtol=1e-4, msg=k)
+        torch.testing.assert_close(
+            b["motion"][k], a["motion"][k], atol=1e-5, rtol=1e-4, msg=lambda m, k=k: f"{k}: {m}"
+        )
+    for name, opt in a["optimizers"].items():  # the averaged gradients drove the same steps
+        assert b["optimizers"][name]["param_groups"] == opt["param_groups"], name
+        torch.testing.assert_close(
+            b["optimizers"][name]["state"],
+            opt["state"],
+            atol=1e-5,
+            rtol=1e-4,
+            msg=lambda m, name=name: f"{name}: {m}",
+        )

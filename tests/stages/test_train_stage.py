@@ -55,7 +55,7 @@ def test_coarse_stage_writes_the_hand_off_and_resumes(hop):
     assert ckpt["iteration"] == 4 and ckpt["seed"] == 3
     assert (ckpt["render_backend"], ckpt["device"]) == ("torch", "cpu")  # what rendered, where
     (folder,) = ckpts.iterdir()  # one folder per configuration hash
-    assert folder.name == train_stage.config_hash(m, guidance)
+    assert folder.name == cc.training_hash(m, guidance)
     assert sorted(p.name for p in folder.iterdir()) == [
         "ckpt_000001.pt",
         "ckpt_000002.pt",

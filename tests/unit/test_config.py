@@ -159,3 +159,8 @@ def test_the_wan_teacher_needs_its_folder_and_the_tiny_vae_file_it_uses(tmp_path
         cc.check_guidance(
             g, {"chord train": cc.method_from_mapping({"use_tiny_vae": True})}, flags=True
         )
+
+
+def test_values_hash_is_stable():
+    assert cc.values_hash({"a": 1, "b": [1, 2]}) == cc.values_hash({"b": [1, 2], "a": 1})
+    assert cc.values_hash({"a": 1}) != cc.values_hash({"a": 2})

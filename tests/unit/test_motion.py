@@ -229,13 +229,17 @@ def test_state_round_trip_gives_identical_renders(tmp_path):
     with torch.no_grad():
         scene.dynamic["obj_0"].layer2.cp_deform.normal_(0, 0.02)
         scene.dynamic["obj_0"].layer1.cp_rotation.add_(0.1)
-    state.save(tmp_path / "s.safetensors", scene, iteration=300, config_hash="abc")
+    from chord import train
+
+    tensors, meta = state.to_dict(scene, iteration=300)
+    ckpt = {"format": train.CKPT_FORMAT, "motion": tensors, "motion_meta": meta}
+    train.save_checkpoint(tmp_path / "s.pt", ckpt)  # as every training state is written
     fresh = scene_with_motion()
     with torch.no_grad():
         fresh.dynamic["obj_0"].layer1.cp_deform.zero_()
-    tensors, meta = state.load(tmp_path / "s.safetensors")
-    assert meta["iteration"] == 300 and meta["config_hash"] == "abc"
-    state.restore(fresh, tensors, meta)
+    back = train.load_checkpoint(tmp_path / "s.pt")
+    assert back["motion_meta"]["iteration"] == 300
+    state.restore(fresh, back["motion"], back["motion_meta"])
 
     def render(sc):
         g = sc.frame_gaussians([0, 20, 40])
@@ -257,15 +261,10 @@ def test_state_round_trip_gives_identical_renders(tmp_path):
         return rgb
 
     assert torch.equal(render(fresh), render(scene))
-    bad = tmp_path / "bad.safetensors"
+    bad = tmp_path / "bad.pt"
     bad.write_bytes(b"not a state")
-    with pytest.raises(ValueError, match="bad.safetensors: not a readable motion state"):
-        state.load(bad)
-
-
-def test_config_hash_is_stable():
-    assert state.config_hash({"a": 1, "b": [1, 2]}) == state.config_hash({"b": [1, 2], "a": 1})
-    assert state.config_hash({"a": 1}) != state.config_hash({"a": 2})
+    with pytest.raises(ValueError, match="bad.pt: not a readable training checkpoint"):
+        train.load_checkpoint(bad)
 
 
 def test_plan_second_layer_on_a_box():

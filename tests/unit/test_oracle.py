@@ -7,8 +7,10 @@ import pytest
 import torch
 
 from chord import cameras, config, demo, gaussians, paths
+from chord import scene as sc
 from chord.guidance import rfsds
 from chord.guidance.oracle import OracleGuidance, scripted_gaussians
+from chord.motion import scripted
 from chord.render import splat_tensors
 from chord.stages import ingest
 
@@ -29,13 +31,11 @@ def hop(tmp_path_factory):
     )
     rest = {}
     for o in doc["objects"]:
-        parts = ingest.sc.load_parts(
-            ingest.mesh_path(paths.scene_json(root, "hop"), doc, o["name"])
-        )
+        parts = sc.load_parts(sc.mesh_path(paths.scene_json(root, "hop"), doc, o["name"]))
         rest[o["name"]] = splat_tensors(
             gaussians.init_from_mesh(parts, 1500, seed=o["id"]), dtype=D64
         )
-    motion = demo.load_motion(data / "motion.json")
+    motion = scripted.load_motion(data / "motion.json")
     return doc, rest, motion
 
 
@@ -50,7 +50,7 @@ def test_scripted_targets_follow_motion_json(hop):
     c = np.asarray(doc["normalisation"]["centre"])
     s = doc["normalisation"]["scale"]
     world = rest["obj_0"]["means"].numpy() / s + c
-    expect = (demo.apply_motion(world, motion["objects"]["obj_0"], 20) - c) * s
+    expect = (scripted.apply_motion(world, motion["objects"]["obj_0"], 20) - c) * s
     np.testing.assert_allclose(means[20, :n0].numpy(), expect, atol=1e-9)
     # hop is rigid: every Gaussian turns by the scripted rotation
     rot = torch.as_tensor(np.asarray(motion["objects"]["obj_0"]["rigid"]["rotations"][20]))

@@ -118,13 +118,6 @@ def test_cfg_ramp(it, s):
     assert rfsds.cfg_scale_at(it, N) == pytest.approx(s, abs=1e-9)
 
 
-def test_cfg_combine():
-    vu, vc = torch.tensor([1.0, 2.0]), torch.tensor([3.0, 1.0])
-    assert torch.equal(rfsds.cfg_combine(vu, vc, 2.0), torch.tensor([5.0, 0.0]))
-    with pytest.raises(ValueError, match="v_cond"):
-        rfsds.cfg_combine(vu, vc[:1], 2.0)
-
-
 # --- §11 RF-SDS -------------------------------------------------------------------------------
 
 

@@ -1,0 +1,149 @@
+"""A trained scene: its motion loaded from a training state onto the stage files (scene.json,
+Gaussians, voxels), sampled per frame, and written as the animated GLB. The export and evaluate
+stages and the run-folder commands (:mod:`chord.runs`) share it."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from chord import config, gaussians, gltf, train
+from chord import scene as sc
+from chord.motion import build_scene, state
+
+logger = logging.getLogger(__name__)
+
+
+def video_fps(method) -> int:
+    """METHOD §19: videos play at ``save_fps``, or 24 when T > 41."""
+    return 24 if method.frame_num > 41 else method.save_fps
+
+
+def frame_count(frame_num: int, lst_frame: int | None) -> int:
+    """F = min(T, lst_frame) (METHOD §20); lst_frame None or −1 means T."""
+    if lst_frame is None or lst_frame == -1:
+        return frame_num
+    if lst_frame < 1:
+        raise ValueError(
+            f"--lst_frame: expected a frame count ≥ 1 (or -1 for all), got {lst_frame}"
+        )
+    return min(frame_num, lst_frame)
+
+
+def load_trained(
+    *,
+    scene_json: Path,
+    plys: dict[str, Path],
+    voxels: dict[str, Path],
+    state_path: Path,
+    frame_num: int | None = None,
+    sh_degree: int = 3,
+) -> tuple[dict, object, dict]:
+    """(scene.json mapping, :class:`~chord.motion.MotionScene` with the trained motion, the
+    checkpoint dict) from the stage files of one scene and a training state. The motion's
+    shape (frames, neighbours) comes from the state; ``frame_num`` only matters for a scene
+    without dynamic objects (default: the method default)."""
+    doc = sc.read_scene_json(scene_json)
+    ckpt = train.load_checkpoint(state_path)
+    meta = ckpt["motion_meta"]
+    names = [o["name"] for o in doc["objects"] if o["role"] != "avoided"]
+    dynamic = [o["name"] for o in doc["objects"] if o["role"] == "dynamic"]
+    missing = sorted(set(names) - set(plys)) + sorted(set(dynamic) - set(voxels))
+    if missing:
+        raise ValueError(f"{scene_json}: no Gaussians or voxels given for {missing}")
+    infos = list(meta["objects"].values())
+    shape = {} if frame_num is None else {"frame_num": frame_num}
+    if infos:
+        shape = {k: infos[0][k] for k in ("frame_num", "n_cp_num", "arap_sample_num")}
+    shape = config.method_from_mapping(shape, where=str(state_path))
+    gsets = {n: gaussians.read_ply(plys[n], sh_degree_cap=sh_degree) for n in names}
+    vox = {}
+    for name in dynamic:
+        with np.load(voxels[name]) as z:
+            vox[name] = {k: z[k] for k in ("control_points", "surface")}
+    scene = build_scene(doc, gsets, vox, shape)
+    state.restore(scene, ckpt["motion"], meta, where=str(state_path))
+    return doc, scene, ckpt
+
+
+def deformer(obj, frames: int) -> gltf.Deformer:
+    """Normalised rest points [n, 3] -> positions [F, n, 3] under ``obj``'s trained motion."""
+
+    def apply(points: np.ndarray) -> np.ndarray:
+        x = torch.as_tensor(points, dtype=obj.rest_means.dtype)
+        with torch.no_grad():
+            X, _ = obj.deform(torch.arange(frames), x, with_rotations=False)
+        return X.double().numpy()
+
+    return apply
+
+
+def check_objects(doc: dict, names, flag: str) -> list[str]:
+    """``names`` as a list, each an object of the scene (else a ValueError naming ``flag``)."""
+    known = [o["name"] for o in doc["objects"]]
+    unknown = sorted(set(names) - set(known))
+    if unknown:
+        raise ValueError(f"{flag}: {unknown} are not objects of this scene {known}")
+    return list(names)
+
+
+def write_glb(
+    out: Path,
+    *,
+    doc: dict,
+    scene,
+    sources: dict[str, Path],
+    frames: int,
+    fps: float,
+    exclude_objs=(),
+    static_objs=(),
+) -> dict:
+    """``dynamic_scene.glb`` of every non-avoided, non-excluded object (source GLBs
+    ``sources``); static objects (and ``static_objs``) are copied unanimated."""
+    exclude = set(check_objects(doc, exclude_objs, "exclude_objs"))
+    frozen = set(check_objects(doc, static_objs, "static_objs"))
+    objects = []
+    for o in doc["objects"]:
+        name = o["name"]
+        if o["role"] == "avoided" or name in exclude:
+            continue
+        if name not in sources:
+            raise ValueError(f"no source GLB given for {name}")
+        animated = name in scene.dynamic and name not in frozen
+        objects.append(
+            (name, sources[name], deformer(scene.dynamic[name], frames) if animated else None)
+        )
+    c, s = doc["normalisation"]["centre"], doc["normalisation"]["scale"]
+    summary = gltf.dynamic_scene_glb(out, objects, centre=c, scale=s, frames=frames, fps=fps)
+    logger.info(
+        "%s: %d objects, %d animated nodes, %d morph targets at %g fps",
+        out,
+        len(objects),
+        summary["nodes"],
+        summary["targets"],
+        fps,
+    )
+    return summary
+
+
+def scene_frames(scene, frames: int, *, objects: list[str], static_objs=()) -> dict:
+    """Per-frame Gaussians of ``objects`` (``static_objs`` held at rest) over frames 0..F−1."""
+    with torch.no_grad():
+        g = scene.frame_gaussians(torch.arange(frames), objects=objects)
+    start = 0
+    for name in objects:  # frame_gaussians concatenates ``objects`` in the given order
+        n = scene.slices[name].stop - scene.slices[name].start
+        if name in static_objs:
+            g["means"][:, start : start + n] = scene.means[scene.slices[name]]
+            g["quats"][:, start : start + n] = scene.quats[scene.slices[name]]
+        start += n
+    return g
+
+
+def scene_frame_num(scene, method) -> int:
+    """T of the trained motion (the method's frame_num when nothing moves)."""
+    objs = list(scene.dynamic.values())
+    return objs[0].frame_num if objs else method.frame_num
