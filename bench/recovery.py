@@ -6,7 +6,7 @@ default mode.
     python bench/recovery.py memory [--repeat 2]
 
 recovery: the demo scene is generated and prepared in a temporary folder with the shipped
-demo config (config/config.yaml's method, scene_overrides and guidance), then trained twice
+demo config (config/config.yaml's method, its cpu_demo preset and guidance), then trained twice
 with the oracle teacher and the same seed and budget: once with the Fenwick table, once
 converted to a per-frame table before the first iteration (convert_cp_independent_iter =
 1). It prints metrics.json's recovery_relative six times per run: the mean over frames and
@@ -75,7 +75,8 @@ def demo_config(scene: str, iterations: int | None):
     from chord import config as cc
 
     conf = yaml.safe_load((Path(__file__).resolve().parents[1] / "config/config.yaml").read_text())
-    values = {**conf["method"], **conf["scene_overrides"].get(scene, {})}
+    preset = conf["presets"].get("cpu_demo", {})  # the sheet's demo rows use it
+    values = {**conf["method"], **preset, **conf["scene_overrides"].get(scene, {})}
     if iterations:
         values["iterations"] = iterations
     return cc.method_from_mapping(values), cc.guidance_from_mapping(conf["guidance"])

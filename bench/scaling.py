@@ -360,7 +360,8 @@ def profile(args) -> None:
     root = Path(args.workdir)
     res = root / "results" / args.scene
     conf = yaml.safe_load((root / "config" / "config.yaml").read_text())
-    values = {**conf["method"], **conf.get("scene_overrides", {}).get(args.scene, {})}
+    preset = conf.get("presets", {}).get("cpu_demo", {})  # the sheet's demo rows use it
+    values = {**conf["method"], **preset, **conf.get("scene_overrides", {}).get(args.scene, {})}
     values.update(json.loads(args.set))
     method = cc.method_from_mapping(values)
     guidance = cc.guidance_from_mapping(conf["guidance"])

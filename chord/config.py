@@ -25,7 +25,7 @@ SCHEMA_DIR = Path(__file__).parent / "schemas"
 CONFIG_SCHEMA = SCHEMA_DIR / "config.schema.yaml"
 SCENES_SCHEMA = SCHEMA_DIR / "scenes.schema.yaml"
 SCENE_ID = re.compile(r"^[A-Za-z0-9_-]+$")
-SHEET_COLUMNS = ("scene", "data", "prompt", "n_prompt", "gaussians", "tier")
+SHEET_COLUMNS = ("scene", "data", "prompt", "n_prompt", "gaussians", "tier", "preset")
 
 # Which method keys change each stage's result: these (and only these) are a stage's params.
 _CAMERA_KEYS = ("size", "fovy", "elev_l", "elev_r", "ref_azim", "ref_cam_radius", "cam_height")
@@ -312,10 +312,19 @@ def validate_sheet(rows: list[dict], *, path: Path | str = "scenes.tsv") -> list
     return rows
 
 
+def few(names, n: int = 5) -> str:
+    """At most ``n`` names for an error message, e.g. "a, b, c, d, e (+995 more)"."""
+    names = list(names)
+    more = f" (+{len(names) - n} more)" if len(names) > n else ""
+    return ", ".join(str(x) for x in names[:n]) + more
+
+
 def load(config: dict, *, base: Path | None = None) -> Config:
     """Validate a workflow config mapping and its scene sheet; return typed objects.
 
-    ``base`` resolves relative paths (default: the current directory, as Snakemake does).
+    A scene's method is ``method``, then the sheet row's ``preset`` (a name in ``presets``),
+    then its ``scene_overrides`` entry, each over the one before. ``base`` resolves relative
+    paths (default: the current directory, as Snakemake does).
     """
     config = validate_config(_copy(config))
     base = Path(base or ".")
@@ -324,22 +333,33 @@ def load(config: dict, *, base: Path | None = None) -> Config:
     names = [r["scene"] for r in rows]
     unknown = sorted(set(config["scene_overrides"]) - set(names))
     if unknown:
-        raise ConfigError(f"config: scene_overrides: unknown scene(s) {unknown}; sheet has {names}")
+        raise ConfigError(
+            f"config: scene_overrides: unknown scene(s) {few(unknown)}; the sheet "
+            f"{config['scenes']} has {few(names)}"
+        )
+    presets = config["presets"]
     tiers = config["tiers"]
     scenes = {}
-    shared = {}  # scenes without overrides share one validated method (1000s of scenes)
+    shared = {}  # preset -> its validated method: scenes without overrides share it
     for row in rows:
         name = row["scene"]
+        preset = row.get("preset")
+        if preset is not None and preset not in presets:
+            raise ConfigError(
+                f"scene sheet {config['scenes']}, line {row['_line']}: scene {name!r}: preset "
+                f"{preset!r} is not one of the config's presets [{few(presets)}]"
+            )
         over = config["scene_overrides"].get(name, {})
-        if over or not shared:
+        if over or preset not in shared:
+            where = "config: method" if preset is None else f"config: presets.{preset}"
             method = method_from_mapping(
-                {**config["method"], **over},
-                where=f"config: scene_overrides.{name}" if over else "config: method",
+                {**config["method"], **(presets[preset] if preset else {}), **over},
+                where=f"config: scene_overrides.{name}" if over else where,
             )
             if not over:
-                shared["method"] = method
+                shared[preset] = method
         else:
-            method = shared["method"]
+            method = shared[preset]
         tier = row.get("tier") or "auto"
         if tier != "auto" and tier not in tiers:
             raise ConfigError(

@@ -13,6 +13,7 @@ from PIL import Image
 from torch import Tensor
 
 from chord import gaussians as gs
+from chord import ply
 from chord.io import atomic_dir, atomic_path
 from chord.render import rasterize
 
@@ -125,6 +126,6 @@ def write_ply_sequence(folder: Path | str, rest: gs.GaussianSet, means, quats) -
                 sh=rest.sh,
             )
             name = f"frame_{t:04d}.ply"
-            gs.write_ply(Path(tmp) / name, g)
+            ply.write_ply(Path(tmp) / name, g)
             names.append(name)
     return [Path(folder) / n for n in names]

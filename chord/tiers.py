@@ -237,7 +237,7 @@ def imported_counts(folder: Path | None, objects: Iterable[str]) -> dict[str, in
     (read from the PLY headers; an object without one is left out: its stage reports it)."""
     if folder is None:
         return {}
-    from chord.gaussians import find_fitted_ply
+    from chord.ply import find_fitted_ply
 
     counts = {}
     for obj in objects:

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from chord import config, gaussians, gltf, train
+from chord import config, gltf, ply, train
 from chord import scene as sc
 from chord.motion import build_scene, state
 
@@ -59,7 +59,7 @@ def load_trained(
     if infos:
         shape = {k: infos[0][k] for k in ("frame_num", "n_cp_num", "arap_sample_num")}
     shape = config.method_from_mapping(shape, where=str(state_path))
-    gsets = {n: gaussians.read_ply(plys[n], sh_degree_cap=sh_degree) for n in names}
+    gsets = {n: ply.read_ply(plys[n], sh_degree_cap=sh_degree) for n in names}
     vox = {}
     for name in dynamic:
         with np.load(voxels[name]) as z:

@@ -44,7 +44,7 @@ def toy_scene(tmp_path) -> Path:
 def write_config(folder: Path, rows: list[dict], **extra) -> Path:
     """config.yaml + scenes.tsv in ``folder``; ``extra`` entries are merged into the config."""
     folder.mkdir(parents=True, exist_ok=True)
-    cols = ["scene", "data", "prompt", "n_prompt", "gaussians", "tier"]
+    cols = ["scene", "data", "prompt", "n_prompt", "gaussians", "tier", "preset"]
     lines = ["\t".join(cols)] + ["\t".join(str(r.get(c, "")) for c in cols) for r in rows]
     (folder / "scenes.tsv").write_text("\n".join(lines) + "\n")
     conf = {"scenes": str(folder / "scenes.tsv"), "results": str(folder / "results")}

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from chord import control_points
 from chord import quaternion as quat
 from chord.motion.layer import ControlPointLayer
 
@@ -262,11 +263,11 @@ def plan_second_layer(
 
     v2 = mem_init_voxel_size / method.add_cp_voxel_scale
     solid = vx.solid_voxels(mesh, v2)
-    centres = vx.place_control_points(solid, method.add_cp_num)
+    centres = control_points.place_control_points(solid, method.add_cp_num)
     target = method.surface_target_num * method.add_cp_num // first_layer_count
     surface, v_star = vx.bisect_surface_voxel_size(mesh, v2, target, br_range=method.br_range)
-    keep = vx.prune_control_points(centres, gaussian_means, surface, method.n_cp_num)
-    vx.check_control_point_count(int(keep.sum()), obj="second layer")
+    keep = control_points.prune_control_points(centres, gaussian_means, surface, method.n_cp_num)
+    control_points.check_control_point_count(int(keep.sum()), obj="second layer")
     logger.info(
         "second layer: %d/%d centres at v2=%.5f, %d surface voxels (target %d)",
         int(keep.sum()),

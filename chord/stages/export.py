@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from chord import cameras, config, export, gaussians, media, paths, trained
+from chord import cameras, config, export, gaussians, media, paths, ply, trained
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ def run(
             path, cameras.orbit_viewmats(elev, paths.FIXED_VIEWS[name], method.cam_radius, target)
         )
     rest = gaussians.concat(
-        [gaussians.read_ply(plys[n], sh_degree_cap=method.sh_degree) for n in scene.names]
+        [ply.read_ply(plys[n], sh_degree_cap=method.sh_degree) for n in scene.names]
     )
     export.write_ply_sequence(out_ply_dir, rest, g["means"], g["quats"])
     glb = trained.write_glb(

@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 
 from chord import gaussians as gs
+from chord import ply
 from chord import scene as sc
 
 logger = logging.getLogger(__name__)
@@ -17,8 +18,8 @@ def run(*, scene_json: Path, obj: str, out: Path, method, fitted: Path | None = 
     doc = sc.read_scene_json(scene_json)
     index = int(obj.split("_")[1])
     if fitted is not None:
-        path = gs.find_fitted_ply(Path(fitted) / obj)
-        g = gs.read_ply(path, sh_degree_cap=method.sh_degree)
+        path = ply.find_fitted_ply(Path(fitted) / obj)
+        g = ply.read_ply(path, sh_degree_cap=method.sh_degree)
         if method.ply_space == "world":
             norm = doc["normalisation"]
             g = gs.to_normalised(g, norm["centre"], norm["scale"])
@@ -31,4 +32,4 @@ def run(*, scene_json: Path, obj: str, out: Path, method, fitted: Path | None = 
         g = gs.init_from_mesh(parts, n, scale=method.gs_init_scale, seed=index)
         logger.info("%s: %d surface-initialised Gaussians", obj, len(g))
     Path(out).parent.mkdir(parents=True, exist_ok=True)
-    gs.write_ply(out, g)
+    ply.write_ply(out, g)

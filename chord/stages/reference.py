@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from chord import cameras, config, gaussians, media
+from chord import cameras, config, gaussians, media, ply
 from chord import scene as sc
 from chord.render import render_views, splat_tensors
 
@@ -25,9 +25,7 @@ def scene_splats(scene_json: Path, plys: dict[str, Path], *, dtype=torch.float32
     missing = sorted(set(names) - set(plys))
     if missing:
         raise ValueError(f"{scene_json}: no Gaussians given for {missing}")
-    return splat_tensors(
-        gaussians.concat([gaussians.read_ply(plys[n]) for n in names]), dtype=dtype
-    )
+    return splat_tensors(gaussians.concat([ply.read_ply(plys[n]) for n in names]), dtype=dtype)
 
 
 def run(*, scene_json: Path, plys: dict[str, Path], out_png: Path, out_orbit: Path, method) -> None:

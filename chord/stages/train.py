@@ -13,7 +13,7 @@ import numpy as np
 import torch
 import trimesh
 
-from chord import cameras, config, gaussians, peak_memory, rng, tiers, train
+from chord import cameras, config, peak_memory, ply, rng, tiers, train
 from chord import scene as sc
 from chord.distributed import Group
 from chord.guidance import text as text_cond
@@ -99,7 +99,7 @@ def build(
     backend = resolve_backend(render_backend, device)
     doc = sc.read_scene_json(scene_json)
     names = [o["name"] for o in doc["objects"] if o["role"] != "avoided"]
-    gsets = {n: gaussians.read_ply(plys[n], sh_degree_cap=method.sh_degree) for n in names}
+    gsets = {n: ply.read_ply(plys[n], sh_degree_cap=method.sh_degree) for n in names}
     vox = {}
     for name, path in voxels.items():
         with np.load(path) as z:

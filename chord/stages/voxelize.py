@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import trimesh
 
-from chord import gaussians as gs
+from chord import control_points, ply
 from chord import scene as sc
 from chord import voxels as vx
 from chord.io import atomic_path
@@ -36,12 +36,13 @@ def run(*, scene_json: Path, obj: str, gaussians: Path, out: Path, method) -> di
     )
     cp_num = method.cp_nums[index] if index < len(method.cp_nums) else method.cp_num
     if obj in method.cp_surface_only_objs:
-        centres = vx.surface_control_points(mesh, cp_num, seed=index)
+        centres = control_points.surface_control_points(mesh, cp_num, seed=index)
     else:
-        centres = vx.place_control_points(solid, cp_num)
-    means = gs.read_ply(gaussians).means
-    keep = vx.prune_control_points(centres, means, surface, method.n_cp_num)
-    vx.check_control_point_count(int(keep.sum()), obj=f"{scene_json.parent.parent.name}/{obj}")
+        centres = control_points.place_control_points(solid, cp_num)
+    means = ply.read_ply(gaussians).means
+    keep = control_points.prune_control_points(centres, means, surface, method.n_cp_num)
+    where = f"{scene_json.parent.parent.name}/{obj}"
+    control_points.check_control_point_count(int(keep.sum()), obj=where)
     centres = centres[keep]
     logger.info(
         "%s: %d solid voxels at %.5f, %d surface voxels at %.5f, %d/%d control points kept",

@@ -13,7 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
-from chord import cli, demo, gaussians, gltf, media, paths, runs, trained
+from chord import cli, demo, gaussians, gltf, media, paths, ply, runs, trained
 from chord import config as cc
 from chord.stages import aggregate, evaluate, reference
 from chord.stages import export as export_stage
@@ -106,8 +106,8 @@ def test_export_writes_videos_gif_and_ply_sequence(sway, exported):
         assert gif.n_frames == T
     plys = sorted(outs["out_ply_dir"].iterdir())
     assert [p.name for p in plys] == [f"frame_{t:04d}.ply" for t in range(T)]
-    rest = gaussians.concat([gaussians.read_ply(sway.inputs["plys"][f"obj_{i}"]) for i in range(3)])
-    first, last = gaussians.read_ply(plys[0]), gaussians.read_ply(plys[-1])
+    rest = gaussians.concat([ply.read_ply(sway.inputs["plys"][f"obj_{i}"]) for i in range(3)])
+    first, last = ply.read_ply(plys[0]), ply.read_ply(plys[-1])
     np.testing.assert_array_equal(first.means, rest.means)  # frame 0 is the rest pose
     assert np.abs(last.means - rest.means).max() > 1e-4  # the trained motion moves something
     np.testing.assert_array_equal(last.opacity_logits, rest.opacity_logits)

@@ -8,6 +8,7 @@ import pytest
 from chord import config as cc
 from chord import gaussians as gs
 from chord import paths, runs
+from chord import ply as plyio
 from chord.stages import gaussians, ingest
 from tests.conftest import copy_glb
 
@@ -36,7 +37,7 @@ def test_toy_scene_through_the_three_stages(toy_scene, tmp_path):
     assert doc["normalisation"]["scale"] == pytest.approx(0.6)
     # ground = the static slab's normalised min y: (-0.05 - 0.4) * 0.6
     assert doc["ground_level"] == pytest.approx(-0.27, abs=1e-6)
-    g = gs.read_ply(paths.gaussians_ply(tmp_path / "results", "toy", "obj_0"))
+    g = plyio.read_ply(paths.gaussians_ply(tmp_path / "results", "toy", "obj_0"))
     assert len(g) == 3000 and g.sh.shape == (3000, 1, 3)
     with np.load(paths.voxels_npz(tmp_path / "results", "toy", "obj_0")) as z:
         s_obj = doc["objects"][0]["scale_factor"]
@@ -69,7 +70,7 @@ def test_fitted_gaussians_are_imported(toy_scene, tmp_path):
         )
         ply = fitted / f"obj_0/point_cloud/iteration_{k}/point_cloud.ply"
         ply.parent.mkdir(parents=True)
-        gs.write_ply(ply, g)
+        plyio.write_ply(ply, g)
     method = cc.method_from_mapping({"ply_space": "world", "sh_degree": 1})
     ingest.run(
         data=toy_scene,
@@ -85,7 +86,7 @@ def test_fitted_gaussians_are_imported(toy_scene, tmp_path):
         method=method,
         fitted=fitted,
     )
-    out = gs.read_ply(tmp_path / "g.ply")
+    out = plyio.read_ply(tmp_path / "g.ply")
     assert out.sh.shape == (50, 4, 3) and np.all(out.sh == 30000)  # latest iteration, capped
     np.testing.assert_allclose(out.means, (g.means - [0, 0.4, 0]) * 0.6, atol=1e-5)
     np.testing.assert_allclose(out.log_scales, np.log(0.01 * 0.6), atol=1e-5)
@@ -99,10 +100,10 @@ def test_real_models_duck_and_textured_box(shared_data, tmp_path):
     copy_glb(shared_data / "Duck.glb", data / "scene.glb")
     method = cc.method_from_mapping({"gs_init_num": 20000})
     doc, stats = run_all(data, tmp_path / "r", "duckbox", method)
-    duck = gs.read_ply(paths.gaussians_ply(tmp_path / "r", "duckbox", "obj_0"))
+    duck = plyio.read_ply(paths.gaussians_ply(tmp_path / "r", "duckbox", "obj_0"))
     rgb = gs.sh_dc_to_rgb(duck.sh[:, 0])
     r, g, b = rgb.mean(0)
     assert r > 0.7 and g > 0.5 and b < 0.3, rgb.mean(0)  # the Duck's texture is yellow
-    box = gs.read_ply(paths.gaussians_ply(tmp_path / "r", "duckbox", "obj_1"))
+    box = plyio.read_ply(paths.gaussians_ply(tmp_path / "r", "duckbox", "obj_1"))
     assert gs.sh_dc_to_rgb(box.sh[:, 0]).std(0).max() > 0.1  # textured, not a flat colour
     assert stats["obj_0"]["control_points"] >= 30 and stats["obj_0"]["solid"] > 1000

@@ -73,7 +73,7 @@ def test_scene_overrides_apply_per_scene(tmp_path):
         ({"method": {"frame_num": 40}}, "frame_num: 40 is not 4k+1"),
         ({"method": {"size": "833*480"}}, "nearest valid sizes: 832*480, 848*480"),
         ({"colour": 1}, "Additional properties are not allowed ('colour'"),
-        ({"scene_overrides": {"zz": {"cp_num": 4}}}, "scene_overrides: unknown scene(s) ['zz']"),
+        ({"scene_overrides": {"zz": {"cp_num": 4}}}, "scene_overrides: unknown scene(s) zz;"),
         ({"scene_overrides": {"a": {"cp_num": 1.5}}}, "scene_overrides.a: cp_num: 1.5"),
         ({"method": {"azim_segments": [0, 90, 180]}}, "azim_segments: needs [start end] pairs"),
     ],
@@ -164,3 +164,42 @@ def test_the_wan_teacher_needs_its_folder_and_the_tiny_vae_file_it_uses(tmp_path
 def test_values_hash_is_stable():
     assert cc.values_hash({"a": 1, "b": [1, 2]}) == cc.values_hash({"b": [1, 2], "a": 1})
     assert cc.values_hash({"a": 1}) != cc.values_hash({"a": 2})
+
+
+def test_presets_travel_with_the_sheet_rows(tmp_path):
+    """A row's preset names method values over `method`; scene_overrides go over it; an
+    unknown preset is an error naming it; long lists of names are cut."""
+    from tests.conftest import write_config
+
+    rows = [
+        {"scene": "mine", "data": "d", "prompt": "p"},
+        {"scene": "demo", "data": "d", "prompt": "p", "preset": "small"},
+        {"scene": "tuned", "data": "d", "prompt": "p", "preset": "small"},
+    ]
+    presets = {"small": {"size": "128*80", "iterations": 300}}
+    path = write_config(
+        tmp_path / "a", rows, presets=presets, scene_overrides={"tuned": {"iterations": 20}}
+    )
+    conf = cc.load_file(path)
+    assert conf.scenes["mine"].method.size == "832*480"  # the method, untouched
+    assert (conf.scenes["demo"].method.size, conf.scenes["demo"].method.iterations) == (
+        "128*80",
+        300,
+    )
+    assert (conf.scenes["tuned"].method.size, conf.scenes["tuned"].method.iterations) == (
+        "128*80",
+        20,
+    )
+    bad = write_config(tmp_path / "b", [{**rows[1], "preset": "tiny"}], presets=presets)
+    with pytest.raises(cc.ConfigError, match=r"line 2: scene 'demo': preset 'tiny' is not one"):
+        cc.load_file(bad)
+    wrong = write_config(tmp_path / "c", rows[1:2], presets={"small": {"sise": "1*1"}})
+    with pytest.raises(cc.ConfigError, match=r"presets.small: .*'sise' was unexpected"):
+        cc.load_file(wrong)
+    many = [{"scene": f"s{i}", "data": "d", "prompt": "p"} for i in range(1000)]
+    over = write_config(tmp_path / "d", many, scene_overrides={"hop": {}, "sway": {}})
+    with pytest.raises(cc.ConfigError) as err:
+        cc.load_file(over)
+    msg = str(err.value)
+    assert "unknown scene(s) hop, sway" in msg and "s0, s1, s2, s3, s4 (+995 more)" in msg
+    assert len(msg) < 300

@@ -7,7 +7,7 @@ import pytest
 import torch
 from PIL import Image
 
-from chord import export
+from chord import export, ply
 from chord import gaussians as gs
 
 
@@ -33,7 +33,7 @@ def test_gif_and_ply_sequence(tmp_path):
     quats = np.repeat(rest.quats[None], T, 0)
     files = export.write_ply_sequence(tmp_path / "ply", rest, means, quats)
     assert [f.name for f in files] == ["frame_0000.ply", "frame_0001.ply", "frame_0002.ply"]
-    back = gs.read_ply(files[2])
+    back = ply.read_ply(files[2])
     np.testing.assert_allclose(back.means, means[2], atol=1e-6)
     np.testing.assert_allclose(back.sh, rest.sh, atol=1e-6)
     with pytest.raises(ValueError, match="7 rest Gaussians"):

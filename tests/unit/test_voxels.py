@@ -7,6 +7,7 @@ import pytest
 import trimesh
 from trimesh.triangles import closest_point as trimesh_closest_point
 
+from chord import control_points
 from chord import voxels as vx
 
 V = 0.015  # METHOD §3 init_voxel_size
@@ -392,15 +393,15 @@ def test_bisection_rejects_bad_target():
 
 def test_fps_on_a_line_picks_ends_then_middle():
     line = np.stack([np.arange(11.0), np.zeros(11), np.zeros(11)], axis=1)
-    np.testing.assert_array_equal(vx.farthest_point_sampling(line, 3), [0, 10, 5])
+    np.testing.assert_array_equal(control_points.farthest_point_sampling(line, 3), [0, 10, 5])
     # Ten points: 4 and 5 tie at distance 4 from {0, 9}; the lowest index wins.
-    np.testing.assert_array_equal(vx.farthest_point_sampling(line[:10], 3), [0, 9, 4])
+    np.testing.assert_array_equal(control_points.farthest_point_sampling(line[:10], 3), [0, 9, 4])
     assert (
-        vx.farthest_point_sampling(line, 50).tolist()
-        == vx.farthest_point_sampling(line, 11).tolist()
+        control_points.farthest_point_sampling(line, 50).tolist()
+        == control_points.farthest_point_sampling(line, 11).tolist()
     )
-    assert len(vx.farthest_point_sampling(line, 50)) == 11
-    assert vx.farthest_point_sampling(line, 0).shape == (0,)
+    assert len(control_points.farthest_point_sampling(line, 50)) == 11
+    assert control_points.farthest_point_sampling(line, 0).shape == (0,)
 
 
 def _min_pairwise(points: np.ndarray) -> float:
@@ -411,8 +412,8 @@ def _min_pairwise(points: np.ndarray) -> float:
 def test_fps_is_deterministic_distinct_and_spread():
     g = np.arange(12.0)
     pts = np.stack(np.meshgrid(g, g, g, indexing="ij"), axis=-1).reshape(-1, 3)
-    picks = vx.farthest_point_sampling(pts, 40)
-    np.testing.assert_array_equal(picks, vx.farthest_point_sampling(pts, 40))
+    picks = control_points.farthest_point_sampling(pts, 40)
+    np.testing.assert_array_equal(picks, control_points.farthest_point_sampling(pts, 40))
     assert picks.dtype == np.int64 and picks[0] == 0
     assert len(np.unique(picks)) == 40
     rng = np.random.default_rng(0)
@@ -426,15 +427,15 @@ def test_kmeans_centres_recovers_blob_means():
     rng = np.random.default_rng(0)
     means = np.array([[0.0, 0, 0], [5.0, 0, 0], [0.0, 5.0, 0]])
     pts = np.concatenate([m + 0.1 * rng.normal(size=(200, 3)) for m in means])
-    got = vx.kmeans_centres(pts, means + 0.5)
+    got = control_points.kmeans_centres(pts, means + 0.5)
     expect = pts.reshape(3, 200, 3).mean(axis=1)
     np.testing.assert_allclose(got, expect, atol=1e-12)
 
 
 def test_place_control_points_count_and_determinism():
     solid = vx.solid_voxels(trimesh.creation.box((0.6, 0.4, 0.3)), 0.03)
-    a = vx.place_control_points(solid, 60)
-    b = vx.place_control_points(solid, 60)
+    a = control_points.place_control_points(solid, 60)
+    b = control_points.place_control_points(solid, 60)
     assert a.shape == (60, 3)
     np.testing.assert_array_equal(a, b)
     assert len(np.unique(a.round(9), axis=0)) == 60
@@ -444,10 +445,10 @@ def test_place_control_points_count_and_determinism():
 def test_place_control_points_with_few_cells_uses_every_cell():
     solid = vx.solid_voxels(trimesh.creation.box((0.2, 0.2, 0.1)), 0.05)
     assert len(solid) == 32
-    np.testing.assert_array_equal(vx.place_control_points(solid, 60), solid)
-    np.testing.assert_array_equal(vx.place_control_points(solid, 32), solid)
+    np.testing.assert_array_equal(control_points.place_control_points(solid, 60), solid)
+    np.testing.assert_array_equal(control_points.place_control_points(solid, 32), solid)
     with pytest.raises(ValueError, match="cp_num"):
-        vx.place_control_points(solid, 0)
+        control_points.place_control_points(solid, 0)
 
 
 def test_surface_control_points_on_surface_and_area_weighted():
@@ -458,10 +459,10 @@ def test_surface_control_points_on_surface_and_area_weighted():
         [[0.0, 0, 1], [1.0, 0, 1], [1.0, 1, 1], [0.0, 1, 1]], [[0, 1, 2], [0, 2, 3]]
     )
     mesh = trimesh.util.concatenate([big, small])  # areas 4 and 1
-    pts = vx.surface_control_points(mesh, 20000, seed=7)
+    pts = control_points.surface_control_points(mesh, 20000, seed=7)
     assert pts.shape == (20000, 3)
-    np.testing.assert_array_equal(pts, vx.surface_control_points(mesh, 20000, seed=7))
-    assert not np.array_equal(pts, vx.surface_control_points(mesh, 20000, seed=8))
+    np.testing.assert_array_equal(pts, control_points.surface_control_points(mesh, 20000, seed=7))
+    assert not np.array_equal(pts, control_points.surface_control_points(mesh, 20000, seed=8))
     on_big = np.abs(pts[:, 2]) < 1e-12
     assert np.all(on_big | (np.abs(pts[:, 2] - 1.0) < 1e-12))
     assert abs(on_big.mean() - 0.8) < 0.02
@@ -483,22 +484,23 @@ def test_prune_control_points_hand_built():
     )
     gaussians = np.array([[0.1, 0.0, 0.0], [0.0, 1.1, 0.0], [-10.0, 0.1, 0.0]])
     surface = np.array([[0.4, 0.1, 0.0], [0.0, 0.9, 0.0], [9.5, 9.4, 9.5]])
-    keep = vx.prune_control_points(centres, gaussians, surface, 2)
+    keep = control_points.prune_control_points(centres, gaussians, surface, 2)
     np.testing.assert_array_equal(keep, [True, True, True, False, False])
     # K = min(n_cp_num, M): with K = M every centre is a neighbour of every point.
-    assert vx.prune_control_points(centres, gaussians, surface, 10).all()
+    assert control_points.prune_control_points(centres, gaussians, surface, 10).all()
     # K = 1: only the single nearest centre counts.
     np.testing.assert_array_equal(
-        vx.prune_control_points(centres, gaussians, surface, 1), [True, False, True, False, False]
+        control_points.prune_control_points(centres, gaussians, surface, 1),
+        [True, False, True, False, False],
     )
 
 
 def test_check_control_point_count():
-    vx.check_control_point_count(2, obj="obj_3")
+    control_points.check_control_point_count(2, obj="obj_3")
     with pytest.raises(ValueError) as err:
-        vx.check_control_point_count(1, obj="obj_3")
+        control_points.check_control_point_count(1, obj="obj_3")
     assert str(err.value) == (
         "obj_3: only 1 control point(s) survive pruning; at least 2 are needed, raise cp_num"
     )
     with pytest.raises(ValueError, match="only 0 control point"):
-        vx.check_control_point_count(0, obj="obj_0")
+        control_points.check_control_point_count(0, obj="obj_0")

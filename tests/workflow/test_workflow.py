@@ -116,7 +116,7 @@ def test_dry_run_plans_every_stage(tmp_path):
 def test_demo_run_writes_the_geometry_contract(demo_run):
     conf = yaml.safe_load((demo_run / "config/config.yaml").read_text())
     for scene in ("hop", "sway"):
-        method = {**conf["method"], **conf["scene_overrides"][scene]}
+        method = {**conf["method"], **conf["presets"]["cpu_demo"]}  # the sheet's preset
         surface_target = method["surface_target_num"]
         doc = json.loads((demo_run / f"results/{scene}/scene/scene.json").read_text())
         roles = {o["name"]: o["role"] for o in doc["objects"]}
@@ -157,8 +157,7 @@ def test_gaussian_count_change_reruns_gaussians_and_voxelize(demo_run, tmp_path)
     work = tmp_path / "w"
     shutil.copytree(demo_run, work, symlinks=True)
     conf = yaml.safe_load((work / "config/config.yaml").read_text())
-    # a copy: the shipped config shares one YAML anchor between the demo scenes
-    conf["scene_overrides"]["hop"] = {**conf["scene_overrides"]["hop"], "gs_init_num": 5000}
+    conf["scene_overrides"]["hop"] = {"gs_init_num": 5000}  # over its preset
     (work / "config/config.yaml").write_text(yaml.safe_dump(conf, sort_keys=False))
     jobs = planned_jobs(snakemake(work, "-n"))
     after = {"train_coarse", "export", "evaluate", "aggregate"}
