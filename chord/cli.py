@@ -11,7 +11,7 @@ from pathlib import Path
 from chord import config as cfg
 from chord import paths
 from chord import scene as sc
-from chord.scene import SceneError
+from chord.errors import InputError
 
 logger = logging.getLogger("chord")
 
@@ -150,7 +150,7 @@ def cmd_evaluate(args) -> int:
 def _run_folder(args) -> Path:
     root = Path(args.model_path) / args.ex_name
     if not root.is_dir():
-        raise ValueError(f"-m/--ex_name: run folder {root} does not exist")
+        raise InputError(f"-m/--ex_name: run folder {root} does not exist")
     return root
 
 
@@ -185,7 +185,7 @@ def cmd_export_glb(args) -> int:
     from chord import runs
 
     if args.mesh_source_path is None:
-        raise ValueError("--mesh_source_path: required (the scene folder with obj_<i>.glb)")
+        raise InputError("--mesh_source_path: required (the scene folder with obj_<i>.glb)")
     out = runs.export_glb_run(
         _run_folder(args),
         mesh_source_path=Path(args.mesh_source_path),
@@ -318,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         return args.func(args)
-    except (cfg.ConfigError, SceneError, ValueError, FileNotFoundError) as exc:
+    except (InputError, FileNotFoundError) as exc:  # bad input; anything else is a bug
         print(f"chord {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_INPUT
 
@@ -336,7 +336,7 @@ def _train(argv: list[str]) -> int:
     except Interrupted as exc:
         print(f"chord train: {exc}; rerun the same command to resume", file=sys.stderr)
         return Interrupted.exit_code
-    except (cfg.ConfigError, SceneError, ValueError, FileNotFoundError) as exc:
+    except (InputError, FileNotFoundError) as exc:  # bad input; anything else is a bug
         print(f"chord train: error: {exc}", file=sys.stderr)
         return EXIT_INPUT
 

@@ -21,6 +21,8 @@ from typing import Any
 import jsonschema
 import yaml
 
+from chord.errors import InputError
+
 SCHEMA_DIR = Path(__file__).parent / "schemas"
 CONFIG_SCHEMA = SCHEMA_DIR / "config.schema.yaml"
 SCENES_SCHEMA = SCHEMA_DIR / "scenes.schema.yaml"
@@ -65,7 +67,7 @@ STAGE_KEYS: dict[str, tuple[str, ...]] = {
 }
 
 
-class ConfigError(ValueError):
+class ConfigError(InputError):
     """A configuration or scene-sheet value is invalid; the message names where and why."""
 
 

@@ -32,6 +32,7 @@ import numpy as np
 import trimesh
 from PIL import Image, ImageDraw
 
+from chord.errors import InputError
 from chord.motion.scripted import MOTION_FORMAT, UP, quat_axis_angle, quat_mul, validate_motion
 
 logger = logging.getLogger(__name__)
@@ -125,7 +126,7 @@ def write_demo_scenes(
     if names is None:
         names = list(DEMO_SCENES)
     if isinstance(names, str):
-        raise ValueError(f"names must be a list of scene names, got the string {names!r}")
+        raise InputError(f"names must be a list of scene names, got the string {names!r}")
     for n in names:
         _scene_spec(n)
     return [write_demo_scene(n, outdir, frame_num=frame_num) for n in names]
@@ -138,15 +139,15 @@ def write_demo_scenes(
 
 def _scene_spec(name: str) -> dict:
     if name not in DEMO_SCENES:
-        raise ValueError(f"unknown demo scene name {name!r}; known: {sorted(DEMO_SCENES)}")
+        raise InputError(f"unknown demo scene name {name!r}; known: {sorted(DEMO_SCENES)}")
     return DEMO_SCENES[name]
 
 
 def _check_frame_num(frame_num: int) -> None:
     if isinstance(frame_num, bool) or not isinstance(frame_num, (int, np.integer)):
-        raise ValueError(f"frame_num must be an int, got {frame_num!r}")
+        raise InputError(f"frame_num must be an int, got {frame_num!r}")
     if frame_num < 5 or (frame_num - 1) % 4 != 0:
-        raise ValueError(f"frame_num must be >= 5 with (frame_num - 1) % 4 == 0, got {frame_num}")
+        raise InputError(f"frame_num must be >= 5 with (frame_num - 1) % 4 == 0, got {frame_num}")
 
 
 # --------------------------------------------------------------------------------------------

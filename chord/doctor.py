@@ -18,6 +18,7 @@ from pathlib import Path
 
 from chord import config as cc
 from chord import gpus, peak_memory, runtime, tiers
+from chord.errors import InputError
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ class Check:
     fatal: bool = True
 
 
-class PreflightError(ValueError):
+class PreflightError(InputError):
     """A training's preflight failed (exit 2); the message holds every failing row."""
 
 

@@ -19,6 +19,7 @@ from urllib.parse import unquote
 
 import numpy as np
 
+from chord.errors import InputError
 from chord.io import atomic_path
 
 logger = logging.getLogger(__name__)
@@ -45,10 +46,10 @@ def read_glb(path: Path | str) -> tuple[dict, bytes]:
     """The JSON document and the binary chunk (b"" if none) of a GLB file."""
     data = Path(path).read_bytes()
     if len(data) < 20 or data[:4] != GLB_MAGIC:
-        raise ValueError(f"{path}: not a GLB file (binary glTF must start with 'glTF')")
+        raise InputError(f"{path}: not a GLB file (binary glTF must start with 'glTF')")
     version, length = struct.unpack_from("<II", data, 4)
     if version != 2 or length > len(data):
-        raise ValueError(f"{path}: GLB version {version}, length {length}: expected glTF 2.0")
+        raise InputError(f"{path}: GLB version {version}, length {length}: expected glTF 2.0")
     doc, blob, pos = None, b"", 12
     while pos + 8 <= length:
         size, kind = struct.unpack_from("<II", data, pos)
@@ -57,12 +58,12 @@ def read_glb(path: Path | str) -> tuple[dict, bytes]:
             try:
                 doc = json.loads(chunk.decode("utf-8"))
             except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-                raise ValueError(f"{path}: unreadable glTF JSON chunk ({exc})") from exc
+                raise InputError(f"{path}: unreadable glTF JSON chunk ({exc})") from exc
         elif kind == CHUNK_BIN and not blob:
             blob = chunk
         pos += 8 + size
     if doc is None:
-        raise ValueError(f"{path}: GLB without a JSON chunk")
+        raise InputError(f"{path}: GLB without a JSON chunk")
     return doc, blob
 
 
@@ -102,7 +103,7 @@ def world_matrices(doc: dict, roots: list[int]) -> dict[int, np.ndarray]:
     while stack:
         i, parent = stack.pop()
         if i in out:
-            raise ValueError(f"node {i} is reached twice: the node graph is not a forest")
+            raise InputError(f"node {i} is reached twice: the node graph is not a forest")
         out[i] = parent @ node_matrix(doc["nodes"][i])
         stack.extend((c, out[i]) for c in doc["nodes"][i].get("children", []))
     return out
@@ -217,17 +218,17 @@ def _buffer_bytes(buf: dict, i: int, blob: bytes, folder: Path, where: str) -> b
     uri = buf.get("uri")
     if uri is None:
         if i != 0 or not blob:
-            raise ValueError(f"{where}: buffer {i} has no uri and is not the GLB binary chunk")
+            raise InputError(f"{where}: buffer {i} has no uri and is not the GLB binary chunk")
         data = blob
     elif uri.startswith("data:"):
         data = base64.b64decode(uri.split(",", 1)[1])
     else:
         path = folder / unquote(uri)
         if not path.is_file():
-            raise ValueError(f"{where}: buffer {i} refers to {path}, which does not exist")
+            raise InputError(f"{where}: buffer {i} refers to {path}, which does not exist")
         data = path.read_bytes()
     if len(data) < buf["byteLength"]:
-        raise ValueError(f"{where}: buffer {i} holds {len(data)} bytes, not {buf['byteLength']}")
+        raise InputError(f"{where}: buffer {i} holds {len(data)} bytes, not {buf['byteLength']}")
     return data[: buf["byteLength"]]
 
 
@@ -243,7 +244,7 @@ def merge_gltf(out: GltfBuilder, path: Path, name: str) -> tuple[dict, int]:
     used = set(doc.get("extensionsUsed", []))
     bad = sorted(used & UNSUPPORTED)
     if bad:
-        raise ValueError(
+        raise InputError(
             f"{path}: uses {bad}; decompress and flatten it first "
             "(e.g. gltf-transform copy --no-... or Blender)"
         )
@@ -282,7 +283,7 @@ def merge_gltf(out: GltfBuilder, path: Path, name: str) -> tuple[dict, int]:
         elif not im.get("uri", "").startswith("data:"):  # embed an external image file
             file = path.parent / unquote(im.pop("uri"))
             if not file.is_file():
-                raise ValueError(f"{path}: image {file} does not exist")
+                raise InputError(f"{path}: image {file} does not exist")
             im["bufferView"] = out.add_view(file.read_bytes())
             im["mimeType"] = mimetypes.guess_type(file.name)[0] or "image/png"
         out.add("images", im)
@@ -387,13 +388,13 @@ def _morph_mesh(
     cache: dict[int, list[int]] = {}
     for p in mesh["primitives"]:
         if "POSITION" not in p["attributes"]:
-            raise ValueError(f"{where}: a primitive of mesh {mesh_index} has no POSITION")
+            raise InputError(f"{where}: a primitive of mesh {mesh_index} has no POSITION")
         if p.get("targets"):
             logger.warning("%s: replacing the source's morph targets of mesh %d", where, mesh_index)
         pos = p["attributes"]["POSITION"]
         if pos not in cache:
             if out.doc["accessors"][pos]["componentType"] != FLOAT:
-                raise ValueError(f"{where}: quantised POSITION in mesh {mesh_index}")
+                raise InputError(f"{where}: quantised POSITION in mesh {mesh_index}")
             v_l = read_accessor(out.doc, bytes(out.blob), pos)  # [n, 3]
             v_n = ((v_l @ M[:3, :3].T + M[:3, 3]) - centre) * scale  # [n, 3]
             X = np.asarray(deformer(v_n), dtype=np.float64)  # [F, n, 3]
@@ -459,7 +460,7 @@ def dynamic_scene_glb(
     if frames < 1:
         raise ValueError(f"frames: expected at least 1, got {frames}")
     if not objects:
-        raise ValueError(f"{out_path}: no objects to export")
+        raise InputError(f"{out_path}: no objects to export")
     out = GltfBuilder()
     c = np.asarray(centre, dtype=np.float64)
     roots, animated = [], []

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 from plyfile import PlyData, PlyElement
 
+from chord.errors import InputError
 from chord.gaussians import GaussianSet
 from chord.io import atomic_path
 
@@ -82,19 +83,19 @@ def read_ply(path: str | os.PathLike, *, sh_degree_cap: int = 3) -> GaussianSet:
         or not isinstance(sh_degree_cap, (int, np.integer))
         or sh_degree_cap < 0
     ):
-        raise ValueError(
+        raise InputError(
             f"read_ply {path}: sh_degree_cap must be an integer >= 0, got {sh_degree_cap!r}"
         )
     if not path.is_file():
-        raise ValueError(f"read_ply {path}: file does not exist")
+        raise InputError(f"read_ply {path}: file does not exist")
     try:
         with open(path, "rb") as fh:
             ply = PlyData.read(fh, mmap="c")  # fast path; columns are copied below
         vertex = ply["vertex"]
     except KeyError:
-        raise ValueError(f"read_ply {path}: no 'vertex' element") from None
+        raise InputError(f"read_ply {path}: no 'vertex' element") from None
     except Exception as exc:  # plyfile raises a variety of parse errors
-        raise ValueError(f"read_ply {path}: not a readable PLY file ({exc})") from exc
+        raise InputError(f"read_ply {path}: not a readable PLY file ({exc})") from exc
 
     present = {prop.name for prop in vertex.properties}
     rest_names = sorted(
@@ -103,12 +104,12 @@ def read_ply(path: str | os.PathLike, *, sh_degree_cap: int = 3) -> GaussianSet:
     )
     n_rest = len(rest_names)
     if n_rest not in _REST_COUNT_TO_DEGREE:
-        raise ValueError(
+        raise InputError(
             f"read_ply {path}: {n_rest} f_rest_* properties; expected 0, 9, 24 or 45 "
             "(SH degree 0..3)"
         )
     if rest_names != [f"f_rest_{i}" for i in range(n_rest)]:
-        raise ValueError(f"read_ply {path}: f_rest_* properties are not numbered 0..{n_rest - 1}")
+        raise InputError(f"read_ply {path}: f_rest_* properties are not numbered 0..{n_rest - 1}")
     degree = _REST_COUNT_TO_DEGREE[n_rest]
     k_file = (degree + 1) ** 2
     degree_out = min(degree, int(sh_degree_cap))
@@ -116,15 +117,15 @@ def read_ply(path: str | os.PathLike, *, sh_degree_cap: int = 3) -> GaussianSet:
 
     def column(name: str) -> np.ndarray:
         if name not in present:
-            raise ValueError(f"read_ply {path}: missing vertex property '{name}'")
+            raise InputError(f"read_ply {path}: missing vertex property '{name}'")
         try:
             col = np.array(vertex[name], dtype=np.float32)
         except (TypeError, ValueError) as exc:
-            raise ValueError(f"read_ply {path}: property '{name}' is not numeric") from exc
+            raise InputError(f"read_ply {path}: property '{name}' is not numeric") from exc
         if col.ndim != 1:
-            raise ValueError(f"read_ply {path}: property '{name}' is a list, expected scalar")
+            raise InputError(f"read_ply {path}: property '{name}' is a list, expected scalar")
         if not np.all(np.isfinite(col)):
-            raise ValueError(f"read_ply {path}: property '{name}' contains non-finite values")
+            raise InputError(f"read_ply {path}: property '{name}' contains non-finite values")
         return col
 
     def stack(names: list[str]) -> np.ndarray:
@@ -158,10 +159,10 @@ def find_fitted_ply(obj_dir: str | os.PathLike) -> Path:
     p = Path(obj_dir)
     if p.is_file():
         if p.suffix.lower() != ".ply":
-            raise ValueError(f"find_fitted_ply: {p} is a file but not a .ply")
+            raise InputError(f"find_fitted_ply: {p} is a file but not a .ply")
         return p
     if not p.is_dir():
-        raise ValueError(
+        raise InputError(
             f"find_fitted_ply: {p} does not exist (expected a .ply file or a "
             "folder with point_cloud/iteration_<k>/point_cloud.ply)"
         )
@@ -176,7 +177,7 @@ def find_fitted_ply(obj_dir: str | os.PathLike) -> Path:
                 if best is None or k > best[0]:
                     best = (k, candidate)
     if best is None:
-        raise ValueError(
+        raise InputError(
             f"find_fitted_ply: folder {p} has no point_cloud/iteration_<k>/point_cloud.ply"
         )
     logger.debug("find_fitted_ply: %s -> iteration %d", p, best[0])

@@ -18,6 +18,7 @@ from pathlib import Path
 from chord import cameras, export, media, paths
 from chord import config as cc
 from chord import scene as sc
+from chord.errors import InputError
 from chord.stages import gaussians, ingest, voxelize
 from chord.train import load_checkpoint
 from chord.trained import (
@@ -286,7 +287,7 @@ def run_inputs(root: Path) -> dict:
     res, s = root.parent, root.name
     scene_json = paths.scene_json(res, s)
     if not scene_json.is_file():
-        raise ValueError(f"{root}: not a chord train run folder ({scene_json} is missing)")
+        raise InputError(f"{root}: not a chord train run folder ({scene_json} is missing)")
     doc = sc.read_scene_json(scene_json)
     return {
         "scene_json": scene_json,
@@ -323,15 +324,15 @@ def find_state(root: Path, checkpoint: int = -1) -> tuple[Path, int]:
         if ckpts:
             it = max(ckpts)
             return ckpts[it], it
-        raise ValueError(f"{root}: no trained state (train/*.pt or checkpoints/) to export")
+        raise InputError(f"{root}: no trained state (train/*.pt or checkpoints/) to export")
     if checkpoint < -1:
-        raise ValueError(f"--checkpoint: expected -1 (latest) or an iteration, got {checkpoint}")
+        raise InputError(f"--checkpoint: expected -1 (latest) or an iteration, got {checkpoint}")
     if checkpoint in ckpts:
         return ckpts[checkpoint], checkpoint
     for p in handoffs:
         if p.is_file() and int(load_checkpoint(p)["iteration"]) == checkpoint:
             return p, checkpoint
-    raise ValueError(
+    raise InputError(
         f"--checkpoint: no state of iteration {checkpoint} under {root} "
         f"(checkpoints at {sorted(ckpts)}; -1 = the latest)"
     )
@@ -339,7 +340,7 @@ def find_state(root: Path, checkpoint: int = -1) -> tuple[Path, int]:
 
 def check_static_id(doc: dict, static_id: int | None) -> None:
     if static_id is not None and static_id != doc["static_id"]:
-        raise ValueError(
+        raise InputError(
             f"--static_id: {static_id}, but the run was trained with static_id {doc['static_id']}"
         )
 
@@ -375,7 +376,7 @@ def render_run(
     static = {o["name"] for o in doc["objects"] if o["role"] == "static"}
     objects = [n for n in scene.names if n not in exclude and not (no_bg and n in static)]
     if not objects:
-        raise ValueError("--exclude_objs/--no_bg: nothing is left to render")
+        raise InputError("--exclude_objs/--no_bg: nothing is left to render")
     T = frame_count(next((o.frame_num for o in scene.dynamic.values()), 1), lst_frame)
     g = scene_frames(scene, T, objects=objects, static_objs=frozen)
     view = cameras.orbit_viewmats(elev, azim, cam_radius, (0.0, cam_height, 0.0))
@@ -409,7 +410,7 @@ def export_glb_run(
     check_static_id(doc, static_id)
     files = sc.discover_objects(data)
     if len(files) != len(doc["objects"]):
-        raise ValueError(
+        raise InputError(
             f"--mesh_source_path: {data} holds {len(files)} objects, the run has "
             f"{len(doc['objects'])}"
         )
@@ -417,7 +418,7 @@ def export_glb_run(
     if exclude_plane:  # METHOD §20: static_obj.glb replaces the static object
         plane = data / "static_obj.glb"
         if not plane.is_file():
-            raise ValueError(f"--exclude_plane: {plane} does not exist")
+            raise InputError(f"--exclude_plane: {plane} does not exist")
         sources[f"obj_{doc['static_id']}"] = plane
     T = frame_count(next((o.frame_num for o in scene.dynamic.values()), 1), lst_frame)
     out = root / "saved_meshes" / f"iteration_{it}" / "dynamic_scene.glb"

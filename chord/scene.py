@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 import trimesh
 
+from chord.errors import InputError
+
 logger = logging.getLogger(__name__)
 
 GLB_MAGIC = b"glTF"
@@ -18,7 +20,7 @@ LONGEST_SIDE = 1.2
 OBJ_FILE = re.compile(r"^obj_(\d+)\.glb$")
 
 
-class SceneError(ValueError):
+class SceneError(InputError):
     """Bad scene input; the message names the file or field and what is wrong."""
 
 
@@ -63,14 +65,14 @@ def load_mesh_parts(source: str | os.PathLike | trimesh.Scene) -> list[trimesh.T
         path = Path(source)
         where = str(path)
         if not path.is_file():
-            raise ValueError(f"load_mesh_parts: {path} does not exist")
+            raise InputError(f"load_mesh_parts: {path} does not exist")
         try:
             if hasattr(trimesh, "load_scene"):
                 scene = trimesh.load_scene(path)
             else:  # trimesh < 4.5
                 scene = trimesh.load(path, force="scene")
         except Exception as exc:
-            raise ValueError(f"load_mesh_parts: cannot load {path} as a mesh ({exc})") from exc
+            raise InputError(f"load_mesh_parts: cannot load {path} as a mesh ({exc})") from exc
     parts = []
     for node_name in scene.graph.nodes_geometry:
         transform, geom_name = scene.graph[node_name]
@@ -94,7 +96,7 @@ def load_mesh_parts(source: str | os.PathLike | trimesh.Scene) -> list[trimesh.T
             part.visual.vertex_attributes["color"] = np.array(attrs["color"])
         parts.append(part)
     if not parts:
-        raise ValueError(f"load_mesh_parts: {where} holds no triangle mesh")
+        raise InputError(f"load_mesh_parts: {where} holds no triangle mesh")
     return parts
 
 

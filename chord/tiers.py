@@ -25,6 +25,7 @@ from typing import Any
 
 from chord import config as cc
 from chord import peak_memory
+from chord.errors import InputError
 
 logger = logging.getLogger(__name__)
 
@@ -258,7 +259,7 @@ def ply_vertex_count(path: Path) -> int:
                 return int(words[2])
             if not line or line.strip() == b"end_header":
                 break
-    raise ValueError(f"{path}: no 'element vertex' in the PLY header")
+    raise InputError(f"{path}: no 'element vertex' in the PLY header")
 
 
 def memory_shape(method, gaussians: int, dynamic_gaussians: int | None = None) -> dict:

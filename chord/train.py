@@ -16,6 +16,7 @@ from torch import Tensor
 
 from chord import cameras, losses, optim, rng, runtime
 from chord.distributed import Group
+from chord.errors import InputError
 from chord.guidance import rfsds
 from chord.motion import fenwick, state
 from chord.motion.model import MotionScene, plan_second_layer
@@ -522,9 +523,9 @@ def load_checkpoint(path: Path) -> dict:
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises several types for truncated or foreign files
-        raise ValueError(f"{path}: not a readable training checkpoint ({exc})") from exc
+        raise InputError(f"{path}: not a readable training checkpoint ({exc})") from exc
     if not isinstance(ckpt, dict) or ckpt.get("format") != CKPT_FORMAT:
-        raise ValueError(f"{path}: not a {CKPT_FORMAT} checkpoint")
+        raise InputError(f"{path}: not a {CKPT_FORMAT} checkpoint")
     return ckpt
 
 

@@ -12,6 +12,7 @@ import torch
 
 from chord import config, gltf, ply, train
 from chord import scene as sc
+from chord.errors import InputError
 from chord.motion import build_scene, state
 
 logger = logging.getLogger(__name__)
@@ -27,7 +28,7 @@ def frame_count(frame_num: int, lst_frame: int | None) -> int:
     if lst_frame is None or lst_frame == -1:
         return frame_num
     if lst_frame < 1:
-        raise ValueError(
+        raise InputError(
             f"--lst_frame: expected a frame count ≥ 1 (or -1 for all), got {lst_frame}"
         )
     return min(frame_num, lst_frame)
@@ -53,7 +54,7 @@ def load_trained(
     dynamic = [o["name"] for o in doc["objects"] if o["role"] == "dynamic"]
     missing = sorted(set(names) - set(plys)) + sorted(set(dynamic) - set(voxels))
     if missing:
-        raise ValueError(f"{scene_json}: no Gaussians or voxels given for {missing}")
+        raise InputError(f"{scene_json}: no Gaussians or voxels given for {missing}")
     infos = list(meta["objects"].values())
     shape = {} if frame_num is None else {"frame_num": frame_num}
     if infos:
@@ -86,7 +87,7 @@ def check_objects(doc: dict, names, flag: str) -> list[str]:
     known = [o["name"] for o in doc["objects"]]
     unknown = sorted(set(names) - set(known))
     if unknown:
-        raise ValueError(f"{flag}: {unknown} are not objects of this scene {known}")
+        raise InputError(f"{flag}: {unknown} are not objects of this scene {known}")
     return list(names)
 
 
@@ -111,7 +112,7 @@ def write_glb(
         if o["role"] == "avoided" or name in exclude:
             continue
         if name not in sources:
-            raise ValueError(f"no source GLB given for {name}")
+            raise InputError(f"no source GLB given for {name}")
         animated = name in scene.dynamic and name not in frozen
         objects.append(
             (name, sources[name], deformer(scene.dynamic[name], frames) if animated else None)

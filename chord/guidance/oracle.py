@@ -17,6 +17,7 @@ from scipy.spatial.transform import Rotation
 from torch import Tensor
 
 from chord import quaternion as quat
+from chord.errors import InputError
 from chord.motion import scripted
 from chord.render import render_video
 
@@ -42,7 +43,7 @@ def scripted_gaussians(doc: dict, rest: dict[str, dict], motion: dict, frame_num
     quats [T, N, 4] concatenated in ``rest`` order.
     """
     if motion["frame_num"] != frame_num:
-        raise ValueError(
+        raise InputError(
             f"motion.json has {motion['frame_num']} frames but frame_num is "
             f"{frame_num}; regenerate it (chord demo-scenes --frame-num "
             f"{frame_num}) or set frame_num to match"
@@ -99,9 +100,9 @@ class OracleGuidance:
         backend: str = "auto",
     ):
         if width % pool or height % pool:
-            raise ValueError(f"oracle pool {pool} must divide the size {width}x{height}")
+            raise InputError(f"oracle pool {pool} must divide the size {width}x{height}")
         if not gain > 0:
-            raise ValueError(f"oracle gain must be positive, got {gain}")
+            raise InputError(f"oracle gain must be positive, got {gain}")
         self.target, self.width, self.height, self.pool = target, width, height, pool
         self.gain, self.backend = float(gain), backend
 

@@ -12,6 +12,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
+from chord.errors import InputError
 from chord.io import atomic_path
 
 logger = logging.getLogger(__name__)
@@ -76,7 +77,7 @@ def read(path: Path | str) -> tuple[dict[str, Tensor], dict]:
             meta = json.loads((f.metadata() or {}).get("chord", "{}"))
             tensors = {k: f.get_tensor(k) for k in ("prompt", "negative")}
     except (OSError, SafetensorError, json.JSONDecodeError, KeyError) as exc:
-        raise ValueError(f"{path}: not a readable text-conditioning file ({exc})") from exc
+        raise InputError(f"{path}: not a readable text-conditioning file ({exc})") from exc
     if meta.get("format") != FORMAT:
-        raise ValueError(f"{path}: format is {meta.get('format')!r}, expected {FORMAT!r}")
+        raise InputError(f"{path}: format is {meta.get('format')!r}, expected {FORMAT!r}")
     return tensors, meta

@@ -28,6 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from chord.errors import InputError
+
 logger = logging.getLogger(__name__)
 
 LATENT_CHANNELS = 16
@@ -128,7 +130,7 @@ def latent_stats_from_config(config) -> tuple[list[float], list[float]]:
     get = config.get if isinstance(config, Mapping) else lambda k: getattr(config, k, None)
     mean, std = get("latents_mean"), get("latents_std")
     if mean is None or std is None:
-        raise ValueError("config: needs both latents_mean and latents_std")
+        raise InputError("config: needs both latents_mean and latents_std")
     return list(map(float, mean)), list(map(float, std))
 
 
@@ -307,15 +309,15 @@ def _read_state(path: Path) -> dict:
         try:
             return load_file(str(path), device="cpu")
         except Exception as exc:
-            raise ValueError(f"{path}: not a readable safetensors file ({exc})") from exc
+            raise InputError(f"{path}: not a readable safetensors file ({exc})") from exc
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
-        raise ValueError(f"{path}: not a readable torch checkpoint ({exc})") from exc
+        raise InputError(f"{path}: not a readable torch checkpoint ({exc})") from exc
     if isinstance(state, Mapping) and isinstance(state.get("state_dict"), Mapping):
         state = state["state_dict"]
     if not isinstance(state, Mapping):
-        raise ValueError(f"{path}: expected a state dict, got {type(state).__name__}")
+        raise InputError(f"{path}: expected a state dict, got {type(state).__name__}")
     return dict(state)
 
 
@@ -335,7 +337,7 @@ def load_tiny_vae(
     """
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"tiny VAE weights {path}: no such file")
+        raise InputError(f"tiny VAE weights {path}: no such file")
     state = {k: v for k, v in _read_state(path).items() if k.startswith("encoder.")}
     model = TinyVAEEncoder(latents_mean=latents_mean, latents_std=latents_std)
     expected = model.state_dict()
@@ -361,7 +363,7 @@ def load_tiny_vae(
     if bad:
         problems.append(f"shape mismatches: {few(bad)}")
     if problems:
-        raise ValueError(f"tiny VAE weights {path}: " + "; ".join(problems))
+        raise InputError(f"tiny VAE weights {path}: " + "; ".join(problems))
     model.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)
     logger.info("loaded tiny VAE encoder from %s (%d tensors)", path, len(state))
     return model.to(device)

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from chord.errors import InputError
 from chord.guidance.tiny_vae import (
     LATENT_CHANNELS,
     SPATIAL_FACTOR,
@@ -58,7 +59,7 @@ def compare_with_full_vae(video: torch.Tensor, tiny: TinyVAEEncoder, vae) -> dic
         x = (video * 2 - 1).permute(0, 2, 1, 3, 4).to(vae_param.device, vae_param.dtype)
         zv = vae.encode(x).latent_dist.mean.double().cpu()
     if zt.shape != zv.shape:
-        raise ValueError(
+        raise InputError(
             f"video: tiny latents {tuple(zt.shape)} and full VAE latents {tuple(zv.shape)} differ"
         )
     shape = (1, LATENT_CHANNELS, 1, 1, 1)
@@ -132,7 +133,7 @@ def synthetic_clip(frames: int, height: int, width: int) -> torch.Tensor:
 def _load_clip(path: Path, frames: int, height: int, width: int) -> torch.Tensor:
 
     if not path.is_file():
-        raise ValueError(f"--video {path}: no such file")
+        raise InputError(f"--video {path}: no such file")
     arr, _ = read_mp4(path)
     clip = torch.from_numpy(arr[:frames]).permute(0, 3, 1, 2).float() / 255.0
     clip = F.interpolate(clip, size=(height, width), mode="bilinear", antialias=True)
@@ -143,9 +144,9 @@ def _parse_size(text: str) -> tuple[int, int]:
     try:
         w, h = (int(v) for v in text.lower().split("x"))
     except ValueError as exc:
-        raise ValueError(f"--size {text!r}: expected WIDTHxHEIGHT, e.g. 416x240") from exc
+        raise InputError(f"--size {text!r}: expected WIDTHxHEIGHT, e.g. 416x240") from exc
     if w <= 0 or h <= 0 or w % SPATIAL_FACTOR or h % SPATIAL_FACTOR:
-        raise ValueError(f"--size {text!r}: width and height must be positive multiples of 8")
+        raise InputError(f"--size {text!r}: width and height must be positive multiples of 8")
     return w, h
 
 
@@ -167,9 +168,9 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     w, h = _parse_size(args.size)
     if args.frames < 1:
-        raise ValueError(f"--frames {args.frames}: must be >= 1")
+        raise InputError(f"--frames {args.frames}: must be >= 1")
     if not args.vae.is_dir():
-        raise ValueError(f"--vae {args.vae}: not a folder")
+        raise InputError(f"--vae {args.vae}: not a folder")
     tiny = load_tiny_vae(args.tiny, device=args.device)
     sub = "vae" if (args.vae / "vae").is_dir() else None
     vae = AutoencoderKLWan.from_pretrained(

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from chord import runtime
+from chord.errors import InputError
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ def check_folder(ckpt_dir: Path | str, components=COMPONENTS) -> dict:
     """
     folder = Path(ckpt_dir)
     if not folder.is_dir():
-        raise ValueError(
+        raise InputError(
             f"guidance.ckpt_dir {folder}: folder not found (expected a "
             "diffusers-format Wan2.2-I2V-A14B-Diffusers folder)"
         )
@@ -54,7 +55,7 @@ def check_folder(ckpt_dir: Path | str, components=COMPONENTS) -> dict:
         if not any(any(sub.glob(p)) for p in _WEIGHTS):
             missing.append(f"{comp}/ weights (*.safetensors)")
     if missing:
-        raise ValueError(
+        raise InputError(
             f"guidance.ckpt_dir {folder}: incomplete Wan 2.2 I2V folder; missing: "
             + ", ".join(missing)
         )
@@ -100,7 +101,7 @@ def from_config(guidance, method, memory, *, device="cpu") -> WanGuidance:
     tiny = None
     if method.use_tiny_vae:
         if not guidance.tiny_vae_path:
-            raise ValueError(
+            raise InputError(
                 "method.use_tiny_vae: set guidance.tiny_vae_path to the lighttaew2_1 weights"
             )
         from chord.guidance.tiny_vae import load_tiny_vae

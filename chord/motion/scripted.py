@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from chord.errors import InputError
+
 MOTION_FORMAT = "chord-scripted-motion/1"
 UP = (0.0, 1.0, 0.0)
 DEFORMATION_KINDS = ("none", "bend", "twist")
@@ -44,9 +46,9 @@ def load_motion(path: Path) -> dict:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ValueError(f"{path}: motion file does not exist") from None
+        raise InputError(f"{path}: motion file does not exist") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path}: not valid JSON: {exc}") from None
+        raise InputError(f"{path}: not valid JSON: {exc}") from None
     return validate_motion(data, str(path))
 
 
@@ -108,10 +110,10 @@ def apply_motion(
 
 def _field(obj: Any, key: str, where: str, src: str) -> Any:
     if not isinstance(obj, Mapping):
-        raise ValueError(f"{src}: field {where!r} must be an object")
+        raise InputError(f"{src}: field {where!r} must be an object")
     if key not in obj:
         full = f"{where}.{key}" if where else key
-        raise ValueError(f"{src}: missing field {full!r}")
+        raise InputError(f"{src}: missing field {full!r}")
     return obj[key]
 
 
@@ -119,48 +121,48 @@ def _array(value: Any, shape: tuple[int, ...], where: str, src: str) -> np.ndarr
     try:
         arr = np.asarray(value, dtype=np.float64)
     except (TypeError, ValueError):
-        raise ValueError(f"{src}: field {where!r} must be numeric with shape {shape}") from None
+        raise InputError(f"{src}: field {where!r} must be numeric with shape {shape}") from None
     if arr.shape != shape:
-        raise ValueError(f"{src}: field {where!r} must have shape {shape}, got {arr.shape}")
+        raise InputError(f"{src}: field {where!r} must have shape {shape}, got {arr.shape}")
     if not np.all(np.isfinite(arr)):
-        raise ValueError(f"{src}: field {where!r} contains non-finite values")
+        raise InputError(f"{src}: field {where!r} contains non-finite values")
     return arr
 
 
 def validate_motion(data: Any, src: str) -> dict:
     """Validate a motion dict; return a copy with float64 arrays (see :func:`load_motion`)."""
     if not isinstance(data, Mapping):
-        raise ValueError(f"{src}: motion must be a JSON object")
+        raise InputError(f"{src}: motion must be a JSON object")
     fmt = _field(data, "format", "", src)
     if fmt != MOTION_FORMAT:
-        raise ValueError(f"{src}: field 'format' must be {MOTION_FORMAT!r}, got {fmt!r}")
+        raise InputError(f"{src}: field 'format' must be {MOTION_FORMAT!r}, got {fmt!r}")
     frame_num = _field(data, "frame_num", "", src)
     if isinstance(frame_num, bool) or not isinstance(frame_num, int) or frame_num < 1:
-        raise ValueError(f"{src}: field 'frame_num' must be a positive int, got {frame_num!r}")
+        raise InputError(f"{src}: field 'frame_num' must be a positive int, got {frame_num!r}")
     fps = _field(data, "fps", "", src)
     if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not fps > 0:
-        raise ValueError(f"{src}: field 'fps' must be a positive number, got {fps!r}")
+        raise InputError(f"{src}: field 'fps' must be a positive number, got {fps!r}")
     space = _field(data, "space", "", src)
     if space != "world":
-        raise ValueError(f"{src}: field 'space' must be 'world', got {space!r}")
+        raise InputError(f"{src}: field 'space' must be 'world', got {space!r}")
     up = _array(_field(data, "up", "", src), (3,), "up", src)
     if np.linalg.norm(up) < 1e-9:
-        raise ValueError(f"{src}: field 'up' must be non-zero")
+        raise InputError(f"{src}: field 'up' must be non-zero")
     objects = _field(data, "objects", "", src)
     if not isinstance(objects, Mapping) or not objects:
-        raise ValueError(f"{src}: field 'objects' must be a non-empty object")
+        raise InputError(f"{src}: field 'objects' must be a non-empty object")
 
     t = frame_num
     out_objects: dict[str, dict] = {}
     for key, obj in objects.items():
         if not isinstance(key, str) or not re.fullmatch(r"obj_\d+", key):
-            raise ValueError(f"{src}: field 'objects' has key {key!r}, expected 'obj_<i>'")
+            raise InputError(f"{src}: field 'objects' has key {key!r}, expected 'obj_<i>'")
         w = f"objects.{key}"
         deform = _field(obj, "deformation", w, src)
         rigid = _field(obj, "rigid", w, src)
         kind = _field(deform, "kind", f"{w}.deformation", src)
         if kind not in DEFORMATION_KINDS:
-            raise ValueError(
+            raise InputError(
                 f"{src}: field '{w}.deformation.kind' must be one of "
                 f"{DEFORMATION_KINDS}, got {kind!r}"
             )
@@ -170,17 +172,17 @@ def validate_motion(data: Any, src: str) -> dict:
             if name not in deform:
                 if kind == "none":
                     continue
-                raise ValueError(f"{src}: missing field '{wd}.{name}'")
+                raise InputError(f"{src}: missing field '{wd}.{name}'")
             d_out[name] = _array(deform[name], shape, f"{wd}.{name}", src)
         if kind != "none":
             if float(d_out["height"]) <= 0:
-                raise ValueError(f"{src}: field '{wd}.height' must be > 0")
+                raise InputError(f"{src}: field '{wd}.height' must be > 0")
             if np.linalg.norm(d_out["axis"]) < 1e-9:
-                raise ValueError(f"{src}: field '{wd}.axis' must be non-zero")
+                raise InputError(f"{src}: field '{wd}.axis' must be non-zero")
         if "height" in d_out:
             d_out["height"] = float(d_out["height"])
         if "angles" in d_out and abs(d_out["angles"][0]) > 1e-9:
-            raise ValueError(f"{src}: field '{wd}.angles' must start at 0 (frame 0 = rest pose)")
+            raise InputError(f"{src}: field '{wd}.angles' must start at 0 (frame 0 = rest pose)")
 
         wr = f"{w}.rigid"
         pivot = _array(_field(rigid, "pivot", wr, src), (3,), f"{wr}.pivot", src)
@@ -188,12 +190,12 @@ def validate_motion(data: Any, src: str) -> dict:
         trans = _array(_field(rigid, "translations", wr, src), (t, 3), f"{wr}.translations", src)
         norms = np.linalg.norm(rots, axis=1)
         if np.any(np.abs(norms - 1.0) > 1e-4):
-            raise ValueError(
+            raise InputError(
                 f"{src}: field '{wr}.rotations' must hold unit quaternions "
                 f"[w, x, y, z] (norms {norms.min():.4g}..{norms.max():.4g})"
             )
         if np.max(np.abs(rots[0] - [1.0, 0.0, 0.0, 0.0])) > 1e-9 or np.max(np.abs(trans[0])) > 1e-9:
-            raise ValueError(f"{src}: field '{wr}' must be the identity at frame 0 (rest pose)")
+            raise InputError(f"{src}: field '{wr}' must be the identity at frame 0 (rest pose)")
         out_objects[key] = {
             "deformation": d_out,
             "rigid": {"pivot": pivot, "rotations": rots, "translations": trans},

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from chord.errors import InputError
 from chord.motion.model import MotionScene
 
 FORMAT = "chord-motion/1"
@@ -51,14 +52,14 @@ def to_dict(scene: MotionScene, **extra) -> tuple[dict, dict]:
 def restore(scene: MotionScene, tensors: dict, meta: dict, *, where: str = "state") -> None:
     """Load a state into a scene built from the same rest Gaussians (in place)."""
     if set(meta["objects"]) != set(scene.dynamic):
-        raise ValueError(
+        raise InputError(
             f"{where}: dynamic objects {sorted(meta['objects'])} do not match "
             f"the scene's {sorted(scene.dynamic)}"
         )
     for name, info in meta["objects"].items():
         obj = scene.dynamic[name]
         if info["n_points"] != obj.rest_means.shape[0] or info["frame_num"] != obj.frame_num:
-            raise ValueError(
+            raise InputError(
                 f"{where}: {name} was saved for {info['n_points']} Gaussians and "
                 f"{info['frame_num']} frames, the scene has "
                 f"{obj.rest_means.shape[0]} and {obj.frame_num}"

@@ -12,12 +12,13 @@ import math
 import torch
 from torch import Tensor
 
+from chord.errors import InputError
 from chord.render import gsplat_backend, torch_backend
 
 BACKENDS = ("auto", "gsplat", "torch")
 
 
-class BackendUnavailable(ValueError):
+class BackendUnavailable(InputError):
     """The configured renderer cannot run on this device; the message says why and the fix."""
 
 

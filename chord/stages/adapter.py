@@ -9,6 +9,7 @@ import sys
 from collections.abc import Iterator
 
 from chord import config as cfg
+from chord.errors import InputError
 from chord.tiers import is_out_of_memory
 
 logger = logging.getLogger("chord")
@@ -35,7 +36,7 @@ def stage_logging(log_path: str) -> Iterator[None]:
     root.addHandler(handler)
     try:
         yield
-    except (ValueError, FileNotFoundError) as exc:  # ConfigError and SceneError included
+    except (InputError, FileNotFoundError) as exc:  # bad input (ConfigError, SceneError, ...)
         logger.error("%s", exc)
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(EXIT_INPUT)

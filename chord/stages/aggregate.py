@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from chord import plots
+from chord.errors import InputError
 from chord.io import atomic_path, read_json
 
 logger = logging.getLogger(__name__)
@@ -23,14 +24,14 @@ def table(metrics: dict[str, Path]) -> pd.DataFrame:
         try:
             doc = read_json(path)
         except (OSError, ValueError) as exc:
-            raise ValueError(f"{path}: unreadable metrics ({exc})") from exc
+            raise InputError(f"{path}: unreadable metrics ({exc})") from exc
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-            raise ValueError(f"{path}: not a {FORMAT} file")
+            raise InputError(f"{path}: not a {FORMAT} file")
         row = {k: v for k, v in doc.items() if not isinstance(v, (dict, list)) and k != "format"}
         row["scene"] = scene
         rows.append(row)
     if not rows:
-        raise ValueError("aggregate: no scenes to aggregate")
+        raise InputError("aggregate: no scenes to aggregate")
     df = pd.DataFrame(rows).set_index("scene")
     return df
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from chord.errors import InputError
 from chord.guidance import text
 
 logger = logging.getLogger(__name__)
@@ -29,7 +30,7 @@ def text_encoder_for(guidance, method):
         tokenizer, encoder = wan.load_text_encoder(guidance.ckpt_dir, device=device, dtype=dtype)
         return tokenizer, encoder, f"umt5 from {guidance.ckpt_dir}"
     if guidance.backend == "wan":
-        raise ValueError(
+        raise InputError(
             "guidance.ckpt_dir: the wan backend needs the Wan2.2-I2V-A14B-Diffusers "
             "folder (set guidance.ckpt_dir in the config)"
         )

@@ -12,6 +12,7 @@ import torch
 from PIL import Image
 
 from chord import cameras, config, losses, media, metrics, plots, trained
+from chord.errors import InputError
 from chord.io import write_json
 from chord.motion import scripted
 
@@ -37,7 +38,7 @@ def read_png(path: Path) -> np.ndarray:
         with Image.open(path) as im:
             return np.asarray(im.convert("RGB"))
     except OSError as exc:
-        raise ValueError(f"{path}: unreadable image ({exc})") from exc
+        raise InputError(f"{path}: unreadable image ({exc})") from exc
 
 
 def rigidity(scene, frames: int) -> list[float]:
@@ -119,7 +120,7 @@ def run(
     width, height = config.parse_size(method.size, where="method: size")
     ref = read_png(ref_png)
     if ref.shape[:2] != (height, width):
-        raise ValueError(
+        raise InputError(
             f"{ref_png}: {ref.shape[1]}x{ref.shape[0]}, but method size is {width}x{height}; "
             "rerun the reference stage"
         )

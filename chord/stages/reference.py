@@ -10,6 +10,7 @@ import torch
 
 from chord import cameras, config, gaussians, media, ply
 from chord import scene as sc
+from chord.errors import InputError
 from chord.render import render_views, splat_tensors
 
 logger = logging.getLogger(__name__)
@@ -24,7 +25,7 @@ def scene_splats(scene_json: Path, plys: dict[str, Path], *, dtype=torch.float32
     names = [o["name"] for o in doc["objects"] if o["role"] != "avoided"]
     missing = sorted(set(names) - set(plys))
     if missing:
-        raise ValueError(f"{scene_json}: no Gaussians given for {missing}")
+        raise InputError(f"{scene_json}: no Gaussians given for {missing}")
     return splat_tensors(gaussians.concat([ply.read_ply(plys[n]) for n in names]), dtype=dtype)
 
 

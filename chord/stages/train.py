@@ -16,6 +16,7 @@ import trimesh
 from chord import cameras, config, peak_memory, ply, rng, tiers, train
 from chord import scene as sc
 from chord.distributed import Group
+from chord.errors import InputError
 from chord.guidance import text as text_cond
 from chord.motion import build_scene, scripted
 from chord.render import describe_backend, resolve_backend, splat_tensors
@@ -40,7 +41,7 @@ def oracle_for(
 
     path = Path(data_dir) / "motion.json"
     if not path.is_file():
-        raise ValueError(
+        raise InputError(
             f"{path}: missing; the oracle guidance distils a scene's scripted "
             "motion.json (use guidance.backend: wan for other scenes)"
         )
@@ -282,7 +283,7 @@ def run_stage(
     seed = rng.base_seed(method.seed)
     if start_ckpt is not None:
         if start_ckpt["config_hash"] != h:
-            raise ValueError(f"{handoff}: written with another configuration; rerun coarse")
+            raise InputError(f"{handoff}: written with another configuration; rerun coarse")
         seed = start_ckpt["seed"]
     # checkpoints live per configuration hash: a changed configuration starts fresh
     ckpt_dir = Path(checkpoint_dir) / h

@@ -12,6 +12,7 @@ import trimesh
 from chord import control_points, ply
 from chord import scene as sc
 from chord import voxels as vx
+from chord.errors import InputError
 from chord.io import atomic_path
 
 logger = logging.getLogger(__name__)
@@ -22,7 +23,7 @@ def run(*, scene_json: Path, obj: str, gaussians: Path, out: Path, method) -> di
     doc = sc.read_scene_json(scene_json)
     entry = next(o for o in doc["objects"] if o["name"] == obj)
     if entry["role"] != "dynamic":
-        raise ValueError(f"{scene_json}: {obj} is {entry['role']}; only dynamic objects voxelize")
+        raise InputError(f"{scene_json}: {obj} is {entry['role']}; only dynamic objects voxelize")
     index = entry["id"]
     parts = sc.load_parts(sc.mesh_path(scene_json, doc, obj))
     mesh = trimesh.util.concatenate(

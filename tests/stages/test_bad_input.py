@@ -1,15 +1,20 @@
-"""Each bad input: a clear error naming the file or field, exit status 2, nothing under results/."""
+"""Each bad input: a clear error naming the file or field, exit status 2 from `chord` (non-zero
+from Snakemake), and nothing written under results/."""
 
 from __future__ import annotations
 
+import os
 import shutil
+from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import trimesh
 import yaml
 
 from chord import cli
-from tests.conftest import empty_glb, nan_mesh, write_config
+from tests.conftest import box, empty_glb, nan_mesh, write_config, write_scene
+from tests.workflow.test_scale import copy_workflow, snakemake
 
 
 def run_cli(capsys, *argv) -> tuple[int, str]:
@@ -77,52 +82,143 @@ def test_not_a_glb(capsys, project):
     assert f"{data / 'obj_1.glb'}: not a GLB file" in ingest_error(capsys, config)
 
 
+# ------------------------------------------------------------------------ config bad inputs
+
+
+class BadConfig(NamedTuple):
+    rows: tuple[dict, ...]  # scene sheet rows, each over the valid row of `write_bad_config`
+    config: dict | list  # entries merged into the config; a list is written as the whole file
+    validate_says: tuple[str, ...]  # in `chord validate`'s error; () when it cannot check it
+    snakemake_says: tuple[str, ...]  # in Snakemake's error
+
+
+# Each with the valid toy scene as its data: the one fault is the one named.
+BAD_CONFIGS = {
+    "scene_name_dotdot": BadConfig(
+        ({"scene": "../x"},),
+        {},
+        ("scene: '../x' does not match", "scenes.tsv, line 2"),
+        ("'../x' does not match", "On instance['scene']"),
+    ),
+    "scene_name_slash": BadConfig(
+        ({"scene": "a/b"},),
+        {},
+        ("'a/b' does not match", "scenes.tsv, line 2"),
+        ("'a/b' does not match", "On instance['scene']"),
+    ),
+    "duplicate_scene_names": BadConfig(
+        ({}, {}),
+        {},
+        ("line 3: scene 'a' duplicates line 2",),
+        ("scenes.tsv, line 3: scene 'a' duplicates line 2",),
+    ),
+    "unknown_config_key": BadConfig(
+        ({},),
+        {"method": {"cp_nmu": 10}},
+        ("config: method: Additional properties are not allowed ('cp_nmu'",),
+        ("Additional properties are not allowed ('cp_nmu' was unexpected)", "['method']"),
+    ),
+    "wrong_type": BadConfig(
+        ({},),
+        {"method": {"init_voxel_size": "fine"}},
+        ("method.init_voxel_size: 'fine' is not of type 'number'",),
+        ("'fine' is not of type 'number'", "On instance['method']['init_voxel_size']"),
+    ),
+    "missing_prompt": BadConfig(
+        ({"prompt": ""},),
+        {},
+        ("scene 'a': prompt is missing",),
+        ("Failed validating 'minLength'", "On instance['prompt']"),
+    ),
+    "config_not_a_mapping": BadConfig(
+        ({},),
+        [1, 2],
+        ("top level must be a mapping",),
+        ("Config file must be given as JSON or YAML with keys at top level",),
+    ),
+    # needs the scene's files: `chord validate` does not read them (ingest: see above)
+    "static_id_out_of_range": BadConfig(
+        ({},),
+        {"method": {"static_id": 5}},
+        (),
+        ("scene a: method: static_id: 5 is outside [0, 2) objects",),
+    ),
+}
+
+
+def write_bad_config(folder: Path, data: Path, case: BadConfig) -> Path:
+    """config.yaml + scenes.tsv of ``case`` in ``folder``; results go to folder/../results."""
+    rows = [{"scene": "a", "data": data, "prompt": "p", **row} for row in case.rows]
+    extra = case.config if isinstance(case.config, dict) else {}
+    path = write_config(folder, rows, results=str(folder.parent / "results"), **extra)
+    if not isinstance(case.config, dict):
+        path.write_text(yaml.safe_dump(case.config))
+    return path
+
+
 @pytest.mark.parametrize(
-    ("scene", "message"),
-    [("../x", "scene: '../x' does not match"), ("a/b", "'a/b' does not match")],
+    "case",
+    [pytest.param(case, id=name) for name, case in BAD_CONFIGS.items() if case.validate_says],
 )
-def test_path_like_scene_names(capsys, tmp_path, scene, message):
-    config = write_config(tmp_path, [{"scene": scene, "data": "d", "prompt": "p"}])
+def test_config_bad_input_fails_validate(capsys, tmp_path, toy_scene, case):
+    config = write_bad_config(tmp_path / "config", toy_scene, case)
     code, err = run_cli(capsys, "validate", "--config", str(config))
-    assert code == 2 and message in err and "scenes.tsv, line 2" in err
+    assert code == 2, err
+    for message in case.validate_says:
+        assert message in err, err
 
 
-def test_duplicate_scene_names(capsys, tmp_path):
-    config = write_config(tmp_path, [{"scene": "a", "data": "d", "prompt": "p"}] * 2)
-    code, err = run_cli(capsys, "validate", "--config", str(config))
-    assert code == 2 and "line 3: scene 'a' duplicates line 2" in err
-
-
-def test_unknown_config_key(capsys, tmp_path):
-    config = write_config(
-        tmp_path, [{"scene": "a", "data": "d", "prompt": "p"}], method={"cp_nmu": 10}
+def files_written(work: Path) -> list[Path]:
+    """Files under ``work`` outside the workflow copy (wf/: its __pycache__) and Snakemake's
+    own bookkeeping (.snakemake/: its log and metadata)."""
+    return sorted(
+        p.relative_to(work)
+        for p in work.rglob("*")
+        if p.is_file() and p.relative_to(work).parts[0] not in ("wf", ".snakemake")
     )
-    code, err = run_cli(capsys, "validate", "--config", str(config))
-    assert code == 2 and "config: method: Additional properties are not allowed ('cp_nmu'" in err
 
 
-def test_wrong_type(capsys, tmp_path):
-    config = write_config(
-        tmp_path, [{"scene": "a", "data": "d", "prompt": "p"}], method={"init_voxel_size": "fine"}
+@pytest.fixture(scope="module")
+def snakemake_runs(tmp_path_factory) -> dict:
+    """Each bad config's real run (not -n) of the cheapest target, ingest, on a copy of the
+    workflow: {case: (work folder, files before, process)}. The runs go side by side (each
+    is a Snakemake start, ~1.5 s of CPU) and the tests below read them."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    root = tmp_path_factory.mktemp("bad_configs")
+    data = write_scene(
+        root / "data" / "toy",
+        [box([0.4, 0.8, 0.4], [0, 0.45, 0]), box([2.0, 0.1, 2.0], [0, 0, 0], (90, 90, 90, 255))],
     )
-    code, err = run_cli(capsys, "validate", "--config", str(config))
-    assert code == 2 and "method.init_voxel_size: 'fine' is not of type 'number'" in err
+
+    def run(name: str):
+        work = root / name
+        copy_workflow(work)
+        write_bad_config(work / "config", data, BAD_CONFIGS[name])
+        before = files_written(work)
+        target = str(work / "results/a/scene/scene.json")
+        return work, before, snakemake(work, "--cores", "1", target, check=False)
+
+    with ThreadPoolExecutor(max_workers=min(len(BAD_CONFIGS), os.cpu_count() or 1)) as pool:
+        return dict(zip(BAD_CONFIGS, pool.map(run, BAD_CONFIGS), strict=True))
 
 
-def test_missing_prompt(capsys, tmp_path):
-    config = write_config(tmp_path, [{"scene": "a", "data": "d", "prompt": ""}])
-    code, err = run_cli(capsys, "validate", "--config", str(config))
-    assert code == 2 and "scene 'a': prompt is missing" in err
+@pytest.mark.slow  # eight Snakemake starts, ~1.5 s of CPU each (run side by side)
+@pytest.mark.parametrize("name", list(BAD_CONFIGS))
+def test_config_bad_input_stops_snakemake_before_any_job(snakemake_runs, name):
+    """A non-zero exit naming the key or file, and nothing written, under results/ (not even
+    a log) or anywhere else."""
+    work, before, proc = snakemake_runs[name]
+    assert before == [Path("config/config.yaml"), Path("config/scenes.tsv")]
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-3000:]
+    for message in BAD_CONFIGS[name].snakemake_says:
+        assert message in out, out[-3000:]
+    assert not (work / "results").exists()
+    assert files_written(work) == before
 
 
 def test_valid_config_passes(capsys, project):
     config, _ = project
     code, err = run_cli(capsys, "validate", "--config", str(config))
     assert code == 0 and "1 scene(s) valid" in err
-
-
-def test_config_file_not_yaml_mapping(capsys, tmp_path):
-    path = tmp_path / "c.yaml"
-    path.write_text(yaml.safe_dump([1, 2]))
-    code, err = run_cli(capsys, "validate", "--config", str(path))
-    assert code == 2 and "top level must be a mapping" in err

@@ -18,17 +18,13 @@ from chord.gaussians import (
     C0,
     GaussianSet,
     concat,
-    find_fitted_ply,
     init_from_mesh,
-    read_ply,
     rgb_to_sh_dc,
     sh_dc_to_rgb,
     to_normalised,
-    write_ply,
 )
+from chord.ply import find_fitted_ply, read_ply, write_ply
 from chord.scene import load_mesh_parts
-
-DATA = Path("/work/shared/data")
 
 RED = (1.0, 0.0, 0.0)
 BLUE = (0.0, 0.0, 1.0)
@@ -659,9 +655,8 @@ def test_init_output_round_trips_through_ply(tmp_path):
     _assert_sets_equal(read_ply(tmp_path / "init.ply"), g)
 
 
-@pytest.mark.skipif(not (DATA / "Duck.glb").is_file(), reason="sample GLB not available")
-def test_duck_is_yellow():
-    parts = load_mesh_parts(DATA / "Duck.glb")
+def test_duck_is_yellow(shared_data):
+    parts = load_mesh_parts(shared_data / "Duck.glb")
     g = init_from_mesh(parts, 20000, seed=0)
     assert len(g) == 20000
     mean = _rgb(g).mean(axis=0)

@@ -127,10 +127,17 @@ def test_out_of_memory_exits_with_its_own_status(tmp_path, capsys):
     assert exc.value.code == adapter.EXIT_OUT_OF_MEMORY == 3
     assert "out of GPU memory" in capsys.readouterr().err
     assert "out of GPU memory" in (tmp_path / "x.log").read_text()
+    from chord.errors import InputError
+
     with pytest.raises(SystemExit) as exc:
         with adapter.stage_logging(str(tmp_path / "y.log")):
-            raise ValueError("bad input")
+            raise InputError("bad input")
     assert exc.value.code == adapter.EXIT_INPUT
+    # an internal error is not "bad input": it propagates with its traceback (exit 1)
+    with pytest.raises(ValueError, match="a bug"):
+        with adapter.stage_logging(str(tmp_path / "z.log")):
+            raise ValueError("a bug")
+    assert "Traceback" in (tmp_path / "z.log").read_text()
 
 
 def test_lowres_size_is_recorded_and_the_fine_stage_continues_at_it(tmp_path):
