@@ -9,6 +9,7 @@ configfile: "config/config.yaml"
 
 
 include: "rules/common.smk"
+include: "rules/code.smk"
 include: "rules/demo.smk"
 include: "rules/ingest.smk"
 include: "rules/gaussians.smk"

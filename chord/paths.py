@@ -140,3 +140,9 @@ def results_log(results, name: str) -> Path:
 
 def results_bench(results, name: str) -> Path:
     return Path(results) / "bench" / f"{name}.tsv"
+
+
+def code_digest(root, stage: str) -> Path:
+    """The sha256 of the chord sources ``stage`` depends on (rule code): its code input.
+    ``root`` is shared by every results root (the workflow's ``resources``)."""
+    return Path(root) / "code" / f"{stage}.sha256"

@@ -10,9 +10,11 @@ from snakemake.utils import validate
 import chord
 import chord.config as cc
 import chord.demo as demo
-import chord.gaussians
-import chord.memory
+import chord.ply
+import chord.gpus
+import chord.peak_memory
 import chord.paths as P
+import chord.stages
 import chord.tiers as ct
 
 validate(config, cc.CONFIG_SCHEMA)
@@ -29,11 +31,12 @@ try:
         raise cc.ConfigError(
             f"debug_scene: {DEBUG_SCENE!r} is not a scene of {config['scenes']}"
         )
+    # the package's checks name the sheet's file and line; Snakemake's then see a valid sheet
+    CONF = cc.load(config)
     validate(
         pd.DataFrame([{k: v for k, v in r.items() if k != "_line"} for r in _rows]),
         cc.SCENES_SCHEMA,
     )
-    CONF = cc.load(config)
     TIERS = ct.parse(CONF.tiers)
 except cc.ConfigError as exc:
     raise WorkflowError(str(exc))
@@ -41,55 +44,12 @@ except cc.ConfigError as exc:
 RESULTS = config["results"]
 DEMO_DIR = config["demo_dir"]
 SCENES = [DEBUG_SCENE] if DEBUG_SCENE else list(CONF.scenes)
-PKG = Path(chord.__file__).parent
 
-# A code change in a stage's modules re-runs that stage and what follows.
-CODE = {
-    "ingest": [PKG / "scene.py", PKG / "stages/ingest.py"],
-    "gaussians": [PKG / "gaussians.py", PKG / "stages/gaussians.py"],
-    "voxelize": [PKG / "voxels.py", PKG / "stages/voxelize.py"],
-    "reference": [
-        PKG / "cameras.py",
-        PKG / "media.py",
-        *sorted((PKG / "render").glob("*.py")),
-        PKG / "stages/reference.py",
-    ],
-    "train": [
-        PKG / "train.py",
-        PKG / "optim.py",
-        PKG / "rng.py",
-        PKG / "losses.py",
-        *sorted((PKG / "motion").glob("*.py")),
-        *sorted((PKG / "guidance").glob("*.py")),
-        *sorted((PKG / "render").glob("*.py")),
-        PKG / "stages/train.py",
-    ],
-    "condition": [
-        PKG / "guidance/text.py",
-        PKG / "guidance/tiny_models.py",
-        PKG / "stages/condition.py",
-    ],
-    "export": [
-        PKG / "export.py",
-        PKG / "cameras.py",
-        PKG / "media.py",
-        *sorted((PKG / "render").glob("*.py")),
-        *sorted((PKG / "motion").glob("*.py")),
-        PKG / "stages/export.py",
-    ],
-    "evaluate": [
-        PKG / "metrics.py",
-        PKG / "plots.py",
-        PKG / "losses.py",
-        PKG / "export.py",
-        PKG / "guidance/oracle.py",
-        *sorted((PKG / "render").glob("*.py")),
-        *sorted((PKG / "motion").glob("*.py")),
-        PKG / "stages/export.py",
-        PKG / "stages/evaluate.py",
-    ],
-    "aggregate": [PKG / "plots.py", PKG / "stages/aggregate.py"],
-}
+# A stage's code input is one file, the sha256 of the chord sources its result depends on
+# (written by rules/code.smk). It lives beside the demo scenes, outside any results root, so
+# production and debug runs share it: one code change is a change for both.
+CODE_ROOT = "resources"
+_CODE = {}  # stage -> its sources, found once per run (chord.stages.sources_by_stage)
 
 
 # The sheet's id pattern, not the list of ids: a 1000-name alternation in every output pattern
@@ -156,8 +116,22 @@ def condition_params(scene):
     }
 
 
+def code_sources(wildcards):
+    """The chord files a stage's result depends on: its module's imports, transitively."""
+    if not _CODE:
+        _CODE.update(chord.stages.sources_by_stage())
+    return [str(p) for p in _CODE[wildcards.stage]]
+
+
+def code_sha(wildcards):
+    """The sha256 of those files' names and contents (a param: content changed under an
+    older mtime, as from a restored copy, re-runs the stage too)."""
+    return chord.stages.digest(code_sources(wildcards))
+
+
 def code(stage):
-    return [str(p) for p in CODE[stage]]
+    """A stage's code input: its digest file."""
+    return str(P.code_digest(CODE_ROOT, stage))
 
 
 def ingest_inputs(wildcards):
@@ -176,7 +150,7 @@ def fitted_ply(wildcards):
     if folder is None:
         return []
     try:
-        return [str(chord.gaussians.find_fitted_ply(Path(folder) / wildcards.obj))]
+        return [str(chord.ply.find_fitted_ply(Path(folder) / wildcards.obj))]
     except ValueError:
         return []  # the stage reports what is missing
 
@@ -213,7 +187,9 @@ def train_inputs(wildcards):
 def train_params(scene):
     """The result-changing method values and guidance (memory flags are not params; the size
     of a lowres start tier is)."""
-    method = ct.apply(CONF.scenes[scene].method, TIERS[scene_tier(scene)])
+    method, _ = ct.apply(
+        CONF.scenes[scene].method, CONF.memory, TIERS[scene_tier(scene)]
+    )
     return cc.training_hash(method, CONF.guidance)
 
 
@@ -226,14 +202,14 @@ def gpu_mem_gb():
     if config["gpu_mem_gb"] is not None:
         return config["gpu_mem_gb"]
     if "local" not in _GPU_MEM:
-        _GPU_MEM["local"] = ct.gpu_memory_gb(os.environ)
+        _GPU_MEM["local"] = chord.gpus.gpu_memory_gb(os.environ)
     return _GPU_MEM["local"]
 
 
 # The experts' shapes for the memory model: the Wan folder's configs, else A14B.
-MODEL = chord.memory.model_for(CONF.guidance.ckpt_dir)
+MODEL = chord.peak_memory.model_for(CONF.guidance.ckpt_dir)
 # Host RAM of the condition job: the text encoder in float32 (UMT5-XXL ~23 GB).
-CONDITION_MEM_MB = chord.memory.condition_mem_mb(
+CONDITION_MEM_MB = chord.peak_memory.condition_mem_mb(
     CONF.guidance.ckpt_dir, CONF.guidance.backend
 )
 _SCENE_TIER = {}
@@ -250,6 +226,7 @@ def scene_tier(scene):
             gpu = gpu_mem_gb()
             fits = ct.scene_fits(
                 spec.method,
+                CONF.memory,
                 object_roles(scene),
                 gpu,
                 backend=CONF.guidance.backend,

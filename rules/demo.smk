@@ -4,6 +4,8 @@ for _name in demo.DEMO_SCENES:
     rule:
         name:
             f"demo_{_name}"
+        input:
+            code=code("demo"),
         output:
             [f"{DEMO_DIR}/{_name}/{f}" for f in demo.demo_files(_name)],
         log:

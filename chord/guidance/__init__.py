@@ -13,10 +13,3 @@ Two implementations of one small interface, chosen by ``guidance.backend``:
 folder); :class:`~chord.guidance.oracle.OracleGuidance` is the exact teacher toward a scene's
 scripted motion, which makes distillation measurable on a CPU.
 """
-
-from __future__ import annotations
-
-from chord.guidance.oracle import OracleGuidance
-from chord.guidance.wan import WanGuidance
-
-__all__ = ["OracleGuidance", "WanGuidance"]

@@ -98,13 +98,13 @@ BAD_CONFIGS = {
         ({"scene": "../x"},),
         {},
         ("scene: '../x' does not match", "scenes.tsv, line 2"),
-        ("'../x' does not match", "On instance['scene']"),
+        ("'../x' does not match", "scenes.tsv, line 2"),
     ),
     "scene_name_slash": BadConfig(
         ({"scene": "a/b"},),
         {},
         ("'a/b' does not match", "scenes.tsv, line 2"),
-        ("'a/b' does not match", "On instance['scene']"),
+        ("'a/b' does not match", "scenes.tsv, line 2"),
     ),
     "duplicate_scene_names": BadConfig(
         ({}, {}),
@@ -128,7 +128,7 @@ BAD_CONFIGS = {
         ({"prompt": ""},),
         {},
         ("scene 'a': prompt is missing",),
-        ("Failed validating 'minLength'", "On instance['prompt']"),
+        ("scenes.tsv, line 2: scene 'a': prompt is missing",),
     ),
     "config_not_a_mapping": BadConfig(
         ({},),

@@ -1,0 +1,276 @@
+"""Tests for chord.sources: the package files each stage's result depends on, from imports."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from chord import sources as cs
+from chord.stages import EXEMPT, STAGES, digest, sources, sources_by_stage
+from tests.conftest import REPO
+
+
+def module_name(path: Path) -> str:
+    """chord/a/b.py -> chord.a.b; chord/a/__init__.py -> chord.a."""
+    rel = path.relative_to(cs.ROOT.parent).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
+
+
+def modules(files) -> set[str]:
+    return {module_name(f) for f in files if f.suffix == ".py"}
+
+
+RUNTIME_IMPORTS = """
+import importlib, json, sys
+
+loaded = {}
+for name in sys.argv[1:]:
+    for m in [m for m in sys.modules if m == "chord" or m.startswith("chord.")]:
+        del sys.modules[m]  # each import runs the package afresh; torch & co. stay loaded
+    importlib.import_module(name)
+    loaded[name] = [m for m in sys.modules if m == "chord" or m.startswith("chord.")]
+print(json.dumps(loaded))
+"""
+
+
+def runtime_imports(names: list[str]) -> dict[str, set[str]]:
+    """Module -> the chord modules in sys.modules after importing it (in one interpreter,
+    with no chord module loaded before each import)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(
+        [sys.executable, "-c", RUNTIME_IMPORTS, *names],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {name: set(mods) for name, mods in json.loads(proc.stdout).items()}
+
+
+def defined_in(names: list[str]) -> dict[str, Path]:
+    """Name -> the package file whose top level defines that function or class (found by ast,
+    so the test follows a function wherever a refactoring moves it)."""
+    found: dict[str, list[Path]] = {name: [] for name in names}
+    for path in sorted(cs.ROOT.rglob("*.py")):
+        for node in ast.parse(path.read_bytes()).body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in found:
+                found[node.name].append(path)
+    assert all(len(paths) == 1 for paths in found.values()), found
+    return {name: paths[0] for name, paths in found.items()}
+
+
+@pytest.fixture(scope="module")
+def by_stage() -> dict[str, list[Path]]:
+    return sources_by_stage()
+
+
+@pytest.fixture(scope="module")
+def loaded() -> dict[str, set[str]]:
+    """Stage -> the chord modules importing its module loads."""
+    found = runtime_imports([f"chord.stages.{stage}" for stage in STAGES])
+    return {stage: found[f"chord.stages.{stage}"] for stage in STAGES}
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_sources_hold_the_runtime_import_closure(stage, by_stage, loaded):
+    """Importing the stage module loads only modules its sources list (or exempt ones); the
+    AST closure without exemptions holds every one."""
+    assert f"chord.stages.{stage}" in loaded[stage]
+    assert loaded[stage] - set(EXEMPT) <= modules(by_stage[stage])
+    assert loaded[stage] <= modules(sources_by_stage([stage], exempt=())[stage])
+
+
+def test_train_depends_on_what_the_old_table_left_out(by_stage):
+    """The hand-written table missed the scripted motion, cameras, quaternions, voxels, the
+    config and the memory tiers (each found where it is defined now)."""
+    names = [
+        "load_motion",  # the scripted motion.json (the oracle's target)
+        "sample_training_cameras",
+        "to_rotmat",  # quaternions
+        "solid_voxels",  # the second layer's voxels
+        "training_hash",  # the config
+        "out_of_memory_record",  # the memory tiers
+    ]
+    for name, path in defined_in(names).items():
+        assert path in by_stage["train"], name
+
+
+def lazy_imports(files) -> set[str]:
+    """Package modules that ``files`` import inside a function body."""
+    found = set()
+    for path in (f for f in files if f.suffix == ".py"):
+        tree = ast.parse(path.read_bytes())
+        for scope in ast.walk(tree):
+            if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(scope):
+                if isinstance(node, ast.Import):
+                    found.update(a.name for a in node.names)
+                elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                    found.add(node.module)
+                    found.update(f"{node.module}.{a.name}" for a in node.names)
+    return {name for name in found if cs.module_file(name) is not None}
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_imports_inside_functions_are_sources(stage, by_stage, loaded):
+    """A lazy import is a dependency: every package module a stage's source files import in
+    a function (not exempt) is a source, and what the sources hold beyond the import-time
+    closure is reached from such imports (the training's Tiny VAE, for one)."""
+    lazy = lazy_imports(by_stage[stage]) - set(EXEMPT)
+    assert modules(cs.closure(lazy)) <= modules(by_stage[stage])
+    assert modules(by_stage[stage]) - loaded[stage] <= modules(cs.closure(lazy))
+    if stage == "train":
+        assert modules(by_stage[stage]) - loaded[stage], "the training imports nothing lazily?"
+
+
+def test_exempt_modules_exist_and_are_no_source(by_stage):
+    """Each exempt name is a module of the package (a rename must update the list), and no
+    stage lists one; what the workflow leaves out beyond them is reachable only through
+    them."""
+    exempt_files = {cs.module_file(name) for name in EXEMPT}
+    assert None not in exempt_files, {n: cs.module_file(n) for n in EXEMPT}
+    via_exempt = cs.closure(EXEMPT, exempt=())
+    full = sources_by_stage(exempt=())
+    for stage, files in by_stage.items():
+        assert not exempt_files & set(files), stage
+        assert set(full[stage]) - set(files) <= via_exempt, stage
+
+
+def test_the_schemas_come_with_the_config_module(by_stage):
+    from chord import config
+
+    for stage, files in by_stage.items():
+        if cs.module_file("chord.config") in files:
+            assert {Path(config.CONFIG_SCHEMA), Path(config.SCENES_SCHEMA)} <= set(files), stage
+
+
+def test_every_stage_module_and_the_package_inits_are_sources(by_stage):
+    for stage, files in by_stage.items():
+        assert cs.module_file(f"chord.stages.{stage}") in files
+        assert {cs.ROOT / "__init__.py", cs.ROOT / "stages/__init__.py"} <= set(files)
+        for f in files:  # every package on the way: each folder's __init__.py
+            for folder in f.relative_to(cs.ROOT).parents if f.suffix == ".py" else []:
+                assert cs.ROOT / folder / "__init__.py" in files, (stage, f)
+
+
+def test_the_dag_build_stays_torch_free():
+    code = (
+        "import sys, chord.stages; chord.stages.sources_by_stage(); print('torch' in sys.modules)"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert proc.stdout.strip() == "False", proc.stderr[-2000:]
+
+
+def write_package(root: Path, files: dict[str, str]) -> Path:
+    """A fake ``chord`` package under ``root`` from {relative path: source}."""
+    for rel, text in files.items():
+        path = root / "chord" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+    return root / "chord"
+
+
+def test_import_forms_on_a_fake_package(tmp_path):
+    """from-imports of names and of submodules, `import a.b`, relative imports, imports in
+    functions, classes and try blocks, package inits on the way, data files beside a module
+    that locates itself; modules nothing imports and exempt ones stay out."""
+    pkg = write_package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "a.py": "from chord import b, c  # b a module, c a module\n",
+            "b.py": "X = 1\n",
+            "c.py": "from chord.sub import deep\n",
+            "sub/__init__.py": "from .helper import NAME\n",
+            "sub/helper.py": "NAME = 'n'\n",
+            "sub/deep.py": "import chord.sub.inner.leaf as leaf\n",
+            "sub/inner/__init__.py": "",
+            "sub/inner/leaf.py": "from ..helper import NAME\nfrom ... import d\n",
+            "d.py": "from chord.e import value  # a name in e\n",
+            "e.py": "value = 2\n",
+            "lazy.py": """
+                class K:
+                    def f(self):
+                        try:
+                            from chord import f
+                        except ImportError:
+                            pass
+                """,
+            "f.py": "",
+            "cfg.py": """
+                from pathlib import Path
+                DATA = Path(__file__).parent / "tables"
+            """,
+            "tables/one.yaml": "a: 1\n",
+            "tables/two.json": "{}\n",
+            "exempted.py": "import chord.only_exempted\n",
+            "only_exempted.py": "",
+            "unused.py": "",
+            "stages/__init__.py": "",
+            "stages/ingest.py": """
+                import os
+                from chord import a
+                from chord import exempted
+                from chord.stages import geometry
+
+                def run():
+                    import chord.lazy
+                    from chord import cfg
+            """,
+            "stages/geometry.py": "",
+        },
+    )
+    found = cs.closure(["chord.stages.ingest"], root=pkg, exempt=["chord.exempted"])
+    rel = {f.relative_to(pkg).as_posix() for f in found}
+    assert rel == {
+        "__init__.py",
+        "a.py",
+        "b.py",
+        "c.py",
+        "sub/__init__.py",
+        "sub/helper.py",
+        "sub/deep.py",
+        "sub/inner/__init__.py",
+        "sub/inner/leaf.py",
+        "d.py",
+        "e.py",
+        "lazy.py",
+        "f.py",
+        "cfg.py",
+        "tables/one.yaml",
+        "tables/two.json",
+        "stages/__init__.py",
+        "stages/ingest.py",
+        "stages/geometry.py",
+    }
+
+
+def test_digest_follows_names_and_contents_not_the_location(tmp_path):
+    files = sources("aggregate")
+    copy = tmp_path / "elsewhere" / "chord"
+    shutil.copytree(cs.ROOT, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    moved = [copy / f.relative_to(cs.ROOT) for f in files]
+    assert digest(moved, root=copy) == digest(files)  # the same code anywhere
+    renamed = moved[-1].with_name(f"renamed_{moved[-1].name}")
+    moved[-1].rename(renamed)
+    assert digest([*moved[:-1], renamed], root=copy) != digest(files)
+    renamed.write_text(renamed.read_text() + "\n# edited\n")
+    renamed.rename(moved[-1])
+    assert digest(moved, root=copy) != digest(files)
+
+
+def test_unknown_stage_is_an_error():
+    with pytest.raises(ValueError, match="not one of"):
+        sources("train_coarse")
