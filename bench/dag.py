@@ -35,8 +35,7 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # this tree's chord, not an installed one
+REPO = Path(__file__).resolve().parents[1]  # the snakemake runs import this tree's chord
 
 # The real rules' jobs and files (rules/*.smk); plan.json holds the DAG. "# ACTION" becomes
 # SCRIPT (the real rules' directives) or SHELL (--bare-toy).

@@ -21,7 +21,12 @@ from chord import demo, paths
 from chord import scene as sc
 from chord.stages import gaussians, ingest, voxelize
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+if __package__:
+    from bench import fixtures
+else:
+    import fixtures
+
+SHARED = fixtures.ROOT.parent / "shared" / "data"
 
 
 def timed(fn, **kw) -> float:

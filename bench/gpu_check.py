@@ -7,26 +7,27 @@ expert reload of a switch, and gsplat against the torch rasteriser (parity and t
         [--extras reload,float32,render_timing] [--float32-size 416x240]
     python bench/gpu_check.py --tiny                                            # CPU, CI
 
-One command, no network, within 8 minutes on one H100/H200-class GPU. Estimates, none
-measured yet: the setup about a minute (half of it saving the expert), the tiers two
-iterations each, the extras about 3 minutes (2.5 to 4) after them; --budget-s (default 390)
-starts no part after that many seconds, so the longest part, the float32 row, still ends
-inside the 8 minutes, and a part left out is a row that says so. It builds,
-with random weights: one Wan 2.2 I2V A14B-shaped DiT expert from the real transformer
-configuration (40 layers, 40 heads of 128, FFN 13824, text dim 4096, 36 in / 16 out channels,
-patch 1x2x2) in bf16, as the high-noise expert that iterations 1 and 2 use (t = 0.98); the
-real-shaped Wan 2.1 VAE (float32, saved to and loaded from a temporary diffusers folder as
-chord.guidance.wan loads it); the Tiny VAE encoder (TAEHV); random cached text embeddings
-(512 x 4096); and a demo-like scene (a block skinned by 12 control points on a slab) of
-100,000 Gaussians. Then, for each tier, two
-training iterations (chord.train.Trainer.step, the real code path) at 832x480, 41 frames,
-batch 4, Tiny VAE on:
+One command, no network, within 8 minutes on one H100/H200-class GPU. Estimates, none measured
+yet: the setup about a minute (half of it saving the expert), the tiers two iterations each,
+the extras about 3 minutes (2.5 to 4) after them; --budget-s (default 390) starts no part after
+that many seconds, so the longest part, the float32 row, still ends inside the 8 minutes, and a
+part left out is a row that says so. It builds, with random weights: one Wan 2.2 I2V
+A14B-shaped DiT expert from the real transformer configuration (chord.peak_memory.A14B: 40
+layers, 40 heads of 128, FFN 13824, text dim 4096, 36 in / 16 out channels, patch 1x2x2) in
+bf16, as the high-noise expert that iterations 1 and 2 use (t = 0.98); the real-shaped Wan 2.1
+VAE (float32, saved to and loaded from a temporary diffusers folder as chord.guidance.wan loads
+it); the Tiny VAE encoder (TAEHV); random cached text embeddings (512 x 4096); and a demo-like
+scene (a block skinned by 12 control points on a slab) of 100,000 Gaussians. Then, for each
+tier, two training iterations (chord.train.Trainer.step, the real code path) at 832x480, 41
+frames, batch 4, Tiny VAE on. The tiers are config/config.yaml's ``tiers:``
+(chord.tiers.parse), each applied by chord.tiers.apply over the config's ``memory`` values,
+plus split_plain derived from split (the shipped config's rows):
 
     full        no memory flags
     split       split_sds_backward, split_render_backward, split_render_chunk_size 21,
                 checkpoint_tiny_vae
     split_plain split without checkpoint_tiny_vae (what the checkpoints save)
-    offload     split + enable_mmgp (profile 4.0, transformer budget 100 MB)
+    offload     split + enable_mmgp (the config's profile 4.0, transformer budget 100 MB)
     lowres      offload at 576x320
     lowres_min  offload at 416x240
 
@@ -103,6 +104,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import gc
 import json
 import logging
@@ -115,68 +117,70 @@ import tempfile
 import threading
 import time
 import traceback
-from collections import defaultdict
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from chord import config as cc
+from chord import peak_memory, train
+from chord import tiers as ct
 
-from scaling import block_scene  # noqa: E402
+if __package__:
+    from bench import fixtures
+else:
+    import fixtures
 
-from chord import config as cc  # noqa: E402
-from chord import peak_memory, train  # noqa: E402
-
-SPLIT_PLAIN = {
-    "split_sds_backward": True,
-    "split_render_backward": True,
-    "split_render_chunk_size": 21,
-}
-SPLIT = {**SPLIT_PLAIN, "checkpoint_tiny_vae": True}
-MMGP = {**SPLIT, "enable_mmgp": True, "mmgp_profile": 4.0, "mmgp_transformer_budget": 100}
-TIERS = {
-    "full": ({}, None),
-    "split": (SPLIT, None),
-    "split_plain": (SPLIT_PLAIN, None),
-    "offload": (MMGP, None),
-    "lowres": (MMGP, (576, 320)),
-    "lowres_min": (MMGP, (416, 240)),
-}
-#: the float32 fallback row: split flags at the lowres_min size (float32 has no bf16 tensor
-#: cores: at 832x480 its two iterations alone would take about 6 minutes)
-FLOAT32_TIER = {"split_fp32": (SPLIT, (416, 240))}
+CONFIG = fixtures.ROOT / "config" / "config.yaml"
+#: a tiny size's rows (--tiny): the lowres tiers and the float32 row at sizes below 64x48
 TINY_LOWRES = {"lowres": (48, 32), "lowres_min": (32, 16), "split_fp32": (32, 16)}
 EXTRAS = ("reload", "float32", "render_timing")
 PLACEHOLDER = "injected-random-weights.safetensors"
+#: the --tiny expert: the one-block shape of chord.guidance.tiny_models.tiny_transformer
+TINY = dataclasses.replace(
+    peak_memory.A14B, layers=1, heads=2, head_dim=8, ffn=32, text_dim=32, freq_dim=32
+)
 
-#: diffusers WanTransformer3DModel arguments of Wan2.2-I2V-A14B (transformer/config.json).
-A14B_CONFIG = {
-    "patch_size": (1, 2, 2),
-    "num_attention_heads": 40,
-    "attention_head_dim": 128,
-    "in_channels": 36,
-    "out_channels": 16,
-    "text_dim": 4096,
-    "freq_dim": 256,
-    "ffn_dim": 13824,
-    "num_layers": 40,
-    "cross_attn_norm": True,
-    "qk_norm": "rms_norm_across_heads",
-    "eps": 1e-6,
-    "image_dim": None,
-    "rope_max_seq_len": 1024,
-}
-TINY_CONFIG = {
-    **A14B_CONFIG,
-    "num_attention_heads": 2,
-    "attention_head_dim": 8,
-    "text_dim": 32,
-    "freq_dim": 32,
-    "ffn_dim": 32,
-    "num_layers": 1,
-    "rope_max_seq_len": 64,
-}
+
+def tier_table(width: int, height: int, config: Path = CONFIG) -> dict[str, tuple]:
+    """``{row: (MemoryConfig, (W, H))}`` of the check: each tier of ``config``'s ``tiers:``
+    (chord.tiers.parse) as a training of ``width`` x ``height`` runs it (chord.tiers.apply over
+    the config's ``memory`` values: the lowres tiers lower the size), in the config's order,
+    with ``split_plain`` (split without checkpoint_tiny_vae: what the checkpoints save) after
+    ``split``. The config is validated (the schema's defaults filled) without its scene sheet,
+    which would need pandas on the GPU image."""
+    conf = cc.validate_config(cc.read_yaml(config))
+    memory = cc.memory_from_mapping(conf["memory"])
+    method = cc.method_from_mapping({"size": f"{width}*{height}"})
+    rows = {}
+    for name, tier in ct.parse(conf["tiers"]).items():
+        m, mem = ct.apply(method, memory, tier)
+        rows[name] = (mem, cc.parse_size(m.size))
+        if name == "split":
+            plain = dataclasses.replace(mem, checkpoint_tiny_vae=False)
+            rows["split_plain"] = (plain, rows[name][1])
+    return rows
+
+
+def transformer_kwargs(shape: peak_memory.ModelShape, *, rope_max_seq_len: int = 1024) -> dict:
+    """diffusers WanTransformer3DModel arguments of an expert of ``shape`` with Wan 2.2 I2V's
+    fixed choices (transformer/config.json of the diffusers release: no image embedding, RMS
+    norm across heads)."""
+    return {
+        "patch_size": tuple(shape.patch),
+        "num_attention_heads": shape.heads,
+        "attention_head_dim": shape.head_dim,
+        "in_channels": shape.in_channels,
+        "out_channels": shape.out_channels,
+        "text_dim": shape.text_dim,
+        "freq_dim": shape.freq_dim,
+        "ffn_dim": shape.ffn,
+        "num_layers": shape.layers,
+        "cross_attn_norm": True,
+        "qk_norm": "rms_norm_across_heads",
+        "eps": 1e-6,
+        "image_dim": None,
+        "rope_max_seq_len": rope_max_seq_len,
+    }
 
 
 # -- setup ------------------------------------------------------------------------------------
@@ -211,7 +215,8 @@ def write_folder(folder: Path, config: dict, *, tiny: bool) -> Path:
     vae.save_pretrained(folder / "vae")
     for name in ("transformer", "transformer_2"):
         (folder / name).mkdir(parents=True, exist_ok=True)
-        cfg = {"_class_name": "WanTransformer3DModel", **config, "patch_size": [1, 2, 2]}
+        cfg = {"_class_name": "WanTransformer3DModel", **config}
+        cfg["patch_size"] = list(config["patch_size"])
         (folder / name / "config.json").write_text(json.dumps(cfg, indent=2))
         save_file({}, str(folder / name / PLACEHOLDER))
     index = {"_class_name": "WanImageToVideoPipeline", "boundary_ratio": 0.9}
@@ -244,18 +249,21 @@ def save_expert(expert, folder: Path) -> dict:
     return {"status": "ok", "save_s": save_s, "weights_bytes": need}
 
 
-def make_guidance(folder: Path, expert, device, *, mmgp: bool):
+def make_guidance(folder: Path, expert, device, mem=None):
+    """WanGuidance as chord.guidance.wan.from_config builds it for the memory flags ``mem``
+    (None: the defaults, no mmgp), with a random Tiny VAE and ``expert`` injected."""
     from chord.guidance import wan
     from chord.guidance.tiny_vae import TinyVAEEncoder
 
     residency = None
-    if mmgp:
+    if mem is not None and mem.enable_mmgp:
         from chord.guidance.mmgp_residency import MMGPResidency
 
-        residency = MMGPResidency(MMGP["mmgp_profile"], MMGP["mmgp_transformer_budget"])
+        residency = MMGPResidency(mem.mmgp_profile, mem.mmgp_transformer_budget)
     torch.manual_seed(0)
+    cfg_batch = True if mem is None else mem.sds_cfg_batch
     guide = wan.WanGuidance(
-        folder, device=device, sds_cfg_batch=True, tiny_vae=TinyVAEEncoder(), mmgp=residency
+        folder, device=device, sds_cfg_batch=cfg_batch, tiny_vae=TinyVAEEncoder(), mmgp=residency
     )
     if expert is not None:  # else _activate loads from the folder
         # t ≈ 0.98 at iterations 1 and 2: the high-noise expert serves both (METHOD §9);
@@ -264,47 +272,10 @@ def make_guidance(folder: Path, expert, device, *, mmgp: bool):
     return guide
 
 
-def model_shape(config: dict, vae_base: int, vae_params: int) -> peak_memory.ModelShape:
-    """chord.peak_memory's view of the models this check builds."""
-    return peak_memory.ModelShape(
-        layers=config["num_layers"],
-        heads=config["num_attention_heads"],
-        head_dim=config["attention_head_dim"],
-        ffn=config["ffn_dim"],
-        text_dim=config["text_dim"],
-        in_channels=config["in_channels"],
-        out_channels=config["out_channels"],
-        patch=tuple(config["patch_size"]),
-        freq_dim=config["freq_dim"],
-        vae_base_dim=vae_base,
-        vae_params=vae_params,
-    )
-
-
 # -- measuring -----------------------------------------------------------------------------------
-class Clock:
-    """Wall seconds per named phase, synchronised on CUDA; wraps bound methods in place."""
-
-    def __init__(self, cuda: bool):
-        self.cuda, self.times = cuda, defaultdict(float)
-
-    def sync(self):
-        if self.cuda:
-            torch.cuda.synchronize()
-
-    def wrap(self, obj, name: str, key: str) -> None:
-        fn = getattr(obj, name)
-
-        def timed(*args, **kwargs):
-            self.sync()
-            start = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self.sync()
-                self.times[key] += time.perf_counter() - start
-
-        setattr(obj, name, timed)
+def timer(cuda: bool) -> fixtures.MethodTimer:
+    """Wall seconds per wrapped method, synchronised on CUDA."""
+    return fixtures.MethodTimer(sync=torch.cuda.synchronize if cuda else None)
 
 
 class Peak:
@@ -314,11 +285,6 @@ class Peak:
 
     def __init__(self, cuda: bool):
         self.cuda, self.armed, self._stop = cuda, False, None
-
-    @staticmethod
-    def _rss() -> int:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
     def disarm(self) -> None:
         if self._stop is not None:
@@ -334,7 +300,7 @@ class Peak:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
         else:
-            self.base = self.high = self._rss()
+            self.base = self.high = fixtures.rss_bytes()
             self._stop = threading.Event()
             self._thread = threading.Thread(target=self._sample, daemon=True)
             self._thread.start()
@@ -342,14 +308,14 @@ class Peak:
 
     def _sample(self) -> None:
         while not self._stop.wait(0.002):
-            self.high = max(self.high, self._rss())
+            self.high = max(self.high, fixtures.rss_bytes())
 
     def read(self) -> tuple[int | None, int | None]:
         if not self.armed:
             return None, None
         if self.cuda:
             return torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
-        self.high = max(self.high, self._rss())
+        self.high = max(self.high, fixtures.rss_bytes())
         return self.high - self.base, self.high - self.base
 
 
@@ -386,7 +352,7 @@ def over_budget(ctx) -> bool:
 BUDGET_SKIP = "skipped: over the --budget-s time budget"
 
 
-def run_tier(name, flags, size, ctx) -> dict:
+def run_tier(name, mem, size, ctx) -> dict:
     """Two training iterations of one tier; the second is timed."""
     W, H = size
     method = cc.method_from_mapping(
@@ -399,8 +365,7 @@ def run_tier(name, flags, size, ctx) -> dict:
             "iterations": 3000,
         }
     )
-    mem = cc.memory_from_mapping(flags)
-    guide = ctx["guidance"](mem.enable_mmgp)
+    guide = ctx["guidance"](mem)
     tr = train.Trainer(
         scene=ctx["scene"],
         guidance=guide,
@@ -410,7 +375,7 @@ def run_tier(name, flags, size, ctx) -> dict:
         height=H,
         memory=mem,
     )
-    clock = Clock(ctx["cuda"])
+    clock = timer(ctx["cuda"])
     clock.wrap(tr, "render", "render")
     clock.wrap(guide, "encode_video", "encode")
     clock.wrap(guide, "condition", "encode")
@@ -438,15 +403,16 @@ def run_tier(name, flags, size, ctx) -> dict:
     }
 
 
-def tier_rows(ctx, names, tiers=TIERS) -> list[dict]:
+def tier_rows(ctx, names, tiers=None) -> list[dict]:
+    """One row per tier of ``names`` in ``tiers`` (default ``ctx["tiers"]``, see
+    :func:`tier_table`), failing soft."""
     rows = []
     for name in names:
-        flags, size = tiers[name]
+        mem, size = (tiers or ctx["tiers"])[name]
         if ctx["tiny"]:
-            size = TINY_LOWRES.get(name)
-        size = size or (ctx["width"], ctx["height"])
+            size = TINY_LOWRES.get(name, size)
         est = peak_memory.estimate(
-            flags,
+            mem,
             width=size[0],
             height=size[1],
             frames=ctx["frames"],
@@ -465,7 +431,7 @@ def tier_rows(ctx, names, tiers=TIERS) -> list[dict]:
             print_row(row, ctx["cuda"], flush=True)
             continue
         try:
-            row.update(run_tier(name, flags, size, ctx))
+            row.update(run_tier(name, mem, size, ctx))
         except Exception as exc:  # fail soft: one tier's failure is a row
             allocated, reserved = ctx["peak"].read()
             row.update(allocated=allocated, reserved=reserved, status=failure(exc, ctx["verbose"]))
@@ -515,8 +481,8 @@ def reload_row(ctx, keep: dict) -> dict:
     first). The loaded expert goes to ``keep["model"]`` for the float32 row."""
     from chord.guidance import wan
 
-    clock = Clock(ctx["cuda"])
-    guide = make_guidance(ctx["folder"], None, ctx["device"], mmgp=False)
+    clock = timer(ctx["cuda"])
+    guide = make_guidance(ctx["folder"], None, ctx["device"])
     clock.sync()
     start = time.perf_counter()
     guide._activate("transformer")
@@ -560,11 +526,11 @@ def float32_guidance(ctx, keep: dict):
     the folder here), resident in bf16 as in training, then ``use_float32()``: converted in
     place, computing without autocast. ``keep["guide"]`` holds it until the caller drops it."""
 
-    def guidance(_mmgp: bool):
+    def guidance(_mem):
         if "guide" not in keep:
             if "model" not in keep and ctx["saved"].get("status") != "ok":
                 raise RuntimeError(f"no expert on disk: save {ctx['saved'].get('status')}")
-            guide = make_guidance(ctx["folder"], keep.pop("model", None), ctx["device"], mmgp=False)
+            guide = make_guidance(ctx["folder"], keep.pop("model", None), ctx["device"])
             guide._activate("transformer")
             log = logging.getLogger(guide.__module__)
             level = log.level
@@ -734,7 +700,11 @@ def print_render_timing(row: dict) -> None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tiny", action="store_true", help="CPU, tiny shapes (CI)")
-    p.add_argument("--tiers", default=",".join(TIERS), help="comma-separated subset")
+    p.add_argument(
+        "--tiers",
+        default=None,
+        help="comma-separated subset of config/config.yaml's tiers and split_plain (default: all)",
+    )
     p.add_argument(
         "--extras", default=",".join(EXTRAS), help=f"comma-separated subset of {','.join(EXTRAS)}"
     )
@@ -746,28 +716,33 @@ def main(argv=None) -> int:
         "--budget-s", type=float, default=390.0, help="start no part after this many seconds"
     )
     args = p.parse_args(argv)
-    names = [n for n in args.tiers.split(",") if n]
-    unknown = sorted(set(names) - set(TIERS))
+    tiny = args.tiny
+    width, height, frames, batch = (64, 48, 9, 2) if tiny else (832, 480, 41, 4)
+    tiers = tier_table(width, height)
+    names = list(tiers) if args.tiers is None else [n for n in args.tiers.split(",") if n]
+    unknown = sorted(set(names) - set(tiers))
     if unknown:
-        p.error(f"--tiers: unknown {unknown}; choose from {list(TIERS)}")
+        p.error(f"--tiers: unknown {unknown}; choose from {list(tiers)}")
     extras = [n for n in args.extras.split(",") if n]
     if sorted(set(extras) - set(EXTRAS)):
         p.error(f"--extras: unknown {sorted(set(extras) - set(EXTRAS))}; choose from {EXTRAS}")
-    float32_tier = dict(FLOAT32_TIER)
+    # the float32 fallback row: split's flags at lowres_min's size (float32 has no bf16 tensor
+    # cores: at 832x480 its two iterations alone would take about 6 minutes)
+    split = tiers["split"][0]
+    float32_tier = {"split_fp32": (split, tiers["lowres_min"][1])}
     if args.float32_size:
         w, _, h = args.float32_size.partition("x")
         if not (w.isdigit() and h.isdigit()):
             p.error(f"--float32-size: expected WxH, got {args.float32_size!r}")
-        float32_tier["split_fp32"] = (SPLIT, (int(w), int(h)))
-    tiny = args.tiny
+        float32_tier["split_fp32"] = (split, (int(w), int(h)))
     cuda = torch.cuda.is_available() and not tiny
     if not tiny and not cuda:
         p.error("no CUDA GPU here: run with --tiny for the CPU check")
     device = torch.device("cuda" if cuda else "cpu")
     if tiny:
         torch.set_num_threads(1)
-    config = TINY_CONFIG if tiny else A14B_CONFIG
-    width, height, frames, batch = (64, 48, 9, 2) if tiny else (832, 480, 41, 4)
+    shape = TINY if tiny else peak_memory.A14B
+    config = transformer_kwargs(shape, rope_max_seq_len=64 if tiny else 1024)
     gaussians = args.gaussians or (2000 if tiny else 100_000)
     dtype = torch.float32 if not cuda else torch.bfloat16
     started = time.perf_counter()
@@ -790,8 +765,8 @@ def main(argv=None) -> int:
         vae_cfg = AutoencoderKLWan.load_config(folder / "vae")
         with torch.device("meta"):
             vae_params = sum(p.numel() for p in AutoencoderKLWan.from_config(vae_cfg).parameters())
-        scene = block_scene(gaussians, frames).to(device)
-        text_dim = config["text_dim"]
+        scene = fixtures.block_scene(gaussians, frames).to(device)
+        text_dim = shape.text_dim
         g = torch.Generator().manual_seed(0)
         text = {
             "prompt": torch.randn(512, text_dim, generator=g),
@@ -799,14 +774,15 @@ def main(argv=None) -> int:
         }
         guides = {}
 
-        def guidance(mmgp: bool):
+        def guidance(mem):  # one WanGuidance without mmgp, one with, for every tier
+            mmgp = mem.enable_mmgp
             if mmgp not in guides:
                 if mmgp and cuda:
                     guides.pop(False, None)
                     expert.to("cpu")  # mmgp streams it from host RAM
                     gc.collect()
                     torch.cuda.empty_cache()
-                guides[mmgp] = make_guidance(folder, expert, device, mmgp=mmgp)
+                guides[mmgp] = make_guidance(folder, expert, device, mem)
             return guides[mmgp]
 
         ctx = {
@@ -824,7 +800,10 @@ def main(argv=None) -> int:
             "text": text,
             "guidance": guidance,
             "peak": Peak(cuda),
-            "shape": model_shape(config, vae_cfg["base_dim"], vae_params),
+            "shape": dataclasses.replace(
+                shape, vae_base_dim=vae_cfg["base_dim"], vae_params=vae_params
+            ),
+            "tiers": tiers,
             "verbose": args.verbose,
             "deadline": started + args.budget_s,
         }
@@ -868,7 +847,7 @@ def main(argv=None) -> int:
             f32 = {**ctx, "guidance": float32_guidance(ctx, keep), "expert_bytes": 4}
             (row,) = tier_rows(f32, ["split_fp32"], float32_tier)
             main_size = peak_memory.estimate(
-                SPLIT,
+                split,
                 width=width,
                 height=height,
                 frames=frames,

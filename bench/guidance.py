@@ -14,24 +14,19 @@ from __future__ import annotations
 
 import argparse
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
-from chord.guidance import rfsds, text, tiny_models, wan
+from chord.guidance import rfsds, tiny_models, wan
+
+if __package__:
+    from bench import fixtures
+else:
+    import fixtures
 
 SIZES = ((208, 112), (416, 240))
 T = 41
-
-
-def best(fn, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def main() -> None:
@@ -45,9 +40,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = tiny_models.write_tiny_wan(Path(tmp) / "wan")
         guide = wan.WanGuidance(folder)
-        tok, enc = wan.load_text_encoder(folder)
-        e, _ = text.encode_prompts(tok, enc, ["a block hops", text.resolve_negative(".")])
-        txt = {"prompt": e[0], "negative": e[1]}
+        txt = fixtures.tiny_text(folder)
         g = torch.Generator().manual_seed(0)
         print(f"{'what':28s} {'size':>8s} {'seconds':>8s}")
         for w, h in SIZES:
@@ -65,7 +58,7 @@ def main() -> None:
 
             print(
                 f"{'tiny-Wan SDS step (full VAE)':28s} {w}x{h:<4d} "
-                f"{best(sds_step, args.repeat):8.3f}"
+                f"{fixtures.best_of(sds_step, args.repeat):8.3f}"
             )
         try:
             from chord.guidance.tiny_vae import TinyVAEEncoder
@@ -80,7 +73,8 @@ def main() -> None:
                 tiny.encode(v).square().sum().backward()
 
             print(
-                f"{'Tiny VAE encode+backward':28s} {w}x{h:<4d} {best(tiny_step, args.repeat):8.3f}"
+                f"{'Tiny VAE encode+backward':28s} {w}x{h:<4d} "
+                f"{fixtures.best_of(tiny_step, args.repeat):8.3f}"
             )
 
 

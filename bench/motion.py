@@ -12,13 +12,17 @@ resident memory of the process. Not collected by pytest.
 from __future__ import annotations
 
 import argparse
-import resource
 import time
 
 import torch
 
 from chord import quaternion as quat
 from chord.motion.model import DynamicObject
+
+if __package__:
+    from bench import fixtures
+else:
+    import fixtures
 
 
 def main() -> None:
@@ -47,7 +51,7 @@ def main() -> None:
         end = time.perf_counter()
         fwd.append(mid - start)
         both.append(end - start)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak = fixtures.maxrss_mb()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     print(f"{args.gaussians} Gaussians, {args.cps} control points (K=3), {args.frames} frames")
     print(

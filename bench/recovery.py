@@ -24,7 +24,6 @@ import argparse
 import dataclasses
 import itertools
 import json
-import resource
 import subprocess
 import sys
 import tempfile
@@ -32,6 +31,11 @@ import time
 from pathlib import Path
 
 import torch
+
+if __package__:
+    from bench import fixtures
+else:
+    import fixtures
 
 MODES = [
     (s, r, c)
@@ -68,24 +72,11 @@ def recovery_error(trainer) -> float:
     return metrics.recovery_error(torch.cat(pred, 1), torch.cat(true, 1))["recovery_relative"]
 
 
-def demo_config(scene: str, iterations: int | None):
-    """The shipped config's method (with the scene's overrides) and guidance for ``scene``."""
-    import yaml
-
-    from chord import config as cc
-
-    conf = yaml.safe_load((Path(__file__).resolve().parents[1] / "config/config.yaml").read_text())
-    preset = conf["presets"].get("cpu_demo", {})  # the sheet's demo rows use it
-    values = {**conf["method"], **preset, **conf["scene_overrides"].get(scene, {})}
-    if iterations:
-        values["iterations"] = iterations
-    return cc.method_from_mapping(values), cc.guidance_from_mapping(conf["guidance"])
-
-
 def recovery(args) -> None:
     from chord.stages import train as train_stage
 
-    method, guidance = demo_config(args.scene, args.iterations)
+    over = {"iterations": args.iterations} if args.iterations else None
+    method, guidance = fixtures.scene_config(args.scene, overrides=over)
     every = max(1, method.iterations // 6)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -114,46 +105,23 @@ def recovery(args) -> None:
             print(f"{name:10s} " + " ".join(f"{e:7.3f}" for e in row) + f" {per_it:6.2f}")
 
 
-def block_scene():
-    """An untextured block (dynamic, 12 control points, 41 frames) on a slab (static)."""
-    import trimesh
-
-    from chord import gaussians
-    from chord.motion.model import DynamicObject, MotionScene
-    from chord.render import splat_tensors
-
-    splats = []
-    for extents, centre in (((0.3, 0.5, 0.3), (0, 0.25, 0)), ((1.2, 0.05, 1.0), (0, -0.03, 0))):
-        mesh = trimesh.creation.box(extents=extents)
-        mesh.apply_translation(centre)
-        splats.append(splat_tensors(gaussians.init_from_mesh([mesh], 2000, seed=len(splats))))
-    dyn = splats[0]
-    obj = DynamicObject(
-        "obj_0", dyn["means"], dyn["quats"], dyn["means"][::160], dyn["means"][::4], frame_num=41
-    )
-    with torch.no_grad():
-        obj.layer1.cp_deform.normal_(0, 0.02, generator=torch.Generator().manual_seed(0))
-    return MotionScene(["obj_0", "obj_1"], splats, {"obj_0": obj})
-
-
 def one_mode(mode: str, repeat: int) -> None:
     """Child process: time one SDS backward in the given mode; print JSON."""
     from chord import config as cc
     from chord import train
-    from chord.guidance import text, tiny_models, wan
+    from chord.guidance import tiny_models, wan
 
     s, r, c = json.loads(mode)
     with tempfile.TemporaryDirectory() as tmp:
         folder = tiny_models.write_tiny_wan(Path(tmp) / "wan")
         guide = wan.WanGuidance(folder)
-        tok, enc = wan.load_text_encoder(folder)
-        e, _ = text.encode_prompts(tok, enc, ["a block hops", text.resolve_negative(".")])
         method = cc.method_from_mapping({"size": "64*32", "batch_size": 2, "seed": 0})
-        scene = block_scene()
+        # an untextured block (dynamic, 12 control points, 41 frames) on a slab (static)
+        scene = fixtures.block_scene(4000, 41, deform=0.02)
         tr = train.Trainer(
             scene=scene,
             guidance=guide,
-            text={"prompt": e[0], "negative": e[1]},
+            text=fixtures.tiny_text(folder),
             method=method,
             width=64,
             height=32,
@@ -164,14 +132,10 @@ def one_mode(mode: str, repeat: int) -> None:
         cams = tr.cameras_at(1)
         for name in ("transformer", "transformer_2"):  # load both experts before measuring
             guide._activate(name)
-        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        times = []
-        for _ in range(repeat):
-            start = time.perf_counter()
-            tr.sds(1, cams)
-            times.append(time.perf_counter() - start)
-        peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024
-    print(json.dumps({"s": min(times), "peak_mb": peak}))
+        base = fixtures.maxrss_mb()
+        best = fixtures.best_of(lambda: tr.sds(1, cams), repeat)
+        peak = fixtures.maxrss_mb() - base
+    print(json.dumps({"s": best, "peak_mb": peak}))
 
 
 def memory(args) -> None:
@@ -182,7 +146,7 @@ def memory(args) -> None:
             capture_output=True,
             text=True,
             check=True,
-            cwd=Path(__file__).resolve().parents[1],
+            cwd=fixtures.ROOT,
         )
         rows.append((mode, json.loads(out.stdout.strip().splitlines()[-1])))
     ref = rows[0][1]

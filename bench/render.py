@@ -13,17 +13,20 @@ from __future__ import annotations
 
 import argparse
 import logging
-import resource
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
 from chord import cameras, demo, gaussians, scene
 from chord.render import rasterize, splat_tensors
+
+if __package__:
+    from bench import fixtures
+else:
+    import fixtures
 
 
 def demo_splats(n: int) -> dict:
@@ -69,13 +72,9 @@ def step(sp: dict, frames: int, width: int, height: int) -> None:
 def measure(n: int, frames: int, w: int, h: int, repeat: int) -> tuple[float, float]:
     sp = demo_splats(n)
     step(sp, 1, 16, 16)  # warm up torch's allocator and kernels
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        step(sp, frames, w, h)
-        times.append(time.perf_counter() - start)
-    return min(times), (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024
+    base = fixtures.maxrss_mb()
+    best = fixtures.best_of(lambda: step(sp, frames, w, h), repeat)
+    return best, fixtures.maxrss_mb() - base
 
 
 def main() -> None:

@@ -45,13 +45,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+if __package__:
+    from bench import fixtures
+else:
+    import fixtures
+
+ROOT = fixtures.ROOT
 
 BASE = {"frames": 41, "width": 128, "height": 80, "batch": 1, "gaussians": 4000}
 AXES = {
@@ -64,49 +68,12 @@ AXES = {
 
 # -- children ---------------------------------------------------------------------------------
 def _rss_mb() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
-def _maxrss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def block_scene(gaussians: int, frames: int, *, seed: int = 0, deform: float = 0.0):
-    """A block (dynamic, half the Gaussians, 12 control points) on a slab (static)."""
-    import torch
-    import trimesh
-
-    from chord import gaussians as gs
-    from chord.motion.model import DynamicObject, MotionScene
-    from chord.render import splat_tensors
-
-    splats = []
-    for i, (extents, centre) in enumerate(
-        (((0.3, 0.5, 0.3), (0, 0.25, 0)), ((1.2, 0.05, 1.0), (0, -0.03, 0)))
-    ):
-        mesh = trimesh.creation.box(extents=extents)
-        mesh.apply_translation(centre)
-        splats.append(splat_tensors(gs.init_from_mesh([mesh], gaussians // 2, seed=seed + i)))
-    dyn = splats[0]
-    step = max(1, len(dyn["means"]) // 12)
-    obj = DynamicObject(
-        "obj_0",
-        dyn["means"],
-        dyn["quats"],
-        dyn["means"][::step][:12],
-        dyn["means"][::4],
-        frame_num=frames,
-    )
-    if deform:
-        with torch.no_grad():
-            obj.layer1.cp_deform.normal_(0, deform, generator=torch.Generator().manual_seed(seed))
-    return MotionScene(["obj_0", "obj_1"], splats, {"obj_0": obj})
+    return fixtures.rss_bytes() / 2**20
 
 
 def oracle_trainer(frames: int, width: int, height: int, batch: int, gaussians: int):
-    """A Trainer on :func:`block_scene` whose oracle target is the same scene under a random
-    table (the scripted motion)."""
+    """A Trainer on :func:`fixtures.block_scene` whose oracle target is the same scene under a
+    random table (the scripted motion)."""
     import torch
 
     from chord import config as cc
@@ -116,12 +83,12 @@ def oracle_trainer(frames: int, width: int, height: int, batch: int, gaussians: 
     method = cc.method_from_mapping(
         {"size": f"{width}*{height}", "frame_num": frames, "batch_size": batch, "seed": 0}
     )
-    scripted = block_scene(gaussians, frames, deform=0.02)
+    scripted = fixtures.block_scene(gaussians, frames, deform=0.02)
     with torch.no_grad():
         target = scripted.frame_gaussians(range(frames))
     guide = OracleGuidance(target, width=width, height=height, pool=4)
     return train.Trainer(
-        scene=block_scene(gaussians, frames),
+        scene=fixtures.block_scene(gaussians, frames),
         guidance=guide,
         text=None,
         method=method,
@@ -138,7 +105,7 @@ def child_step(p: dict, repeat: int) -> dict:
     tr = oracle_trainer(p["frames"], p["width"], p["height"], p["batch"], p["gaussians"])
     base = _rss_mb()
     tr.step(1)
-    peak = _maxrss_mb() - base
+    peak = fixtures.maxrss_mb() - base
     cpu, wall = [], []
     for it in range(2, 2 + repeat):
         c0, w0 = time.process_time(), time.perf_counter()
@@ -154,21 +121,19 @@ def modes_trainer(p: dict, folder: Path):
 
     from chord import config as cc
     from chord import train
-    from chord.guidance import text, wan
+    from chord.guidance import wan
     from chord.guidance.tiny_vae import TinyVAEEncoder
 
     torch.manual_seed(0)
     guide = wan.WanGuidance(folder, tiny_vae=TinyVAEEncoder())
-    tok, enc = wan.load_text_encoder(folder)
-    e, _ = text.encode_prompts(tok, enc, ["a block hops", text.resolve_negative(".")])
     W, H = p["width"], p["height"]
     method = cc.method_from_mapping(
         {"size": f"{W}*{H}", "frame_num": p["frames"], "batch_size": p["batch"], "seed": 0}
     )
     tr = train.Trainer(
-        scene=block_scene(p["gaussians"], p["frames"], deform=0.02),
+        scene=fixtures.block_scene(p["gaussians"], p["frames"], deform=0.02),
         guidance=guide,
-        text={"prompt": e[0], "negative": e[1]},
+        text=fixtures.tiny_text(folder),
         method=method,
         width=W,
         height=H,
@@ -190,7 +155,7 @@ def child_mode(p: dict, repeat: int) -> dict:
         if p["measure"] == "peak":
             base = _rss_mb()
             tr.step(1)
-            return {"peak_mb": _maxrss_mb() - base}
+            return {"peak_mb": fixtures.maxrss_mb() - base}
         tr.step(1)
         cpu = []
         for it in range(2, 2 + repeat):
@@ -207,7 +172,7 @@ def child_render(p: dict) -> dict:
     from chord import cameras
     from chord.render import render_video
 
-    scene = block_scene(p["gaussians"], p["frames"], deform=0.02)
+    scene = fixtures.block_scene(p["gaussians"], p["frames"], deform=0.02)
     K = cameras.intrinsics(p["width"], p["height"])
     vm = cameras.orbit_viewmats(torch.tensor(20.0), torch.tensor(30.0), 2.0)
     bg = torch.ones(3)
@@ -226,7 +191,7 @@ def child_deform(p: dict) -> dict:
     """Graph memory of the deformation of all frames with grad (the temporal loss's share)."""
     import torch
 
-    scene = block_scene(2 * p["gaussians"], p["frames"], deform=0.02)  # dynamic half: N
+    scene = fixtures.block_scene(2 * p["gaussians"], p["frames"], deform=0.02)  # dynamic half: N
     obj = scene.dynamic["obj_0"]
     obj.deform(torch.arange(2))  # neighbour caches
     base = _rss_mb()
@@ -246,12 +211,16 @@ def child_tiny_vae(p: dict) -> dict:
     if p.get("nograd"):  # the targets pass of split_sds_backward: transients only
         with torch.no_grad():
             enc.encode(video, checkpoint=ck)
-        return {"nograd_peak_mb": _maxrss_mb() - base}
+        return {"nograd_peak_mb": fixtures.maxrss_mb() - base}
     z = enc.encode(video, checkpoint=ck)
     graph = _rss_mb() - base
     z.backward(torch.ones_like(z))
     # peak of forward + backward (the gradients included): what checkpointing lowers
-    return {"graph_mb": graph, "peak_mb": _maxrss_mb() - base, "out_mb": z.numel() * 4 / 2**20}
+    return {
+        "graph_mb": graph,
+        "peak_mb": fixtures.maxrss_mb() - base,
+        "out_mb": z.numel() * 4 / 2**20,
+    }
 
 
 def child_wan_vae(p: dict) -> dict:
@@ -266,7 +235,7 @@ def child_wan_vae(p: dict) -> dict:
     base = _rss_mb()
     with torch.no_grad():
         vae.encode(x)
-    nograd_peak = max(0.0, _maxrss_mb() - base)
+    nograd_peak = max(0.0, fixtures.maxrss_mb() - base)
     x.requires_grad_(True)
     base = _rss_mb()
     z = vae.encode(x).latent_dist.mean
@@ -347,24 +316,15 @@ def plot(rows, path: Path) -> None:
 
 # -- profile ------------------------------------------------------------------------------------
 def profile(args) -> None:
-    import collections
-
     import torch
-    import yaml
 
-    from chord import config as cc
     from chord import losses
     from chord.stages import train as stage
 
     torch.set_num_threads(args.threads)
     root = Path(args.workdir)
     res = root / "results" / args.scene
-    conf = yaml.safe_load((root / "config" / "config.yaml").read_text())
-    preset = conf.get("presets", {}).get("cpu_demo", {})  # the sheet's demo rows use it
-    values = {**conf["method"], **preset, **conf.get("scene_overrides", {}).get(args.scene, {})}
-    values.update(json.loads(args.set))
-    method = cc.method_from_mapping(values)
-    guidance = cc.guidance_from_mapping(conf["guidance"])
+    method, guidance = fixtures.scene_config(args.scene, root, json.loads(args.set))
     tr = stage.build(
         scene_json=res / "scene" / "scene.json",
         plys={p.stem: p for p in (res / "gaussians").glob("*.ply")},
@@ -375,20 +335,8 @@ def profile(args) -> None:
         guidance=guidance,
         seed=0,
     )
-    cpu = collections.Counter()
-
-    def wrap(obj, name, key):
-        fn = getattr(obj, name)
-
-        def timed(*a, **k):
-            c0 = time.process_time()
-            try:
-                return fn(*a, **k)
-            finally:
-                cpu[key] += time.process_time() - c0
-
-        setattr(obj, name, timed)
-
+    clock = fixtures.MethodTimer(time.process_time)  # CPU seconds
+    cpu, wrap = clock.times, clock.wrap
     wrap(tr.guidance, "condition", "oracle target render")
     wrap(tr, "render", "training render (forward)")
     wrap(losses, "temporal_loss", "temporal loss (forward)")
