@@ -196,6 +196,7 @@ def cmd_export_glb(args) -> int:
         exclude_objs=args.exclude_objs,
         additional_static_objs=args.additional_static_objs,
         exclude_plane=args.exclude_plane,
+        skinned=args.skinned,
     )
     print(out)
     return 0
@@ -225,6 +226,11 @@ def _export_flags(sp: argparse.ArgumentParser, *, glb: bool) -> None:
             "--exclude_plane",
             action="store_true",
             help="use <mesh_source_path>/static_obj.glb for the static object",
+        )
+        sp.add_argument(
+            "--skinned",
+            action="store_true",
+            help="write dynamic_scene_skinned.glb: a skin on the control points (ours)",
         )
         return
     sp.add_argument("--image_width", type=int, help="default: the method size's width")

@@ -399,9 +399,12 @@ def export_glb_run(
     exclude_objs=(),
     additional_static_objs=(),
     exclude_plane: bool = False,
+    skinned: bool = False,
 ) -> Path:
     """METHOD §20's animated glTF of a run folder, from the source GLBs in
-    ``mesh_source_path``: saved_meshes/iteration_<it>/dynamic_scene.glb; returns its path."""
+    ``mesh_source_path``: saved_meshes/iteration_<it>/dynamic_scene.glb (morph targets), or
+    with ``skinned`` dynamic_scene_skinned.glb (a skin on the control points); returns its
+    path."""
 
     root, data = Path(root), Path(mesh_source_path)
     state_path, it = find_state(root, checkpoint)
@@ -421,7 +424,8 @@ def export_glb_run(
             raise InputError(f"--exclude_plane: {plane} does not exist")
         sources[f"obj_{doc['static_id']}"] = plane
     T = frame_count(next((o.frame_num for o in scene.dynamic.values()), 1), lst_frame)
-    out = root / "saved_meshes" / f"iteration_{it}" / "dynamic_scene.glb"
+    name = "dynamic_scene_skinned.glb" if skinned else "dynamic_scene.glb"
+    out = root / "saved_meshes" / f"iteration_{it}" / name
     write_glb(
         out,
         doc=doc,
@@ -431,5 +435,6 @@ def export_glb_run(
         fps=fps,
         exclude_objs=exclude_objs,
         static_objs=additional_static_objs,
+        skinned=skinned,
     )
     return out

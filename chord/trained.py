@@ -1,10 +1,12 @@
 """A trained scene: its motion loaded from a training state onto the stage files (scene.json,
-Gaussians, voxels), sampled per frame, and written as the animated GLB. The export and evaluate
-stages and the run-folder commands (:mod:`chord.runs`) share it."""
+Gaussians, voxels), sampled per frame, and written as the animated GLBs (morph targets, or a
+skin on the control points). The export and evaluate stages and the run-folder commands
+(:mod:`chord.runs`) share it."""
 
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +23,21 @@ logger = logging.getLogger(__name__)
 def video_fps(method) -> int:
     """METHOD §19: videos play at ``save_fps``, or 24 when T > 41."""
     return 24 if method.frame_num > 41 else method.save_fps
+
+
+def export_size(method) -> tuple[int, int]:
+    """(W, H) of the export's videos: ``export_size`` ("W*H", each even for H.264), or the
+    SDS ``size`` when it is null."""
+    if method.export_size is None:
+        return config.parse_size(method.size, where="method: size")
+    match = re.fullmatch(r"(\d+)[*x](\d+)", str(method.export_size))
+    w, h = (int(match[1]), int(match[2])) if match else (0, 0)
+    if not w or not h or w % 2 or h % 2:
+        raise config.ConfigError(
+            f"method: export_size: {method.export_size!r}: expected 'W*H' with W and H positive "
+            "and even (H.264), e.g. '1664*960', or null for the SDS size"
+        )
+    return w, h
 
 
 def frame_count(frame_num: int, lst_frame: int | None) -> int:
@@ -82,6 +99,27 @@ def deformer(obj, frames: int) -> gltf.Deformer:
     return apply
 
 
+def skinning(obj, frames: int) -> gltf.Skinning:
+    """``obj``'s first control-point layer as glTF skinning data (METHOD §5): its centres,
+    the transforms of frames 0..F−1 (frame 0 pinned to the identity, as ``deform`` pins it)
+    and the binding of rest points to their K neighbours with the sg weights. Exact for an
+    object without a second layer (``deform`` is then this LBS)."""
+    layer = obj.layer1
+    with torch.no_grad():
+        q, tau = layer.transforms(torch.arange(frames, device=layer.centres.device))
+    q, tau = q.double().cpu().numpy(), tau.double().cpu().numpy()  # [F, M, 4], [F, M, 3]
+    q[0], tau[0] = (1.0, 0.0, 0.0, 0.0), 0.0
+
+    def bind(points: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        x = torch.as_tensor(points, dtype=layer.centres.dtype, device=layer.centres.device)
+        with torch.no_grad():
+            idx = layer.neighbours(x)  # [n, K]
+            w = layer.weights(x, idx, detach=True)  # [n, K]
+        return idx.cpu().numpy(), w.double().cpu().numpy()
+
+    return gltf.Skinning(layer.centres.double().cpu().numpy(), q, tau, bind)
+
+
 def check_objects(doc: dict, names, flag: str) -> list[str]:
     """``names`` as a list, each an object of the scene (else a ValueError naming ``flag``)."""
     known = [o["name"] for o in doc["objects"]]
@@ -101,9 +139,13 @@ def write_glb(
     fps: float,
     exclude_objs=(),
     static_objs=(),
+    skinned: bool = False,
 ) -> dict:
-    """``dynamic_scene.glb`` of every non-avoided, non-excluded object (source GLBs
-    ``sources``); static objects (and ``static_objs``) are copied unanimated."""
+    """``dynamic_scene.glb`` (morph targets) or, with ``skinned``,
+    ``dynamic_scene_skinned.glb`` (one skin per dynamic object on its first-layer control
+    points; an object with a second layer keeps morph targets) of every non-avoided,
+    non-excluded object (source GLBs ``sources``); static objects (and ``static_objs``) are
+    copied unanimated."""
     exclude = set(check_objects(doc, exclude_objs, "exclude_objs"))
     frozen = set(check_objects(doc, static_objs, "static_objs"))
     objects = []
@@ -113,18 +155,45 @@ def write_glb(
             continue
         if name not in sources:
             raise InputError(f"no source GLB given for {name}")
-        animated = name in scene.dynamic and name not in frozen
-        objects.append(
-            (name, sources[name], deformer(scene.dynamic[name], frames) if animated else None)
-        )
+        motion = None
+        if name in scene.dynamic and name not in frozen:
+            obj = scene.dynamic[name]
+            motion = deformer(obj, frames)
+            if skinned and obj.layer2 is None:
+                motion = skinning(obj, frames)
+            elif skinned:
+                logger.info(
+                    "%s: %s has a second control-point layer, a composition one skin cannot "
+                    "express: it keeps morph targets",
+                    out,
+                    name,
+                )
+        objects.append((name, sources[name], motion))
     c, s = doc["normalisation"]["centre"], doc["normalisation"]["scale"]
-    summary = gltf.dynamic_scene_glb(out, objects, centre=c, scale=s, frames=frames, fps=fps)
+    if not skinned:
+        summary = gltf.dynamic_scene_glb(out, objects, centre=c, scale=s, frames=frames, fps=fps)
+        logger.info(
+            "%s: %d objects, %d animated nodes, %d morph targets at %g fps",
+            out,
+            len(objects),
+            summary["nodes"],
+            summary["targets"],
+            fps,
+        )
+        return summary
+    summary = gltf.dynamic_scene_skinned_glb(
+        out, objects, centre=c, scale=s, frames=frames, fps=fps
+    )
     logger.info(
-        "%s: %d objects, %d animated nodes, %d morph targets at %g fps",
+        "%s: %d objects, %d skinned nodes on %d joints, %d morphed nodes (%d targets), %d "
+        "keys at %g fps",
         out,
         len(objects),
-        summary["nodes"],
+        summary["skinned"],
+        summary["joints"],
+        summary["morphed"],
         summary["targets"],
+        frames,
         fps,
     )
     return summary

@@ -53,6 +53,7 @@ rule export:
             labels={"scene": "{scene}", "view": "GIF preview"},
         ),
         glb=P.dynamic_glb(RESULTS, "{scene}"),
+        skinned=P.dynamic_skinned_glb(RESULTS, "{scene}"),
         ply=directory(P.ply_sequence_dir(RESULTS, "{scene}")),
     log:
         P.log(RESULTS, "{scene}", "export"),

@@ -1,5 +1,6 @@
 """Stage ``export`` (METHOD §19–§20): the trained scene as videos (reference view, orbit,
-four fixed views), a GIF preview, the animated ``dynamic_scene.glb`` and a per-frame 3DGS PLY
+four fixed views) at ``export_size``, a GIF preview, the animated ``dynamic_scene.glb`` (morph
+targets), ``dynamic_scene_skinned.glb`` (a skin on the control points) and a per-frame 3DGS PLY
 sequence."""
 
 from __future__ import annotations
@@ -10,9 +11,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from chord import cameras, config, export, gaussians, media, paths, ply, trained
+from chord import cameras, export, gaussians, media, paths, ply, trained
 
 logger = logging.getLogger(__name__)
+
+# Pixels per rasterize call (frames x W x H): 4 frames at the default SDS size 832x480, fewer
+# (down to one) for a larger export_size, so render memory stays that of the training renders.
+RENDER_PIXELS = 4 * 832 * 480
+
+
+def frames_per_chunk(width: int, height: int) -> int:
+    """Frames per rasterize call at W×H: ⌊RENDER_PIXELS/(W·H)⌋, at least 1."""
+    return max(1, RENDER_PIXELS // (width * height))
 
 
 def run(
@@ -28,10 +38,13 @@ def run(
     out_views: dict[str, Path],
     out_gif: Path,
     out_glb: Path,
+    out_skinned_glb: Path,
     out_ply_dir: Path,
 ) -> dict:
-    """Render and write every export of a trained scene at the SDS ``size``."""
-    width, height = config.parse_size(method.size, where="method: size")
+    """Render and write every export of a trained scene, the videos at ``export_size``
+    (default: the SDS ``size``)."""
+    width, height = trained.export_size(method)
+    chunk = frames_per_chunk(width, height)
     doc, scene, ckpt = trained.load_trained(
         scene_json=scene_json,
         plys=plys,
@@ -48,7 +61,9 @@ def run(
     elev = (method.elev_l + method.elev_r) / 2.0
 
     def video(path: Path, viewmats: torch.Tensor) -> np.ndarray:
-        images = media.to_uint8(export.render_frames(g, viewmats, K, width, height, bg))
+        images = media.to_uint8(
+            export.render_frames(g, viewmats, K, width, height, bg, chunk=chunk)
+        )
         media.write_mp4(path, images, fps)
         logger.info("%s: %d frames", path, len(images))
         return images
@@ -73,17 +88,22 @@ def run(
         [ply.read_ply(plys[n], sh_degree_cap=method.sh_degree) for n in scene.names]
     )
     export.write_ply_sequence(out_ply_dir, rest, g["means"], g["quats"])
-    glb = trained.write_glb(
-        out_glb, doc=doc, scene=scene, sources=sources, frames=T, fps=method.save_fps
-    )
+    kw = {"doc": doc, "scene": scene, "sources": sources, "frames": T, "fps": method.save_fps}
+    glb = trained.write_glb(out_glb, **kw)
+    skinned = trained.write_glb(out_skinned_glb, skinned=True, **kw)
     logger.info(
-        "%s: iteration %d, %d frames at %dx%d, %d fps; GLB with %d morph targets",
+        "%s: iteration %d, %d frames at %dx%d (%d per render), %d fps; GLB with %d morph "
+        "targets (%d bytes), skinned GLB on %d joints (%d bytes)",
         doc["scene"],
         ckpt["iteration"],
         T,
         width,
         height,
+        chunk,
         fps,
         glb["targets"],
+        out_glb.stat().st_size,
+        skinned["joints"],
+        out_skinned_glb.stat().st_size,
     )
-    return {"frames": T, "iteration": ckpt["iteration"], **glb}
+    return {"frames": T, "iteration": ckpt["iteration"], **glb, "skinned": skinned}

@@ -1,9 +1,12 @@
-"""Stages export, evaluate and aggregate, and ``chord render`` / ``chord export-glb``, on the
-demo scene `sway` (two dynamic objects) trained for two oracle iterations."""
+"""Stages export (videos at export_size, the morph-target and the skinned GLB), evaluate and
+aggregate, and ``chord render`` / ``chord export-glb``, on the demo scene `sway` (two dynamic
+objects) trained for two oracle iterations."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import shutil
 from types import SimpleNamespace
 
@@ -13,12 +16,18 @@ import pytest
 import torch
 from PIL import Image
 
-from chord import cli, demo, gaussians, gltf, media, paths, ply, runs, trained
+from chord import cameras, cli, demo, gaussians, gltf, media, paths, ply, runs, trained
 from chord import config as cc
+from chord.export import render_frames
 from chord.stages import aggregate, evaluate, reference
 from chord.stages import export as export_stage
 from chord.stages import train as train_stage
-from tests.unit.test_gltf import gltf_validator, validate_glb  # noqa: F401
+from tests.unit.test_gltf import (  # noqa: F401
+    float32_tolerance,
+    gltf_validator,
+    skinned_vertices,
+    validate_glb,
+)
 
 T, W, H = 5, 32, 16
 
@@ -77,6 +86,7 @@ def exported(sway):
         "out_views": {v: paths.fixed_view_mp4(res, s, v) for v in paths.FIXED_VIEWS},
         "out_gif": paths.preview_gif(res, s),
         "out_glb": paths.dynamic_glb(res, s),
+        "out_skinned_glb": paths.dynamic_skinned_glb(res, s),
         "out_ply_dir": paths.ply_sequence_dir(res, s),
     }
     summary = export_stage.run(
@@ -91,7 +101,14 @@ def exported(sway):
 
 def test_export_writes_videos_gif_and_ply_sequence(sway, exported):
     summary, outs = exported
-    assert summary == {"frames": T, "iteration": 2, "nodes": 2, "targets": T - 1}
+    skinned = {"skinned": 2, "joints": summary["skinned"]["joints"], "morphed": 0, "targets": 0}
+    assert summary == {
+        "frames": T,
+        "iteration": 2,
+        "nodes": 2,
+        "targets": T - 1,
+        "skinned": {**skinned, "frames": T},
+    }
     videos = [outs["out_ref_view"], outs["out_orbit"], *outs["out_views"].values()]
     assert sorted(outs["out_views"]) == ["back", "front", "left", "right"]
     frames = {}
@@ -250,6 +267,13 @@ def test_cli_render_and_export_glb(sway, capsys):
     assert [doc["nodes"][r]["name"] for r in doc["scenes"][0]["nodes"]] == ["obj_1", "obj_2"]
     (anim,) = doc["animations"]
     assert doc["accessors"][anim["samplers"][0]["input"]]["max"] == [pytest.approx(3 / 12)]
+    rc = cli.main(
+        ["export-glb", "-m", model, "--ex_name", ex, "--mesh_source_path", str(sway.data),
+         "--lst_frame", "4", "--skinned"]
+    )  # fmt: skip
+    assert rc == 0
+    doc, _ = gltf.read_glb(sway.res / ex / "saved_meshes/iteration_2/dynamic_scene_skinned.glb")
+    assert sorted(_skinned_nodes(doc)) == ["obj_0", "obj_2"] and len(doc["skins"]) == 2
     capsys.readouterr()
     for argv, message in (
         (["--checkpoint", "7"], "no state of iteration 7"),
@@ -285,3 +309,165 @@ def test_exclude_plane_needs_static_obj_glb(sway, tmp_path):
     )
     doc, _ = gltf.read_glb(out)
     assert len(doc["scenes"][0]["nodes"]) == 3
+
+
+# --- the skinned GLB -------------------------------------------------------------------------
+
+
+def _skinned_nodes(doc: dict) -> dict[str, int]:
+    """{object: its skinned mesh node} of a skinned GLB (a skin is named <object>_skin)."""
+    roots = doc["scenes"][0]["nodes"]
+    return {
+        doc["skins"][doc["nodes"][n]["skin"]]["name"].removesuffix("_skin"): n
+        for n in roots
+        if "skin" in doc["nodes"][n]
+    }
+
+
+def _source_vertices(path) -> np.ndarray:
+    """World positions [n, 3] of the one mesh primitive of a source GLB."""
+    src, blob = gltf.read_glb(path)
+    world = gltf.world_matrices(src, src["scenes"][0]["nodes"])
+    ((n, M),) = [(n, M) for n, M in world.items() if "mesh" in src["nodes"][n]]
+    (prim,) = src["meshes"][src["nodes"][n]["mesh"]]["primitives"]
+    v = gltf.read_accessor(src, blob, prim["attributes"]["POSITION"])
+    return v @ M[:3, :3].T + M[:3, 3]
+
+
+def _deformed_world(obj, v_w: np.ndarray, c: np.ndarray, s: float) -> np.ndarray:
+    """``deform()`` of world points [n, 3] at every frame, back in world coordinates."""
+    with torch.no_grad():
+        X, _ = obj.deform(torch.arange(T), torch.as_tensor((v_w - c) * s, dtype=torch.float32))
+    return X.double().numpy() / s + c  # [T, n, 3]
+
+
+def _normalisation(sway) -> tuple[np.ndarray, float]:
+    nd = json.loads(paths.scene_json(sway.res, sway.s).read_text())["normalisation"]
+    return np.asarray(nd["centre"]), nd["scale"]
+
+
+def test_exported_skinned_glb_follows_the_trained_motion(sway, exported):
+    """The glTF skinning formula evaluated from the file equals deform() at every key."""
+    _, outs = exported
+    doc, blob = gltf.read_glb(outs["out_skinned_glb"])
+    roots = doc["scenes"][0]["nodes"]
+    assert [doc["nodes"][r]["name"] for r in roots if "skin" not in doc["nodes"][r]] == [
+        "obj_0",
+        "obj_1",
+        "obj_2",
+    ]
+    _, scene, _ = trained.load_trained(
+        **sway.inputs, state_path=paths.train_state(sway.res, sway.s, "coarse")
+    )
+    c, s = _normalisation(sway)
+    nodes = _skinned_nodes(doc)
+    assert sorted(nodes) == ["obj_0", "obj_2"]
+    for name, n in nodes.items():
+        obj = scene.dynamic[name]
+        assert len(doc["skins"][doc["nodes"][n]["skin"]]["joints"]) == len(obj.layer1.centres)
+        (prim,) = doc["meshes"][doc["nodes"][n]["mesh"]]["primitives"]
+        assert "targets" not in prim
+        X = _deformed_world(obj, _source_vertices(sway.sources[name]), c, s)
+        tol = float32_tolerance(np.abs(X).max(), np.abs(c).max())
+        for k in range(T):
+            (got,) = skinned_vertices(doc, blob, n, k)
+            np.testing.assert_allclose(got, X[k], rtol=0, atol=tol, err_msg=f"{name} key {k}")
+        assert np.abs(X[-1] - X[0]).max() > 1e-4  # the trained motion moves it
+    (anim,) = doc["animations"]
+    times = anim["samplers"][0]["input"]
+    assert doc["accessors"][times]["max"] == [pytest.approx((T - 1) / sway.m.save_fps)]
+    assert {s["interpolation"] for s in anim["samplers"]} == {"LINEAR"}
+
+
+def test_exported_skinned_glb_passes_the_khronos_validator(exported, gltf_validator, tmp_path):  # noqa: F811
+    report = validate_glb(gltf_validator, exported[1]["out_skinned_glb"], tmp_path)
+    assert report["numErrors"] == 0 and report["numWarnings"] == 0, report["messages"]
+
+
+def test_skinned_glb_keeps_morph_targets_for_a_second_layer(
+    sway,
+    tmp_path,
+    caplog,
+    gltf_validator,  # noqa: F811
+):
+    doc, scene, _ = trained.load_trained(
+        **sway.inputs, state_path=paths.train_state(sway.res, sway.s, "coarse")
+    )
+    obj = scene.dynamic["obj_2"]
+    obj.add_second_layer(obj.rest_means[::10], obj.surface)
+    with torch.no_grad():
+        obj.layer2.cp_deform.normal_(0, 0.02, generator=torch.Generator().manual_seed(0))
+    out = tmp_path / "skinned.glb"
+    with caplog.at_level(logging.INFO, logger="chord.trained"):
+        summary = trained.write_glb(
+            out, doc=doc, scene=scene, sources=sway.sources, frames=T, fps=5, skinned=True
+        )
+    assert "obj_2 has a second control-point layer" in caplog.text
+    assert summary["skinned"] == 1 and summary["morphed"] == 1 and summary["targets"] == T - 1
+    got, blob = gltf.read_glb(out)
+    assert sorted(_skinned_nodes(got)) == ["obj_0"]
+    (anim,) = got["animations"]
+    (ch,) = [ch for ch in anim["channels"] if ch["target"]["path"] == "weights"]
+    n = ch["target"]["node"]
+    M = gltf.world_matrices(got, got["scenes"][0]["nodes"])[n]
+    (prim,) = got["meshes"][got["nodes"][n]["mesh"]]["primitives"]
+    assert "JOINTS_0" not in prim["attributes"] and len(prim["targets"]) == T - 1
+    c, s = _normalisation(sway)
+    base = gltf.read_accessor(got, blob, prim["attributes"]["POSITION"])
+    to_w = lambda v: v @ M[:3, :3].T + M[:3, 3]  # noqa: E731
+    X = _deformed_world(obj, to_w(base), c, s)
+    for k, target in enumerate(prim["targets"], start=1):
+        moved = base + gltf.read_accessor(got, blob, target["POSITION"])
+        np.testing.assert_allclose(to_w(moved), X[k], atol=2e-5)
+    report = validate_glb(gltf_validator, out, tmp_path)
+    assert report["numErrors"] == 0 and report["numWarnings"] == 0, report["messages"]
+
+
+# --- export_size -----------------------------------------------------------------------------
+
+
+def test_export_renders_its_videos_at_export_size(sway, tmp_path):
+    m = cc.method_from_mapping({**dataclasses.asdict(sway.m), "export_size": "64*48"})
+    assert cc.stage_params(m, "export")["export_size"] == "64*48"
+    outs = {
+        "out_ref_view": tmp_path / "ref_view.mp4",
+        "out_orbit": tmp_path / "orbit.mp4",
+        "out_views": {"front": tmp_path / "front.mp4"},
+        "out_gif": tmp_path / "preview.gif",
+        "out_glb": tmp_path / "d.glb",
+        "out_skinned_glb": tmp_path / "s.glb",
+        "out_ply_dir": tmp_path / "ply",
+    }
+    export_stage.run(
+        **sway.inputs,
+        state_path=paths.train_state(sway.res, sway.s, "coarse"),
+        sources=sway.sources,
+        method=m,
+        **outs,
+    )
+    for path in (outs["out_ref_view"], outs["out_orbit"], outs["out_views"]["front"]):
+        frames, _ = media.read_mp4(path)
+        assert frames.shape == (T, 48, 64, 3), path
+    with Image.open(outs["out_gif"]) as gif:
+        assert gif.size == (64, 48)
+    for bad in ("63*48", "0*48", "64"):
+        with pytest.raises(ValueError, match="export_size"):
+            cc.method_from_mapping({"export_size": bad})
+
+
+def test_chunked_rendering_equals_unchunked(sway):
+    _, scene, _ = trained.load_trained(
+        **sway.inputs, state_path=paths.train_state(sway.res, sway.s, "coarse")
+    )
+    g = trained.scene_frames(scene, T, objects=scene.names)
+    m = sway.m
+    view = cameras.reference_view(m.elev_l, m.elev_r, m.ref_azim, m.ref_cam_radius, [0, 0, 0])
+    K = cameras.intrinsics(W, H, m.fovy)
+    whole = render_frames(g, view, K, W, H, (1.0, 1.0, 1.0), chunk=T)
+    for chunk in (1, 2):
+        parts = render_frames(g, view, K, W, H, (1.0, 1.0, 1.0), chunk=chunk)
+        torch.testing.assert_close(parts, whole, rtol=0, atol=1e-6)
+    assert whole.shape == (T, H, W, 3) and whole.std() > 0
+    assert export_stage.frames_per_chunk(832, 480) == 4  # the default SDS size
+    assert export_stage.frames_per_chunk(1664, 960) == 1  # 2x: one frame per render
+    assert export_stage.frames_per_chunk(256, 160) == 39

@@ -1,14 +1,17 @@
-"""The animated glTF writer (chord.gltf): morph targets reproduce the deformation, the file
-loads back and passes the Khronos validator."""
+"""The animated glTF writers (chord.gltf): morph targets and the skinned file reproduce the
+deformation (the skin by the glTF skinning formula evaluated from the file), the files load back
+and pass the Khronos validator."""
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
 import shutil
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -250,3 +253,258 @@ def test_node_matrix_is_translation_rotation_scale():
     np.testing.assert_allclose(gltf.node_matrix(node), expect, atol=1e-12)
     flat = np.arange(16.0)
     np.testing.assert_array_equal(gltf.node_matrix({"matrix": flat.tolist()}), flat.reshape(4, 4).T)
+
+
+# --- the skinned scene: LBS on control-point joints ------------------------------------------
+
+F32 = float(np.finfo(np.float32).eps)
+
+
+def rotmats(q: np.ndarray) -> np.ndarray:
+    """Rotation matrices [..., 3, 3] of unit quaternions [..., 4] (w, x, y, z)."""
+    w, x, y, z = np.moveaxis(q, -1, 0)
+    return np.stack(
+        [
+            np.stack([1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w)], -1),
+            np.stack([2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w)], -1),
+            np.stack([2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y)], -1),
+        ],
+        -2,
+    )
+
+
+def random_skinning(frames: int, centres, *, K: int = 3, seed: int = 0) -> gltf.Skinning:
+    """Random rigid control-point motions (frame 0 the identity) and Gaussian weights on each
+    point's K nearest centres."""
+    rng = np.random.default_rng(seed)
+    centres = np.asarray(centres, float)
+    M = len(centres)
+    q = np.concatenate([np.ones((frames, M, 1)), 0.4 * rng.normal(size=(frames, M, 3))], -1)
+    q /= np.linalg.norm(q, axis=-1, keepdims=True)
+    q[1::2] *= -1.0  # q and -q alternate: the writer must keep the keys in one hemisphere
+    tau = 0.05 * rng.normal(size=(frames, M, 3))
+    q[0], tau[0] = (1.0, 0.0, 0.0, 0.0), 0.0
+
+    def bind(points):
+        d = ((points[:, None] - centres[None]) ** 2).sum(-1)  # [n, M]
+        idx = np.argsort(d, 1)[:, :K]
+        w = np.exp(-0.5 * np.take_along_axis(d, idx, 1) / 0.02) + 1e-7
+        return idx, w / w.sum(1, keepdims=True)
+
+    return gltf.Skinning(centres, q, tau, bind)
+
+
+def lbs(sk: gltf.Skinning, points: np.ndarray) -> np.ndarray:
+    """METHOD §5 by hand: x_t = Σ_k w_k·[R(q_{k,t})(x − c_k) + c_k + τ_{k,t}], [F, n, 3]."""
+    idx, w = sk.bind(points)
+    v = points[:, None] - sk.centres[idx]  # [n, K, 3]
+    R = rotmats(sk.rotations)[:, idx]  # [F, n, K, 3, 3]
+    moved = np.einsum("fnkij,nkj->fnki", R, v) + sk.centres[idx] + sk.translations[:, idx]
+    return (w[None, :, :, None] * moved).sum(2)
+
+
+def posed_world(doc: dict, blob: bytes, key: int) -> dict[int, np.ndarray]:
+    """World matrices of every scene node with each animated TRS property at key ``key``."""
+    doc = copy.deepcopy(doc)
+    for anim in doc.get("animations", []):
+        for ch in anim["channels"]:
+            path = ch["target"]["path"]
+            if path in ("translation", "rotation", "scale"):
+                out = gltf.read_accessor(doc, blob, anim["samplers"][ch["sampler"]]["output"])
+                doc["nodes"][ch["target"]["node"]][path] = out[key].tolist()
+    return gltf.world_matrices(doc, doc["scenes"][0]["nodes"])
+
+
+def skinned_vertices(doc: dict, blob: bytes, node: int, key: int) -> list[np.ndarray]:
+    """The glTF skinning formula from the file: per primitive of ``node``'s mesh, the world
+    positions [n, 3] Σ_i w_i·J_{j_i}(key)·IBM_{j_i}·v at animation key ``key``."""
+    world = posed_world(doc, blob, key)
+    skin = doc["skins"][doc["nodes"][node]["skin"]]
+    ibm = gltf.read_accessor(doc, blob, skin["inverseBindMatrices"]).reshape(-1, 4, 4)
+    mats = np.stack([world[j] for j in skin["joints"]]) @ ibm.transpose(0, 2, 1)  # [J, 4, 4]
+    out = []
+    for prim in doc["meshes"][doc["nodes"][node]["mesh"]]["primitives"]:
+        a = prim["attributes"]
+        v = gltf.read_accessor(doc, blob, a["POSITION"])
+        vh = np.concatenate([v, np.ones((len(v), 1))], 1)  # [n, 4]
+        x = np.zeros((len(v), 3))
+        for s in range(sum(k.startswith("JOINTS_") for k in a)):
+            J = gltf.read_accessor(doc, blob, a[f"JOINTS_{s}"]).astype(np.int64)  # [n, 4]
+            W = gltf.read_accessor(doc, blob, a[f"WEIGHTS_{s}"])  # [n, 4]
+            for i in range(4):
+                x += W[:, i, None] * np.einsum("nij,nj->ni", mats[J[:, i]], vh)[:, :3]
+        out.append(x)
+    return out
+
+
+def float32_tolerance(*magnitudes) -> float:
+    """What float32 storage allows on a chain of a few 4x4 products: 16 ulps of the largest
+    coordinate magnitude involved (≈ 2e-6 relative; the writer's error is about 1e-7)."""
+    return 16 * F32 * max(1.0, *magnitudes)
+
+
+@pytest.fixture
+def skinned_scene(tmp_path):
+    instanced_glb(tmp_path / "obj_0.glb")
+    slab = box([2.0, 0.1, 2.0], [0, 0, 0], (90, 90, 90, 255))
+    trimesh.Scene(slab).export(tmp_path / "obj_1.glb", file_type="glb")
+    F, fps = 6, 5.0
+    centre, scale = np.array([0.1, -0.2, 0.05]), 0.8
+    cps = np.random.default_rng(1).uniform(-0.4, 0.6, size=(7, 3))
+    sk = random_skinning(F, cps)
+    out = tmp_path / "dynamic_scene_skinned.glb"
+    summary = gltf.dynamic_scene_skinned_glb(
+        out,
+        [("obj_0", tmp_path / "obj_0.glb", sk), ("obj_1", tmp_path / "obj_1.glb", None)],
+        centre=centre,
+        scale=scale,
+        frames=F,
+        fps=fps,
+    )
+    return SimpleNamespace(out=out, summary=summary, F=F, fps=fps, c=centre, s=scale, sk=sk,
+                           source=tmp_path / "obj_0.glb")  # fmt: skip
+
+
+def test_skinned_glb_reproduces_the_skinning(skinned_scene):
+    S = skinned_scene
+    assert S.summary == {"skinned": 2, "joints": 7, "morphed": 0, "targets": 0, "frames": S.F}
+    doc, blob = gltf.read_glb(S.out)
+    roots = doc["scenes"][0]["nodes"]
+    scene_nodes = set(gltf.world_matrices(doc, roots))
+    skinned = [n for n in roots if "skin" in doc["nodes"][n]]
+    assert len(skinned) == 2 and len({doc["nodes"][n]["mesh"] for n in skinned}) == 2
+    src, src_blob = gltf.read_glb(S.source)
+    src_world = gltf.world_matrices(src, src["scenes"][0]["nodes"])
+    src_placed = [src_world[n] for n in sorted(src_world) if "mesh" in src["nodes"][n]]
+    (anim,) = doc["animations"]
+    for s in anim["samplers"]:
+        assert s["interpolation"] == "LINEAR"
+        np.testing.assert_allclose(
+            gltf.read_accessor(doc, blob, s["input"])[:, 0], np.arange(S.F) / S.fps, rtol=1e-6
+        )
+    for n, M in zip(skinned, src_placed, strict=True):
+        node = doc["nodes"][n]
+        assert not set(node) & set(gltf.TRS)  # glTF ignores a skinned node's transform
+        skin = doc["skins"][node["skin"]]
+        assert set(skin["joints"]) <= scene_nodes  # not NODE_SKIN_NO_SCENE
+        assert doc["accessors"][skin["inverseBindMatrices"]]["count"] == 7
+        (prim,) = doc["meshes"][node["mesh"]]["primitives"]
+        assert doc["accessors"][prim["attributes"]["JOINTS_0"]]["componentType"] == 5121
+        W = gltf.read_accessor(doc, blob, prim["attributes"]["WEIGHTS_0"])
+        np.testing.assert_array_equal(W[:, 3], 0.0)  # K = 3, padded to 4
+        v_l = gltf.read_accessor(doc, blob, prim["attributes"]["POSITION"])
+        v_w = v_l @ M[:3, :3].T + M[:3, 3]  # the source placement
+        X = lbs(S.sk, (v_w - S.c) * S.s) / S.s + S.c  # [F, n, 3] world
+        tol = float32_tolerance(np.abs(X).max(), np.abs(S.c).max())
+        for k in range(S.F):
+            (got,) = skinned_vertices(doc, blob, n, k)
+            np.testing.assert_allclose(got, X[k], rtol=0, atol=tol, err_msg=f"key {k}")
+        (rest,) = skinned_vertices(doc, blob, n, 0)
+        np.testing.assert_allclose(rest, v_w, rtol=0, atol=tol)  # frame 0 = the source mesh
+    # the joints' rotation keys stay in one hemisphere (slerp takes the short way)
+    for ch in anim["channels"]:
+        if ch["target"]["path"] == "rotation":
+            r = gltf.read_accessor(doc, blob, anim["samplers"][ch["sampler"]]["output"])
+            assert ((r[1:] * r[:-1]).sum(1) >= 0).all()
+    # the static slab is copied unanimated
+    meshes = [n for n in scene_nodes if "mesh" in doc["nodes"][n] and n not in skinned]
+    assert len(meshes) == 1 and "skin" not in doc["nodes"][meshes[0]]
+
+
+def test_skinned_glb_passes_the_khronos_validator(skinned_scene, gltf_validator, tmp_path):
+    report = validate_glb(gltf_validator, skinned_scene.out, tmp_path)
+    assert report["numErrors"] == 0 and report["numWarnings"] == 0, report["messages"]
+
+
+def test_skinned_glb_keeps_morph_targets_for_a_deformer(tmp_path, gltf_validator):
+    instanced_glb(tmp_path / "obj_0.glb")
+    trimesh.Scene(box([0.3, 0.3, 0.3], [0.5, 0, 0])).export(tmp_path / "obj_1.glb", "glb")
+    F = 4
+    sk = random_skinning(F, np.random.default_rng(2).uniform(0.2, 0.8, size=(5, 3)), K=2)
+    out = tmp_path / "mixed.glb"
+    summary = gltf.dynamic_scene_skinned_glb(
+        out,
+        [("obj_0", tmp_path / "obj_0.glb", bend(F)), ("obj_1", tmp_path / "obj_1.glb", sk)],
+        centre=[0, 0, 0], scale=1.0, frames=F, fps=8,
+    )  # fmt: skip
+    assert summary == {"skinned": 1, "joints": 5, "morphed": 2, "targets": F - 1, "frames": F}
+    doc, blob = gltf.read_glb(out)
+    (anim,) = doc["animations"]
+    weights = [ch for ch in anim["channels"] if ch["target"]["path"] == "weights"]
+    assert len(weights) == 2
+    assert {anim["samplers"][ch["sampler"]]["interpolation"] for ch in weights} == {"STEP"}
+    world = gltf.world_matrices(doc, doc["scenes"][0]["nodes"])
+    for ch in weights:
+        n = ch["target"]["node"]
+        (prim,) = doc["meshes"][doc["nodes"][n]["mesh"]]["primitives"]
+        assert "JOINTS_0" not in prim["attributes"] and len(prim["targets"]) == F - 1
+        base = gltf.read_accessor(doc, blob, prim["attributes"]["POSITION"])
+        to_w = lambda v, M=world[n]: v @ M[:3, :3].T + M[:3, 3]  # noqa: E731
+        moved = base + gltf.read_accessor(doc, blob, prim["targets"][-1]["POSITION"])
+        np.testing.assert_allclose(to_w(moved), bend(F)(to_w(base))[-1], atol=1e-5)
+    (skinned,) = [n for n in doc["scenes"][0]["nodes"] if "skin" in doc["nodes"][n]]
+    src = trimesh.load(tmp_path / "obj_1.glb", force="mesh")
+    (got,) = skinned_vertices(doc, blob, skinned, F - 1)
+    (rest,) = skinned_vertices(doc, blob, skinned, 0)
+    order = np.lexsort(np.round(rest, 5).T)
+    expect = lbs(sk, rest)[F - 1]
+    np.testing.assert_allclose(got[order], expect[order], atol=float32_tolerance(1.0))
+    np.testing.assert_allclose(np.sort(rest, 0), np.sort(src.vertices, 0), atol=1e-6)
+    report = validate_glb(gltf_validator, out, tmp_path)
+    assert report["numErrors"] == 0 and report["numWarnings"] == 0, report["messages"]
+
+
+def test_skinned_glb_is_smaller_than_morph_targets(tmp_path):
+    sphere = trimesh.creation.icosphere(subdivisions=4, radius=0.3)  # 2,562 vertices
+    trimesh.Scene(sphere).export(tmp_path / "obj_0.glb", file_type="glb")
+    F = 21
+    sk = random_skinning(F, np.random.default_rng(3).uniform(-0.3, 0.3, size=(60, 3)))
+    kw = {"centre": [0, 0, 0], "scale": 1.0, "frames": F, "fps": 10}
+    src = tmp_path / "obj_0.glb"
+    gltf.dynamic_scene_glb(tmp_path / "morph.glb", [("obj_0", src, lambda p: lbs(sk, p))], **kw)
+    gltf.dynamic_scene_skinned_glb(tmp_path / "skin.glb", [("obj_0", src, sk)], **kw)
+    morph, skin = ((tmp_path / f).stat().st_size for f in ("morph.glb", "skin.glb"))
+    assert len(sphere.vertices) == 2562 and skin < morph / 2, (skin, morph)  # 217 kB, 716 kB
+
+
+def test_skin_weights_are_normalised_in_float32():
+    w = np.random.default_rng(4).random((100_000, 3)) ** 4 + 1e-7
+    w32 = gltf.skin_weights_f32(w)
+    running = np.zeros(len(w32), np.float32)
+    for j in range(3):
+        running += w32[:, j]  # the order the validator and a viewer add them in
+    assert w32.dtype == np.float32 and np.abs(running - 1).max() <= F32
+    np.testing.assert_allclose(w32, w / w.sum(1, keepdims=True), atol=2 * F32)
+    with pytest.raises(ValueError, match="non-negative rows"):
+        gltf.skin_weights_f32(np.array([[0.5, -0.1]]))
+
+
+def test_skinned_glb_moves_the_mesh_of_a_node_with_children(tmp_path, gltf_validator):
+    """A mesh node with a child keeps its place (and child); its mesh moves to a new root."""
+    instanced_glb(tmp_path / "src.glb")
+    doc, blob = gltf.read_glb(tmp_path / "src.glb")
+    tip = len(doc["nodes"])
+    doc["nodes"].append({"name": "tip", "translation": [0.0, 0.1, 0.0]})
+    doc["nodes"][0]["children"] = [tip]  # node 0: the rotated placement of the box
+    gltf.write_glb(tmp_path / "obj_0.glb", doc, blob)
+    F = 3
+    sk = random_skinning(F, np.random.default_rng(5).uniform(-0.3, 0.6, size=(4, 3)))
+    out = tmp_path / "out.glb"
+    summary = gltf.dynamic_scene_skinned_glb(
+        out, [("obj_0", tmp_path / "obj_0.glb", sk)], centre=[0, 0, 0], scale=1.0, frames=F, fps=4
+    )
+    assert summary["skinned"] == 2
+    got, got_blob = gltf.read_glb(out)
+    names = [got["nodes"][n].get("name") for n in got["scenes"][0]["nodes"]]
+    assert names[0] == "obj_0" and "obj_0_skinned" in names
+    world = gltf.world_matrices(doc, doc["scenes"][0]["nodes"])
+    for n, M in ((0, world[0]), (1, world[1])):  # the two placements, in node order
+        moved = [r for r in got["scenes"][0]["nodes"] if "skin" in got["nodes"][r]][n]
+        (prim,) = got["meshes"][got["nodes"][moved]["mesh"]]["primitives"]
+        v = gltf.read_accessor(got, got_blob, prim["attributes"]["POSITION"])
+        X = lbs(sk, v @ M[:3, :3].T + M[:3, 3])
+        (x,) = skinned_vertices(got, got_blob, moved, F - 1)
+        np.testing.assert_allclose(x, X[F - 1], atol=float32_tolerance(np.abs(X).max()))
+    assert any(node.get("name") == "tip" for node in got["nodes"])
+    report = validate_glb(gltf_validator, out, tmp_path)
+    assert report["numErrors"] == 0 and report["numWarnings"] == 0, report["messages"]

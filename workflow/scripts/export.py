@@ -21,5 +21,6 @@ with stage_logging(snakemake.log[0]):
         out_views={v: Path(getattr(out, v)) for v in paths.FIXED_VIEWS},
         out_gif=Path(out.gif),
         out_glb=Path(out.glb),
+        out_skinned_glb=Path(out.skinned),
         out_ply_dir=Path(out.ply),
     )
