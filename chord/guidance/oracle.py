@@ -9,6 +9,7 @@ Its "encoder" is a fixed average pooling of the frames (cheap on a CPU); it need
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -134,3 +135,57 @@ class OracleGuidance:
 
     def unload(self) -> None:
         """Nothing is resident."""
+
+
+def for_scene(
+    doc: dict,
+    gsets: dict,
+    data_dir: Path,
+    method,
+    guidance,
+    width,
+    height,
+    device=None,
+    backend: str = "auto",
+):
+    """The oracle of a scene (its stage files' ``doc`` and Gaussian sets ``gsets``): the
+    target video of the scripted ``motion.json`` in ``data_dir`` at the SDS size."""
+    from chord.render import splat_tensors
+
+    path = Path(data_dir) / "motion.json"
+    if not path.is_file():
+        raise InputError(
+            f"{path}: missing; the oracle guidance distils a scene's scripted "
+            "motion.json (use guidance.backend: wan for other scenes)"
+        )
+    motion = scripted.load_motion(path)
+    rest = {n: splat_tensors(g) for n, g in gsets.items()}
+    means, quats = scripted_gaussians(doc, rest, motion, method.frame_num)
+    cat = lambda k: torch.cat([rest[n][k] for n in rest])  # noqa: E731
+    degree = max(g.sh_degree for g in gsets.values())
+    sh = torch.cat(
+        [
+            torch.nn.functional.pad(
+                rest[n]["sh"], (0, 0, 0, (degree + 1) ** 2 - rest[n]["sh"].shape[1])
+            )
+            for n in rest
+        ]
+    )
+    target = {
+        "means": means.float(),
+        "quats": quats.float(),
+        "scales": cat("scales"),
+        "opacities": cat("opacities"),
+        "sh": sh,
+        "sh_degree": degree,
+    }
+    if device is not None:
+        target = {k: v.to(device) if torch.is_tensor(v) else v for k, v in target.items()}
+    return OracleGuidance(
+        target,
+        width=width,
+        height=height,
+        pool=guidance.oracle_pool,
+        gain=guidance.oracle_gain,
+        backend=backend,
+    )

@@ -129,7 +129,7 @@ def tiny_vae(*, seed: int = 0):
 def write_tiny_wan(folder: Path | str, *, seed: int = 0, boundary_ratio: float = 0.9) -> Path:
     """A complete diffusers-format Wan2.2-I2V-A14B-shaped folder of tiny random components:
     model_index.json, transformer (high noise), transformer_2 (low noise), vae, text_encoder,
-    tokenizer. Returns the folder."""
+    tokenizer, scheduler. Returns the folder."""
     folder = Path(folder)
     tokenizer, encoder = tiny_text_encoder(seed)
     tokenizer.save_pretrained(folder / "tokenizer")
@@ -137,6 +137,11 @@ def write_tiny_wan(folder: Path | str, *, seed: int = 0, boundary_ratio: float =
     tiny_transformer(seed=seed + 1).save_pretrained(folder / "transformer")
     tiny_transformer(seed=seed + 2).save_pretrained(folder / "transformer_2")
     tiny_vae(seed=seed + 3).save_pretrained(folder / "vae")
+    from diffusers import UniPCMultistepScheduler
+
+    UniPCMultistepScheduler(
+        prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=5.0
+    ).save_pretrained(folder / "scheduler")
     index = {
         "_class_name": "WanImageToVideoPipeline",
         "boundary_ratio": boundary_ratio,
@@ -148,6 +153,7 @@ def write_tiny_wan(folder: Path | str, *, seed: int = 0, boundary_ratio: float =
         "transformer": ["diffusers", "WanTransformer3DModel"],
         "transformer_2": ["diffusers", "WanTransformer3DModel"],
         "vae": ["diffusers", "AutoencoderKLWan"],
+        "scheduler": ["diffusers", "UniPCMultistepScheduler"],
     }
     (folder / "model_index.json").write_text(json.dumps(index, indent=2) + "\n")
     return folder

@@ -14,6 +14,7 @@ import json
 import logging
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -315,3 +316,78 @@ class WanGuidance:
         """After the DiT passes: let mmgp unload the active expert (no-op otherwise)."""
         if self.mmgp is not None:
             self.mmgp.unload()
+
+
+# -- the teacher preview: an image-to-video sample from the reference render -------------------
+
+
+def load_scheduler(ckpt_dir: Path | str):
+    """The folder's sampling scheduler (``scheduler/scheduler_config.json``: its class and
+    settings); without one, Wan 2.2 A14B's: UniPC over flow sigmas with shift 5.0."""
+    import diffusers
+
+    folder = Path(ckpt_dir) / "scheduler"
+    config = folder / "scheduler_config.json"
+    if config.is_file():
+        cls = getattr(diffusers, json.loads(config.read_text())["_class_name"])
+        return cls.from_pretrained(folder, local_files_only=True)
+    logger.warning("%s: no scheduler; using UniPC flow sampling with shift 5.0", folder)
+    return diffusers.UniPCMultistepScheduler(
+        prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=5.0
+    )
+
+
+@torch.no_grad()
+def sample_video(
+    ckpt_dir: Path | str,
+    image,
+    text: dict[str, Tensor],
+    *,
+    frames: int,
+    steps: int,
+    guidance_scale: float,
+    guidance_scale_2: float | None = None,
+    boundary_ratio: float | None = None,
+    seed: int = 0,
+    device="cpu",
+) -> np.ndarray:
+    """A short image-to-video sample of Wan 2.2 through diffusers' ``WanImageToVideoPipeline``
+    with our loaded experts (``transformer`` high noise, ``transformer_2`` low noise), the
+    folder's VAE and scheduler, and the cached text conditioning ``text`` ("prompt",
+    "negative": [512, D]); ``image``: a PIL image at the sample size (W×H). On CUDA the
+    pipeline keeps one component at a time on the GPU (model CPU offload). Returns frames
+    [F, H, W, 3] uint8."""
+    from diffusers import WanImageToVideoPipeline
+
+    folder = Path(ckpt_dir)
+    index = check_folder(folder, ("transformer", "transformer_2", "vae"))
+    device = torch.device(device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    pipe = WanImageToVideoPipeline(
+        tokenizer=None,
+        text_encoder=None,
+        vae=load_vae(folder),
+        scheduler=load_scheduler(folder),
+        transformer=load_expert(folder, "transformer", dtype=dtype),
+        transformer_2=load_expert(folder, "transformer_2", dtype=dtype),
+        boundary_ratio=boundary_ratio or float(index.get("boundary_ratio") or 0.9),
+    )
+    if device.type == "cuda":
+        pipe.enable_model_cpu_offload(device=device)
+    else:
+        pipe.to(device)
+    width, height = image.size
+    out = pipe(
+        image=image,
+        prompt_embeds=text["prompt"][None].to(device, dtype),
+        negative_prompt_embeds=text["negative"][None].to(device, dtype),
+        height=height,
+        width=width,
+        num_frames=frames,
+        num_inference_steps=steps,
+        guidance_scale=guidance_scale,
+        guidance_scale_2=guidance_scale_2,
+        generator=torch.Generator().manual_seed(seed),
+        output_type="np",
+    ).frames[0]  # [F, H, W, 3] in [0, 1]
+    return (np.clip(out, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)

@@ -17,65 +17,14 @@ from chord import cameras, config, peak_memory, ply, rng, tiers, train
 from chord import scene as sc
 from chord.distributed import Group
 from chord.errors import InputError
+from chord.guidance import oracle
 from chord.guidance import text as text_cond
-from chord.motion import build_scene, scripted
-from chord.render import describe_backend, resolve_backend, splat_tensors
+from chord.motion import build_scene
+from chord.render import describe_backend, resolve_backend
 
 logger = logging.getLogger(__name__)
 
 LOG_FIELDS = ("it", "sds", "ground", "temporal", "arap", "t", "cfg", "skipped", "nan")
-
-
-def oracle_for(
-    doc: dict,
-    gsets: dict,
-    data_dir: Path,
-    method,
-    guidance,
-    width,
-    height,
-    device=None,
-    backend: str = "auto",
-):
-    from chord.guidance.oracle import OracleGuidance, scripted_gaussians
-
-    path = Path(data_dir) / "motion.json"
-    if not path.is_file():
-        raise InputError(
-            f"{path}: missing; the oracle guidance distils a scene's scripted "
-            "motion.json (use guidance.backend: wan for other scenes)"
-        )
-    motion = scripted.load_motion(path)
-    rest = {n: splat_tensors(g) for n, g in gsets.items()}
-    means, quats = scripted_gaussians(doc, rest, motion, method.frame_num)
-    cat = lambda k: torch.cat([rest[n][k] for n in rest])  # noqa: E731
-    degree = max(g.sh_degree for g in gsets.values())
-    sh = torch.cat(
-        [
-            torch.nn.functional.pad(
-                rest[n]["sh"], (0, 0, 0, (degree + 1) ** 2 - rest[n]["sh"].shape[1])
-            )
-            for n in rest
-        ]
-    )
-    target = {
-        "means": means.float(),
-        "quats": quats.float(),
-        "scales": cat("scales"),
-        "opacities": cat("opacities"),
-        "sh": sh,
-        "sh_degree": degree,
-    }
-    if device is not None:
-        target = {k: v.to(device) if torch.is_tensor(v) else v for k, v in target.items()}
-    return OracleGuidance(
-        target,
-        width=width,
-        height=height,
-        pool=guidance.oracle_pool,
-        gain=guidance.oracle_gain,
-        backend=backend,
-    )
 
 
 def build(
@@ -109,7 +58,9 @@ def build(
     width, height = config.parse_size(method.size, where="method: size")
     target = tuple(cameras.scene_target(method, doc))
     if guidance.backend == "oracle":
-        teacher = oracle_for(doc, gsets, data_dir, method, guidance, width, height, device, backend)
+        teacher = oracle.for_scene(
+            doc, gsets, data_dir, method, guidance, width, height, device, backend
+        )
         text = None
     else:
         from chord.guidance import wan

@@ -1,0 +1,48 @@
+# The teacher preview: `snakemake preview` samples what the teacher makes of each scene before a
+# long run (not part of the default targets). On the scene's memory tier, like its training.
+
+
+rule teacher_preview:
+    input:
+        unpack(preview_inputs),
+        code=code("preview"),
+    output:
+        mp4=report(
+            P.teacher_mp4(RESULTS, "{scene}"),
+            caption="../workflow/report/teacher.rst",
+            category="{scene}",
+            subcategory="teacher preview",
+            labels={"scene": "{scene}", "figure": "teacher preview (video)"},
+        ),
+        png=report(
+            P.teacher_png(RESULTS, "{scene}"),
+            caption="../workflow/report/teacher.rst",
+            category="{scene}",
+            subcategory="teacher preview",
+            labels={
+                "scene": "{scene}",
+                "figure": "teacher preview (first, middle, last frame)",
+            },
+        ),
+    log:
+        P.log(RESULTS, "{scene}", "teacher_preview"),
+    benchmark:
+        P.bench(RESULTS, "{scene}", "teacher_preview")
+    conda:
+        "../workflow/envs/chord.yaml"
+    resources:
+        gpu=1,
+        tier=tier_resource("coarse", "tier"),
+        mem_mb=tier_resource("coarse", "mem_mb"),
+        runtime=tier_resource("coarse", "runtime"),
+        gpu_model=tier_resource("coarse", "gpu_model"),
+        slurm_partition=tier_resource("coarse", "slurm_partition"),
+    params:
+        settings=lambda wc: preview_params(wc.scene),
+    script:
+        "../workflow/scripts/preview.py"
+
+
+rule preview:
+    input:
+        [P.teacher_mp4(RESULTS, s) for s in SCENES],

@@ -1,0 +1,24 @@
+# Adapter: rule teacher_preview -> chord.stages.preview.run_job, on the scene's memory tier
+import os
+from pathlib import Path
+
+from chord import config as cc
+from chord.stages import preview
+from chord.stages.adapter import stage_logging
+
+with stage_logging(snakemake.log[0]):
+    inp = snakemake.input
+    preview.run_job(
+        conf=cc.load(snakemake.config),
+        scene=snakemake.wildcards.scene,
+        tier=snakemake.resources.tier,
+        inputs={
+            "scene_json": Path(inp.scene_json),
+            "plys": {k[len("ply_") :]: Path(v) for k, v in inp.items() if k.startswith("ply_")},
+            "ref_png": Path(inp.ref),
+            "text_path": Path(inp.text),
+        },
+        out_mp4=Path(snakemake.output.mp4),
+        out_png=Path(snakemake.output.png),
+        env=os.environ,
+    )
