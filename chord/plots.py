@@ -111,9 +111,20 @@ def metric_bars(path: Path | str, table: pd.DataFrame) -> None:
     fig, axes = plt.subplots(nrow, ncol, figsize=(3.6 * ncol, 2.9 * nrow), squeeze=False)
     scenes = [str(s) for s in table.index]
     colours = plt.cm.tab10(np.arange(len(scenes)) % 10)
+    static = (
+        table["static_warning"].fillna(False).astype(bool).to_numpy()
+        if "static_warning" in table.columns
+        else np.zeros(len(scenes), dtype=bool)
+    )
+    if static.any():  # the "it did not move" scenes: hatched and named in the x labels
+        scenes = [f"{s} (static!)" if flag else s for s, flag in zip(scenes, static, strict=True)]
     for ax, col in zip(axes.flat, cols, strict=False):
         vals = table[col].astype(float).to_numpy()
-        ax.bar(scenes, np.nan_to_num(vals), color=colours)
+        bars = ax.bar(scenes, np.nan_to_num(vals), color=colours)
+        for bar, flag in zip(bars, static, strict=True):
+            if flag:
+                bar.set_hatch("//")
+                bar.set_edgecolor("red")
         for x, v in enumerate(vals):
             ax.annotate("n/a" if np.isnan(v) else f"{v:.3g}", (x, np.nan_to_num(v)),
                         ha="center", va="bottom", fontsize=7)  # fmt: skip

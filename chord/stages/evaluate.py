@@ -111,12 +111,23 @@ def run(
         "dynamic_gaussians": int(X.shape[1]),
     }
     out.update(metrics.displacement(X))
+    # the "it did not move" failure (reported of low-memory runs of comparable tools)
+    out["static_warning"] = bool(dynamic) and out["mean_displacement"] < method.static_threshold
+    if out["static_warning"]:
+        logger.warning(
+            "%s: the dynamic objects barely move (mean displacement %.3g < static_threshold "
+            "%.3g scene units): check the prompt, the teacher and the memory tier",
+            doc["scene"],
+            out["mean_displacement"],
+            method.static_threshold,
+        )
     out.update(metrics.smoothness(X))
     arap = rigidity(scene, T)
     out["arap_residual_mean"] = float(np.mean(arap[1:])) if T > 1 else 0.0
     out["arap_residual_max"] = float(np.max(arap[1:])) if T > 1 else 0.0
 
-    # frame-0 fidelity: the rest pose rendered from the reference camera against ref.png
+    # frame-0 fidelity: the rest pose rendered from the reference camera against ref.png, at
+    # the SDS size as ref.png is (export_size only sizes the export stage's videos)
     width, height = config.parse_size(method.size, where="method: size")
     ref = read_png(ref_png)
     if ref.shape[:2] != (height, width):
