@@ -1,0 +1,400 @@
+"""Stage viewer: the page's content, the committed bundle against its source (needs node and
+npm), and the page in a real headless Chromium (needs one; .ci/run installs it).
+
+The browser tests drive Chromium's command line (no Python browser package): a screenshot per
+visit, console messages from ``--enable-logging=stderr`` and the requests from a net log. The
+scene is a block that the animated GLB (the export stage's writer) moves to the right and up
+over 5 STEP frames at 2 fps, on a grey slab; ``?t=`` picks mid-interval times (BROWSER.md).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from chord import gltf, sources
+from chord.errors import InputError
+from chord.stages import viewer
+from tests.conftest import REPO, box, write_scene
+
+VIEWER_DIR = REPO / "chord" / "viewer"
+FRAMES, FPS = 5, 2.0  # keys at 0, 0.5, ..., 2.0 s; the clip lasts 2 s
+STEP = np.array([0.3, 0.1, 0.0])  # the block's move per frame, in scene units
+T_EARLY, T_LATE = 0.25, 1.75  # mid-interval: frame 0 and frame 3
+
+
+def chromium() -> str | None:
+    """Debian's browser binary (the /usr/bin/chromium wrapper adds an error line), else any
+    chromium on PATH."""
+    binary = Path("/usr/lib/chromium/chromium")
+    if binary.is_file():
+        return str(binary)
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+CHROMIUM = chromium()
+needs_chromium = pytest.mark.skipif(
+    CHROMIUM is None,
+    reason="no Chromium: `apt-get install chromium` (Debian; .ci/run installs it)",
+)
+
+
+@pytest.fixture(scope="module")
+def animated_glb(tmp_path_factory) -> Path:
+    """A dynamic block moving by STEP per frame (morph targets, STEP weights) on a static slab."""
+    root = tmp_path_factory.mktemp("viewer")
+    data = write_scene(
+        root / "data",
+        [
+            box([0.4, 0.8, 0.4], [0, 0.45, 0]),
+            box([2.0, 0.1, 2.0], [0, 0, 0], (90, 90, 90, 255)),
+        ],
+    )
+
+    def deform(v):  # [n, 3] -> [F, n, 3]
+        return np.stack([v + k * STEP for k in range(FRAMES)])
+
+    out = root / "dynamic_scene.glb"
+    gltf.dynamic_scene_glb(
+        out,
+        [("obj_0", data / "obj_0.glb", deform), ("obj_1", data / "obj_1.glb", None)],
+        centre=np.zeros(3),
+        scale=1.0,
+        frames=FRAMES,
+        fps=FPS,
+    )
+    return out
+
+
+def skinned_glb(path: Path) -> Path:
+    """The same block skinned to one joint whose translation (right by 2·STEP_x per second)
+    and rotation are LINEAR channels, as the skinned export's (a joint in the scene, an
+    identity inverse bind matrix)."""
+    b = gltf.GltfBuilder()
+    mesh = box([0.4, 0.8, 0.4], [0, 0.45, 0])
+    n = len(mesh.vertices)
+    attributes = {
+        "POSITION": b.add_accessor(
+            mesh.vertices.astype(np.float32), "VEC3", target=gltf.ARRAY_BUFFER
+        ),
+        "JOINTS_0": b.add_accessor(
+            np.zeros((n, 4), np.uint8),
+            "VEC4",
+            target=gltf.ARRAY_BUFFER,
+            component=5121,
+            bounds=False,
+        ),
+        "WEIGHTS_0": b.add_accessor(
+            np.tile(np.float32([1, 0, 0, 0]), (n, 1)),
+            "VEC4",
+            target=gltf.ARRAY_BUFFER,
+            bounds=False,
+        ),
+    }
+    faces = mesh.faces.astype(np.uint16).reshape(-1)
+    indices = b.add_accessor(
+        faces, "SCALAR", target=gltf.ELEMENT_ARRAY_BUFFER, component=5123, bounds=False
+    )
+    colour = {"baseColorFactor": [0.8, 0.3, 0.1, 1.0], "metallicFactor": 0.0}
+    material = b.add("materials", {"pbrMetallicRoughness": colour})
+    primitive = {"attributes": attributes, "indices": indices, "material": material}
+    b.add("nodes", {"mesh": b.add("meshes", {"primitives": [primitive]}), "skin": 0})
+    b.add("nodes", {"name": "joint_0"})
+    bind = b.add_accessor(np.eye(4, dtype=np.float32).reshape(1, 16), "MAT4", bounds=False)
+    b.add("skins", {"joints": [1], "inverseBindMatrices": bind})
+    times = b.add_accessor(np.float32([0.0, 1.0, 2.0]), "SCALAR")
+    moves = np.float32([[0, 0, 0], [2 * STEP[0], 0, 0], [4 * STEP[0], 0, 0]])
+    half = np.sin(0.2), np.cos(0.2)  # a turn of 0.4 rad about y at t = 1
+    turns = np.float32([[0, 0, 0, 1], [0, half[0], 0, half[1]], [0, 0, 0, 1]])
+    samplers = [
+        {"input": times, "output": b.add_accessor(moves, "VEC3"), "interpolation": "LINEAR"},
+        {"input": times, "output": b.add_accessor(turns, "VEC4"), "interpolation": "LINEAR"},
+    ]
+    channels = [
+        {"sampler": 0, "target": {"node": 1, "path": "translation"}},
+        {"sampler": 1, "target": {"node": 1, "path": "rotation"}},
+    ]
+    b.doc["animations"] = [{"name": "motion", "samplers": samplers, "channels": channels}]
+    b.doc["scenes"], b.doc["scene"] = [{"nodes": [0, 1]}], 0
+    b.to_glb(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def page(animated_glb) -> Path:
+    out = animated_glb.parent / "export" / "viewer.html"
+    viewer.run(glb=animated_glb, out=out, title="toy </script> & <b>")
+    return out
+
+
+# -- the page, without a browser ----------------------------------------------------------------
+
+
+def test_page_embeds_the_glb_and_fetches_nothing(page, animated_glb):
+    text = page.read_text(encoding="utf-8")
+    assert text.startswith("<!doctype html>")
+    assert '<link rel="icon" href="data:,">' in text
+    glb = re.search(r'<script id="chord-glb" type="[^"]*">([^<]*)</script>', text)
+    assert base64.b64decode(glb[1]) == animated_glb.read_bytes()
+    config = re.search(r'<script id="chord-config" type="application/json">(.*?)</script>', text)
+    assert json.loads(config[1]) == {"title": "toy </script> & <b>"}
+    assert "<title>toy &lt;/script&gt; &amp; &lt;b&gt;</title>" in text
+    # the only elements are the skeleton's: three scripts, each closed once, and no URL but data:
+    assert len(re.findall(r"</script", text, flags=re.IGNORECASE)) == 3
+    assert re.findall(r"<(?:script|link|img|iframe)[^>]*(?:src|href)=", text) == [
+        '<link rel="icon" href='
+    ]
+    assert [p.name for p in page.parent.iterdir()] == ["viewer.html"]  # no temporary left
+
+
+def test_run_reports_sizes(animated_glb, tmp_path):
+    out = tmp_path / "viewer.html"
+    summary = viewer.run(glb=animated_glb, out=out, title="toy")
+    assert summary == {
+        "bytes": out.stat().st_size,
+        "glb_bytes": animated_glb.stat().st_size,
+        "animations": 1,
+    }
+
+
+def test_a_page_over_the_report_limit_is_written_with_a_warning(
+    animated_glb, tmp_path, monkeypatch, caplog
+):
+    monkeypatch.setattr(viewer, "REPORT_LIMIT_BYTES", 1000)
+    out = tmp_path / "viewer.html"
+    with caplog.at_level(logging.WARNING, logger="chord.stages.viewer"):
+        viewer.run(glb=animated_glb, out=out, title="toy")
+    assert out.is_file()
+    assert "over the 0.0 MB a self-contained report can show" in caplog.text
+
+
+def test_bad_inputs_name_the_file(tmp_path):
+    not_glb = tmp_path / "scene.glb"
+    not_glb.write_bytes(b"not a glb at all, just text")
+    with pytest.raises(InputError, match="not a GLB file"):
+        viewer.run(glb=not_glb, out=tmp_path / "viewer.html", title="x")
+    glb = tmp_path / "empty.glb"
+    gltf.write_glb(glb, {"asset": {"version": "2.0"}}, b"")
+    with pytest.raises(FileNotFoundError, match="npm ci && npm run build"):
+        viewer.run(glb=glb, out=tmp_path / "viewer.html", title="x", bundle=tmp_path / "no.js")
+    assert not (tmp_path / "viewer.html").exists()
+
+
+def test_the_bundle_is_a_source_of_the_stage():
+    """A rebuilt bundle changes the stage's code digest (once "viewer" is a stage)."""
+    assert viewer.BUNDLE in sources.closure(["chord.stages.viewer"])
+
+
+def test_the_bundle_leaves_room_for_a_scene():
+    """Minified three.js is about 0.65 MB: a page keeps ~0.85 MB for the GLB's base64 under
+    the report's limit."""
+    assert viewer.BUNDLE.stat().st_size < 0.8e6
+
+
+@pytest.mark.skipif(
+    not (shutil.which("node") and shutil.which("npm")),
+    reason="node and npm not found: checking the committed bundle against src/ needs them",
+)
+def test_the_committed_bundle_is_the_build_of_the_source(tmp_path):
+    """`npm ci && npm run build` on a copy of chord/viewer gives the committed dist/viewer.js."""
+    for name in ("package.json", "package-lock.json"):
+        shutil.copy(VIEWER_DIR / name, tmp_path / name)
+    shutil.copytree(VIEWER_DIR / "src", tmp_path / "src")
+    for cmd in (["npm", "ci", "--no-audit", "--no-fund"], ["npm", "run", "build"]):
+        proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout}\n{proc.stderr}"
+    built = (tmp_path / "dist" / "viewer.js").read_bytes()
+    assert built == viewer.BUNDLE.read_bytes(), (
+        "chord/viewer/dist/viewer.js is not the build of chord/viewer/src: "
+        "run `npm ci && npm run build` in chord/viewer and commit dist/viewer.js"
+    )
+
+
+# -- the page in Chromium ---------------------------------------------------------------------
+
+# Console lines that are no fault of the page: SwiftShader's note on the screenshot's read-back.
+NOISE = ("GPU stall due to ReadPixels",)
+READY = "chord-viewer: ready "
+# Chromium's console lines on stderr: `INFO:CONSOLE:12] "text", source: url (12)`; older
+# versions write `INFO:CONSOLE(12)]`. Every console level (log, warn, error) looks the same.
+CONSOLE = re.compile(r':CONSOLE(?::\d+|\(\d+\))\] "(.*)", source: ', re.MULTILINE)
+
+
+def page_requests(netlog: Path) -> list[str]:
+    """The URLs a page (not the browser itself) asked the network stack for."""
+    text = netlog.read_text()
+    try:
+        log = json.loads(text)
+    except json.JSONDecodeError:  # a log cut at exit lacks its closing brackets
+        log = json.loads(text.rstrip().rstrip(",") + "]}")
+    start = log["constants"]["logEventTypes"]["URL_REQUEST_START_JOB"]
+    return [
+        e["params"]["url"]
+        for e in log["events"]
+        if e["type"] == start
+        and "url" in e.get("params", {})  # the job's start, not its end
+        and e["params"].get("initiator") != "not an origin"
+    ]
+
+
+def visit(url: str, folder: Path, name: str) -> dict:
+    """Open ``url`` in headless Chromium (640x480, 5 s of virtual time, so the shot waits for
+    the page) and return its screenshot [H, W, 3], console messages and page requests."""
+    folder.mkdir(parents=True, exist_ok=True)
+    png, netlog = folder / f"{name}.png", folder / f"{name}.netlog.json"
+    cmd = [
+        CHROMIUM,
+        "--headless=new",
+        "--no-sandbox",  # required as root
+        "--enable-unsafe-swiftshader",  # WebGL2 on SwiftShader (software)
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        f"--user-data-dir={folder / f'{name}.profile'}",
+        "--window-size=640,480",
+        "--virtual-time-budget=5000",
+        "--enable-logging=stderr",
+        f"--log-net-log={netlog}",
+        f"--screenshot={png}",
+        url,
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and png.is_file(), proc.stderr[-3000:]
+    console = [m for m in CONSOLE.findall(proc.stderr) if not any(n in m for n in NOISE)]
+    return {
+        "pixels": np.asarray(Image.open(png).convert("RGB")),
+        "console": console,
+        "requests": page_requests(netlog),
+        "png": png,
+    }
+
+
+def block_mask(pixels: np.ndarray) -> np.ndarray:
+    """[H, W] where the (orange) block is: red well above blue; the slab and the background
+    are grey."""
+    rgb = pixels.astype(int)
+    return rgb[..., 0] - rgb[..., 2] > 60
+
+
+@pytest.fixture(scope="module")
+def visits(page, tmp_path_factory) -> dict:
+    folder = tmp_path_factory.mktemp("chromium")
+    queries = {
+        "loop": "",
+        "early": f"?t={T_EARLY}",
+        "early_again": f"?t={T_EARLY}",
+        "late": f"?t={T_LATE}",
+        "past_end": "?t=100",
+        "bad_time": "?t=-1",
+    }
+    return {name: visit(page.as_uri() + q, folder, name) for name, q in queries.items()}
+
+
+@needs_chromium
+@pytest.mark.parametrize("name", ["loop", "early", "late", "past_end"])
+def test_the_page_loads_without_console_messages_or_requests(visits, name):
+    seen = visits[name]
+    assert [m for m in seen["console"] if not m.startswith(READY)] == []
+    assert len(seen["console"]) == 1, seen["console"]  # the page drew its frame
+    assert seen["requests"] == []
+    assert block_mask(seen["pixels"]).sum() > 500, "the block is not on screen"
+
+
+@needs_chromium
+def test_the_same_time_gives_the_same_pixels(visits):
+    np.testing.assert_array_equal(visits["early"]["pixels"], visits["early_again"]["pixels"])
+
+
+def changed_off_the_block(a: np.ndarray, b: np.ndarray) -> tuple[int, int]:
+    """(pixels that differ between two shots, those of them where neither shows the block)."""
+    changed = np.any(a != b, axis=-1)  # [H, W]
+    return int(changed.sum()), int((changed & ~(block_mask(a) | block_mask(b))).sum())
+
+
+@needs_chromium
+def test_the_block_moves_between_two_times(visits):
+    early, late = visits["early"]["pixels"], visits["late"]["pixels"]
+    changed, off_block = changed_off_the_block(early, late)
+    assert changed > 0.005 * early.shape[0] * early.shape[1]
+    # what changed is the block, where it was or where it is now (a few edge pixels aside)
+    assert off_block <= 0.05 * changed
+    # and it went right (+x) and up (+y), as STEP says
+    (y0, x0), (y1, x1) = (np.argwhere(block_mask(p)).mean(axis=0) for p in (early, late))
+    assert x1 - x0 > 30
+    assert y1 < y0
+
+
+@needs_chromium
+def test_the_looping_page_has_the_paused_pages_camera(visits):
+    """The camera frames the whole motion whatever the mode: only the block differs."""
+    changed, off_block = changed_off_the_block(visits["loop"]["pixels"], visits["early"]["pixels"])
+    assert off_block <= 0.05 * max(changed, 1)
+
+
+@needs_chromium
+def test_a_time_past_the_end_shows_the_last_frame(visits):
+    """LoopOnce with clampWhenFinished: t >= duration is frame 4, not a wrap to frame 0."""
+    x = {
+        k: np.argwhere(block_mask(visits[k]["pixels"]))[:, 1].mean()
+        for k in ("early", "late", "past_end")
+    }
+    assert x["past_end"] > x["late"] > x["early"]
+
+
+@needs_chromium
+def test_a_skinned_glb_plays_too(tmp_path):
+    """The skinned export (joint channels, LINEAR) plays: no messages, and the block moves
+    right."""
+    page = tmp_path / "viewer.html"
+    viewer.run(glb=skinned_glb(tmp_path / "skinned.glb"), out=page, title="skinned")
+    shots = [visit(page.as_uri() + f"?t={t}", tmp_path, f"t{t}") for t in (0.0, 1.5)]
+    for seen in shots:
+        assert [m.split(" t=")[0] for m in seen["console"]] == [READY + 'title="skinned"']
+        assert seen["requests"] == []
+    x0, x1 = (np.argwhere(block_mask(seen["pixels"]))[:, 1].mean() for seen in shots)
+    assert x1 - x0 > 30
+
+
+@needs_chromium
+def test_the_page_plays_in_the_reports_frame(page, tmp_path):
+    """The Snakemake report opens an HTML result in an iframe from a data URL (Chromium caps
+    those near 2 MB); the same URL, framed the same way, plays and stays offline."""
+    from snakemake.report.common import data_uri_from_file
+
+    uri = data_uri_from_file(page)
+    assert len(uri) < 2e6
+    frame = tmp_path / "report.html"
+    frame.write_text(
+        '<!doctype html><link rel="icon" href="data:,"><body style="margin:0">'
+        f'<iframe src="{uri}" style="width:100vw;height:100vh;border:0"></iframe>'
+    )
+    seen = visit(frame.as_uri(), tmp_path, "report")
+    assert [m for m in seen["console"] if not m.startswith(READY)] == []
+    assert len(seen["console"]) == 1, seen["console"]
+    assert seen["requests"] == []
+    assert block_mask(seen["pixels"]).sum() > 500
+
+
+@needs_chromium
+def test_console_errors_and_requests_are_seen(visits, tmp_path):
+    """The checks above are not blind: the page's own error is caught, and so are a console
+    error and a request from a control page."""
+    assert visits["bad_time"]["console"] == ["chord-viewer: ?t=-1: expected a time in seconds >= 0"]
+    control = tmp_path / "control.html"
+    control.write_text(
+        '<!doctype html><link rel="icon" href="data:,"><script>console.error("boom");'
+        'fetch("http://127.0.0.1:9/nothing").catch(() => {});</script>'
+    )
+    seen = visit(control.as_uri(), tmp_path, "control")
+    assert seen["console"] == ["boom"]
+    assert seen["requests"] == ["http://127.0.0.1:9/nothing"]

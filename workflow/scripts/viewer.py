@@ -1,0 +1,13 @@
+# Adapter: rule viewer -> chord.stages.viewer.run
+from pathlib import Path
+
+from chord.stages import viewer
+from chord.stages.adapter import scene_spec, stage_logging
+
+with stage_logging(snakemake.log[0]):
+    scene = snakemake.wildcards.scene
+    viewer.run(
+        glb=Path(snakemake.input.glb),
+        out=Path(snakemake.output.html),
+        title=f"{scene}: {scene_spec(snakemake.config, scene).prompt}",
+    )
