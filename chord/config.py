@@ -62,8 +62,16 @@ STAGE_KEYS: dict[str, tuple[str, ...]] = {
         "invert_bg_prob",
         "save_fps",
         "sh_degree",
+        "export_size",
     ),
-    "evaluate": (*_CAMERA_KEYS, "recenter_cam", "invert_bg_prob", "ground_level", "sh_degree"),
+    "evaluate": (
+        *_CAMERA_KEYS,
+        "recenter_cam",
+        "invert_bg_prob",
+        "ground_level",
+        "sh_degree",
+        "static_threshold",
+    ),
 }
 
 
@@ -211,6 +219,17 @@ class GuidanceConfig:
 
 
 @dataclass(frozen=True)
+class PreviewConfig:
+    """The teacher preview's sampling settings (``preview:``)."""
+
+    steps: int = 8
+    guidance_scale: float = 3.5
+    guidance_scale_2: float | None = None
+    boundary_ratio: float | None = None
+    seed: int = 0
+
+
+@dataclass(frozen=True)
 class SceneSpec:
     """One row of the scene sheet with its effective method parameters."""
 
@@ -234,6 +253,7 @@ class Config:
     render_backend: str = "auto"
     auto_lowres: bool = False
     gpu_mem_gb: float | None = None
+    preview: PreviewConfig = field(default_factory=PreviewConfig)
 
 
 def check_guidance(guidance: GuidanceConfig, methods: dict, *, flags: bool = False) -> None:
@@ -390,6 +410,7 @@ def load(config: dict, *, base: Path | None = None) -> Config:
         render_backend=config["render_backend"],
         auto_lowres=config["auto_lowres"],
         gpu_mem_gb=config["gpu_mem_gb"],
+        preview=PreviewConfig(**config["preview"]),
     )
 
 
@@ -434,9 +455,10 @@ def stage_params(method: Any, stage: str) -> dict:
     return {k: getattr(method, k) for k in STAGE_KEYS[stage]}
 
 
-# Read only by the reference view, export and naming, never by training: a change to them must
-# not re-run hours of training (the one exception to "the training hash is the whole method").
-VIEW_KEYS = ("ref_azim", "ref_cam_radius", "save_fps", "ex_name")
+# Read only by the reference view, export, evaluation and naming, never by training: a change to
+# them must not re-run hours of training (the one exception to "the training hash is the whole
+# method").
+VIEW_KEYS = ("ref_azim", "ref_cam_radius", "save_fps", "ex_name", "export_size", "static_threshold")
 
 
 def values_hash(values: dict) -> str:

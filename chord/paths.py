@@ -88,7 +88,18 @@ def preview_gif(results, scene: str) -> Path:
 
 
 def dynamic_glb(results, scene: str) -> Path:
+    """The source meshes with one morph target per frame (CHORD's dynamic_scene.glb)."""
     return export_dir(results, scene) / "dynamic_scene.glb"
+
+
+def dynamic_skinned_glb(results, scene: str) -> Path:
+    """The source meshes skinned on their control points (one joint each), keyed per frame."""
+    return export_dir(results, scene) / "dynamic_scene_skinned.glb"
+
+
+def viewer_html(results, scene: str) -> Path:
+    """The scene's 3D viewer: one self-contained page playing its skinned GLB."""
+    return export_dir(results, scene) / "viewer.html"
 
 
 def ply_sequence_dir(results, scene: str) -> Path:
@@ -146,3 +157,13 @@ def code_digest(root, stage: str) -> Path:
     """The sha256 of the chord sources ``stage`` depends on (rule code): its code input.
     ``root`` is shared by every results root (the workflow's ``resources``)."""
     return Path(root) / "code" / f"{stage}.sha256"
+
+
+def teacher_mp4(results, scene: str) -> Path:
+    """The teacher preview (``snakemake preview``): an image-to-video sample of the scene."""
+    return scene_dir(results, scene) / "preview" / "teacher.mp4"
+
+
+def teacher_png(results, scene: str) -> Path:
+    """Its first, middle and last frames side by side."""
+    return scene_dir(results, scene) / "preview" / "teacher.png"

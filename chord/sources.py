@@ -29,8 +29,10 @@ STAGES = (
     "condition",
     "train",
     "export",
+    "viewer",
     "evaluate",
     "aggregate",
+    "preview",
 )
 
 # Result-neutral modules: editing one re-runs nothing, and what only they import is not

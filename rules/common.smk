@@ -335,6 +335,28 @@ def aggregate_inputs(wildcards):
     return inputs
 
 
+def preview_inputs(wildcards):
+    """What the teacher preview reads: scene.json, every Gaussian set, the reference render,
+    the text embeddings, and the oracle's motion.json when it applies."""
+    scene = wildcards.scene
+    inputs = {
+        "scene_json": str(P.scene_json(RESULTS, scene)),
+        "ref": str(P.reference_png(RESULTS, scene)),
+        "text": str(P.text_condition(RESULTS, scene)),
+    }
+    for obj in scene_plys(wildcards):
+        inputs[f"ply_{obj}"] = str(P.gaussians_ply(RESULTS, scene, obj))
+    if CONF.guidance.backend == "oracle":
+        inputs["motion"] = str(Path(CONF.scenes[scene].data) / "motion.json")
+    return inputs
+
+
+def preview_params(scene):
+    """What changes a preview: the sampling settings and the scene's result-changing method
+    and teacher (the training hash)."""
+    return {"preview": vars(CONF.preview), "method": train_params(scene)}
+
+
 def debug_inputs(wildcards):
     """`snakemake debug --config debug_scene=<id>`: that scene's targets under debug.results."""
     if not DEBUG_SCENE:
@@ -361,6 +383,8 @@ def all_targets():
             *[str(P.fixed_view_mp4(RESULTS, scene, v)) for v in P.FIXED_VIEWS],
             str(P.preview_gif(RESULTS, scene)),
             str(P.dynamic_glb(RESULTS, scene)),
+            str(P.dynamic_skinned_glb(RESULTS, scene)),
+            str(P.viewer_html(RESULTS, scene)),
             str(P.ply_sequence_dir(RESULTS, scene)),
             str(P.metrics_json(RESULTS, scene)),
         ]

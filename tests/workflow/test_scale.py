@@ -34,7 +34,8 @@ TINY = {
 }
 PROMPT = "A toy block with a painted face hops twice to the right."
 UPSTREAM = {"demo_hop", "ingest", "gaussians", "voxelize", "reference", "condition"}
-AFTER_TRAINING = {"export", "evaluate", "aggregate"}  # the stages that read a trained state
+# the stages that read a trained state (the viewer reads the export's GLB)
+AFTER_TRAINING = {"export", "viewer", "evaluate", "aggregate"}
 
 
 def snakemake(work: Path, *args: str, env: dict | None = None, check: bool = True):
@@ -56,7 +57,7 @@ def copy_workflow(work: Path) -> None:
     """The workflow and the chord package, copied to work/wf: Snakemake imports chord from
     beside the Snakefile, so a test can edit a module of the copy without touching the
     repository."""
-    skip = shutil.ignore_patterns("__pycache__")
+    skip = shutil.ignore_patterns("__pycache__", "node_modules")
     (work / "wf").mkdir(parents=True)
     shutil.copy2(REPO / "Snakefile", work / "wf/Snakefile")
     for folder in ("rules", "workflow", "chord", "profiles"):

@@ -19,6 +19,7 @@ from PIL import Image
 from chord import media
 from chord.guidance import text
 from tests.conftest import REPO
+from tests.unit.test_gltf import gltf_validator, validate_glb  # noqa: F401
 
 pytestmark = pytest.mark.slow
 
@@ -108,7 +109,7 @@ def test_dry_run_plans_every_stage(tmp_path):
     assert jobs["ingest"] == 2
     assert jobs["demo_hop"] == 1 and jobs["demo_sway"] == 1
     assert jobs["gaussians"] >= 5 and jobs["voxelize"] == jobs["gaussians"] - 2
-    for rule in ("reference", "condition", "train_coarse", "export", "evaluate"):
+    for rule in ("reference", "condition", "train_coarse", "export", "viewer", "evaluate"):
         assert jobs[rule] == 2, rule
     assert jobs["aggregate"] == 1 and "train_fine" not in jobs  # no add_cp_objs in the demo
 
@@ -160,7 +161,7 @@ def test_gaussian_count_change_reruns_gaussians_and_voxelize(demo_run, tmp_path)
     conf["scene_overrides"]["hop"] = {"gs_init_num": 5000}  # over its preset
     (work / "config/config.yaml").write_text(yaml.safe_dump(conf, sort_keys=False))
     jobs = planned_jobs(snakemake(work, "-n"))
-    after = {"train_coarse", "export", "evaluate", "aggregate"}
+    after = {"train_coarse", "export", "viewer", "evaluate", "aggregate"}
     assert set(jobs) == {"gaussians", "voxelize", "reference"} | after
     assert jobs["reference"] == 1 and jobs["voxelize"] == 1 and jobs["train_coarse"] == 1
 
@@ -170,7 +171,7 @@ def test_reference_view_change_reruns_no_training(demo_run, tmp_path):
     shutil.copytree(demo_run, work, symlinks=True)
     set_method(work, ref_azim=10.0)
     jobs = planned_jobs(snakemake(work, "-n"))
-    assert jobs == {"reference": 2, "export": 2, "evaluate": 2, "aggregate": 1}
+    assert jobs == {"reference": 2, "export": 2, "viewer": 2, "evaluate": 2, "aggregate": 1}
 
 
 def test_bad_scene_fails_cleanly_and_others_complete(tmp_path, toy_scene):
@@ -228,3 +229,51 @@ def test_demo_trains_and_recovers_the_scripted_motion(demo_run):
         frames, meta = media.read_mp4(export / "ref_view.mp4")
         assert frames.shape[0] == m["frames"] == 21 and meta["fps"] == 10
         assert (export / "dynamic_scene.glb").stat().st_size > 0
+
+
+def test_preview_target_writes_a_teacher_preview_per_scene(demo_run, tmp_path):
+    """`snakemake preview` (not a default target) samples the teacher per scene: here the
+    oracle's scripted target video at the SDS size and frame_num, and its frame strip."""
+    work = tmp_path / "w"
+    shutil.copytree(demo_run, work, symlinks=True)
+    jobs = planned_jobs(snakemake(work, "preview", "-n"))
+    assert jobs == {"teacher_preview": 2, "preview": 1}  # nothing upstream re-runs
+    snakemake(work, "preview")
+    conf = yaml.safe_load((work / "config/config.yaml").read_text())
+    method = {**conf["method"], **conf["presets"]["cpu_demo"]}
+    w, h = (int(v) for v in method["size"].split("*"))
+    for scene in ("hop", "sway"):
+        frames, meta = media.read_mp4(work / f"results/{scene}/preview/teacher.mp4")
+        assert frames.shape == (method["frame_num"], h, w, 3) and meta["fps"] == 10
+        with Image.open(work / f"results/{scene}/preview/teacher.png") as im:
+            assert im.size == (3 * w, h)
+    assert planned_jobs(snakemake(work, "-n")) == {}  # the default targets stay complete
+
+
+def test_demo_exports_both_glbs_and_videos_at_the_export_size(
+    demo_run,
+    gltf_validator,  # noqa: F811
+    tmp_path,
+):
+    """The demo's export: videos at its export_size (2x the SDS size), the morph-target GLB and
+    the skinned GLB, both clean under the Khronos validator."""
+    from chord import gltf
+
+    conf = yaml.safe_load((demo_run / "config/config.yaml").read_text())
+    method = {**conf["method"], **conf["presets"]["cpu_demo"]}
+    w, h = (int(v) for v in method["export_size"].split("*"))
+    assert (w, h) == tuple(2 * int(v) for v in method["size"].split("*"))
+    for scene in ("hop", "sway"):
+        export = demo_run / f"results/{scene}/export"
+        frames, _ = media.read_mp4(export / "ref_view.mp4")
+        assert frames.shape[1:] == (h, w, 3)
+        for name in ("dynamic_scene.glb", "dynamic_scene_skinned.glb"):
+            report = validate_glb(gltf_validator, export / name, tmp_path)
+            assert report["numErrors"] == 0, (scene, name, report["messages"])
+        doc, _ = gltf.read_glb(export / "dynamic_scene_skinned.glb")
+        assert doc.get("skins") and {
+            c["target"]["path"] for c in doc["animations"][0]["channels"]
+        } >= {
+            "translation",
+            "rotation",
+        }
