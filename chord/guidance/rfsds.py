@@ -146,16 +146,6 @@ def sds_grad(z: Tensor, eps: Tensor, v_hat: Tensor, w: float) -> Tensor:
         return torch.nan_to_num(g, nan=0.0, posinf=math.inf, neginf=-math.inf)
 
 
-def sds_target(z: Tensor, g: Tensor) -> Tensor:
-    """METHOD §11/§15: the detached target sg(z − g), [*z.shape], stored in split mode.
-
-    After a re-render with grad, ``sds_loss(z2, z2.detach() - target)`` gives ∂L/∂z2 = z2 − target.
-    """
-    _check_latents("z", z)
-    _check_same_shape("g", g, z)
-    return (z.detach() - g.detach()).detach()
-
-
 def sds_loss(z: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
     """METHOD §11 step 4: L = ½·Σ (z − sg(z − g))² -> (loss, reported), both 0-dim tensors.
 

@@ -109,6 +109,9 @@ def run(
         "frames": T,
         "gaussians": int(scene.means.shape[0]),
         "dynamic_gaussians": int(X.shape[1]),
+        # the memory tier(s) the stages trained on (coarse,fine where they differ) and where
+        "tier": ",".join(dict.fromkeys(t for t in ckpt.get("tiers", [ckpt.get("tier")]) if t)),
+        "device": ckpt.get("device", ""),
     }
     out.update(metrics.displacement(X))
     # the "it did not move" failure (reported of low-memory runs of comparable tools)

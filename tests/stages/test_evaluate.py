@@ -44,6 +44,9 @@ def test_a_scene_that_barely_moves_is_flagged(sway, tmp_path, caplog, monkeypatc
     )
     table = pd.read_csv(tmp_path / "metrics.tsv", sep="\t", index_col="scene")
     assert table["static_warning"].to_dict() == {"moves": False, "static": True}
+    # the tier and device that produced each result
+    assert table["tier"].to_dict() == {"moves": "split", "static": "split"}
+    assert set(table["device"]) == {"cpu"}
     labels = [t.get_text() for t in shown["fig"].axes[0].get_xticklabels()]
     assert labels == ["moves", "static (static!)"]
     hatched = [bar.get_hatch() for bar in shown["fig"].axes[0].patches]

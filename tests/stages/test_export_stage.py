@@ -72,6 +72,7 @@ def sway(tmp_path_factory):
         checkpoint_dir=paths.checkpoints(res, s, "coarse"),
         method=m,
         guidance=cc.guidance_from_mapping({"backend": "oracle"}),
+        tier="split",  # recorded in the state and metrics.tsv (test_evaluate)
     )
     sources = {f"obj_{i}": data / f"obj_{i}.glb" for i in range(3)}
     return SimpleNamespace(root=root, data=data, m=m, res=res, s=s, inputs=inputs, sources=sources)

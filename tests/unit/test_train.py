@@ -131,13 +131,19 @@ MODES = [
     ),
 )
 def test_memory_modes_give_the_default_gradients(memory, wan_guidance):
+    """Bit for bit where the arithmetic is the same (split_sds_backward stores g itself, a
+    whole-video re-render backpropagates the same ∂L/∂V); a chunked re-render sums the
+    frames' parameter gradients in another order: float32 rounding only."""
     guidance, txt = wan_guidance
     m = method()
     ref = sds_grads(MODES[0], guidance, txt, m)
     got = sds_grads(memory, guidance, txt, m)
     for k in ref:
-        rel = float((got[k] - ref[k]).norm() / ref[k].norm().clamp_min(1e-30))
-        assert rel < 1e-5, (k, rel)
+        if memory.split_render_backward and memory.split_render_chunk_size != -1:
+            rel = float((got[k] - ref[k]).norm() / ref[k].norm().clamp_min(1e-30))
+            assert rel < 1e-5, (k, rel)
+        else:
+            assert torch.equal(got[k], ref[k]), (k, float((got[k] - ref[k]).abs().max()))
     assert float(ref["cp_deform"].abs().sum()) > 0
 
 
