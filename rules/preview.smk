@@ -33,7 +33,7 @@ rule teacher_preview:
     resources:
         gpu=1,
         tier=tier_resource("coarse", "tier"),
-        mem_mb=tier_resource("coarse", "mem_mb"),
+        mem_mb=preview_mem_mb,
         runtime=tier_resource("coarse", "runtime"),
         gpu_model=tier_resource("coarse", "gpu_model"),
         slurm_partition=tier_resource("coarse", "slurm_partition"),

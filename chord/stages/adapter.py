@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import shutil
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 from chord import config as cfg
 from chord.errors import InputError
@@ -20,20 +23,36 @@ EXIT_OUT_OF_MEMORY = 3
 
 
 @contextlib.contextmanager
-def stage_logging(log_path: str) -> Iterator[None]:
+def stage_logging(log_path: str, history: str | os.PathLike | None = None) -> Iterator[None]:
     """Route ``chord`` logging to the rule's log; an input error ends the job with a one-line
     message (in the log and on stderr) and exit status 2 instead of a traceback, running out of
-    GPU memory with exit status 3. Sets the CUDA allocator's configuration first."""
-    import os
+    GPU memory with exit status 3. Sets the CUDA allocator's configuration first.
 
+    ``history`` (trainings): a file outside the job's outputs that keeps the log of every
+    attempt until one completes. Snakemake deletes the rule's log before each attempt (a retry
+    on the next tier, a requeued job), so the log starts with the earlier attempts' lines
+    copied from it; a completed attempt removes it."""
     from chord import runtime
 
     runtime.configure_allocator(os.environ)  # before anything starts CUDA (METHOD §15)
     root = logging.getLogger()
     root.setLevel(logging.INFO)
-    handler = logging.FileHandler(log_path, mode="w")
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root.addHandler(handler)
+    formatter = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handlers = []
+    if history is not None:
+        history = Path(history)
+        history.parent.mkdir(parents=True, exist_ok=True)
+        if history.is_file():
+            shutil.copyfile(history, log_path)
+        handlers.append(logging.FileHandler(history, mode="a"))
+    handlers.append(logging.FileHandler(log_path, mode="a" if handlers else "w"))
+    for handler in handlers:
+        handler.setFormatter(formatter)
+        root.addHandler(handler)
+    if history is not None:
+        job = os.environ.get("SLURM_JOB_ID")
+        logger.info("attempt started (pid %d%s)", os.getpid(), f", Slurm job {job}" if job else "")
+    ok = False
     try:
         yield
     except (InputError, FileNotFoundError) as exc:  # bad input (ConfigError, SceneError, ...)
@@ -47,9 +66,14 @@ def stage_logging(log_path: str) -> Iterator[None]:
             sys.exit(EXIT_OUT_OF_MEMORY)
         logger.exception("stage failed")
         raise
+    else:
+        ok = True
     finally:
-        root.removeHandler(handler)
-        handler.close()
+        for handler in handlers:
+            root.removeHandler(handler)
+            handler.close()
+        if ok and history is not None:
+            history.unlink(missing_ok=True)
 
 
 def scene_spec(config: dict, scene: str) -> cfg.SceneSpec:

@@ -195,13 +195,14 @@ def test_sigkill_mid_run_then_rerun_equals_an_uninterrupted_run(tmp_path):
     assert 5 <= resume_at <= 10, f"killed after iteration {resume_at - 1}: nothing to resume"
     before = {p: (p.stat().st_ino, p.stat().st_mtime_ns) for p in left}
     # the killed run logged every iteration up to its last checkpoint, as the whole run did;
-    # mark those rows: a rerun that recomputed them would overwrite the marker
-    losses = run / "train" / "coarse_losses.tsv"
-    rows = read_loss_log(losses)
+    # mark those rows: a rerun that recomputed them would overwrite the marker. Mid-run the
+    # loss log grows beside the checkpoints; the output gets it at the end
+    history = left[0].parent / "losses.tsv"
+    rows = read_loss_log(history)
     once_rows = read_loss_log(tmp_path / "once" / "default" / "train" / "coarse_losses.tsv")
     kept = [r for r in rows if int(r["it"]) < resume_at]
     assert kept == once_rows[: resume_at - 1]
-    with open(losses, "w", newline="") as f:
+    with open(history, "w", newline="") as f:
         w = csv.DictWriter(f, list(rows[0]), delimiter="\t")
         w.writeheader()
         w.writerows({**r, "sds": "kept"} if int(r["it"]) < resume_at else r for r in rows)
@@ -212,7 +213,7 @@ def test_sigkill_mid_run_then_rerun_equals_an_uninterrupted_run(tmp_path):
     assert f"coarse: iterations {resume_at}..10 " in rerun.stderr, rerun.stderr[-3000:]
     for path, stat in before.items():  # not rewritten (a rewrite replaces the file)
         assert (path.stat().st_ino, path.stat().st_mtime_ns) == stat, path.name
-    rows = read_loss_log(losses)
+    rows = read_loss_log(run / "train" / "coarse_losses.tsv")
     assert [int(r["it"]) for r in rows] == list(range(1, 11))
     assert [r["sds"] for r in rows[: resume_at - 1]] == ["kept"] * (resume_at - 1)
     assert rows[resume_at - 1 :] == once_rows[resume_at - 1 :]

@@ -60,6 +60,7 @@ def test_coarse_stage_writes_the_hand_off_and_resumes(hop):
         "ckpt_000001.pt",
         "ckpt_000002.pt",
         "ckpt_000004.pt",
+        "losses.tsv",  # the loss log across attempts, copied to the output
     ]
     with open(log) as f:
         rows = list(csv.DictReader(f, delimiter="\t"))
@@ -102,6 +103,10 @@ def test_coarse_stage_writes_the_hand_off_and_resumes(hop):
         guidance=guidance,
     )
     assert resumed["start"] == 3
+    # a new output (Snakemake deletes a failed attempt's) still holds every row: the rows
+    # before the resume point come from the log beside the checkpoints
+    with open(root / "l3.tsv") as f:
+        assert [int(r["it"]) for r in csv.DictReader(f, delimiter="\t")] == [1, 2, 3, 4]
     r = train.load_checkpoint(root / "r.pt")
     for k in a["motion"]:  # and the resumed run ends bit for bit where the first one did
         assert r["motion"][k].equal(a["motion"][k]), k

@@ -110,13 +110,40 @@ def test_out_of_memory_on_attempt_1_retries_on_the_next_tier(finished):
     train = [line for line in log.splitlines() if "tier=" in line]
     assert len(train) == 2, log[-4000:]  # train_coarse's two attempts
     assert "tier=full" in train[0] and "tier=split" in train[1]
-    assert "mem_mb=65536" in train[1] and "runtime=960" in train[1]  # split's needs
+    # split's time; the oracle's host RAM and one CPU (the tier's 64 GB, 8 CPUs: the ceiling)
+    assert "runtime=960" in train[1] and "mem_mb=2048" in train[1], train[1]
+    assert "cpus_per_gpu=1" in train[1], train[1]
     assert "returned non-zero exit status 3" in log  # the out-of-memory exit
     state = torch.load(work / "results/hop/train/coarse.pt", weights_only=True)
     assert state["tier"] == "split" and state["size"] == "64*32" and state["iteration"] == 2
     assert not (work / "results/hop/checkpoints/coarse" / "out_of_memory.txt").exists()
+    # the rule's log keeps both attempts (Snakemake deletes it before the retry)
+    text = (work / "results/hop/logs/train_coarse.log").read_text()
+    assert text.count("attempt started") == 2, text
+    oom, split = text.index("out of GPU memory"), text.index("training coarse on tier split")
+    assert text.index("attempt started") < oom < text.rindex("attempt started") < split, text
+    assert not (work / "results/hop/checkpoints/coarse/train.log").exists()  # done: removed
     # the scene completed: every target is there and up to date
     assert planned_jobs(snakemake(work, "-n")) == {}
+
+
+def test_out_of_memory_on_every_tier_fails_once_naming_the_tiers_and_the_remedies(tmp_path):
+    """One attempt per tier, then the scene fails: no attempt repeats the leanest tier, and
+    the log names the tiers tried and what lowers the peak."""
+    work = tiny_workdir(tmp_path / "w")
+    names = list(yaml.safe_load((work / "config/config.yaml").read_text())["tiers"])
+    target = "results/hop/train/coarse.pt"
+    proc = snakemake(work, target, env={"CHORD_TEST_OOM_TIERS": ",".join(names)}, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-3000:]
+    attempts = [
+        line.split("tier=")[1].split(",")[0] for line in out.splitlines() if "tier=" in line
+    ]
+    assert attempts == names, out[-3000:]
+    text = (work / "results/hop/logs/train_coarse.log").read_text()
+    assert text.count("attempt started") == len(names)
+    assert f"out of GPU memory on every tier tried ({', '.join(names)})" in text, text
+    assert "To lower the peak: method.use_tiny_vae: true" in text
 
 
 def test_memory_flag_or_tier_change_reruns_nothing(finished):
@@ -284,9 +311,11 @@ def test_slurm_profile_submits_each_tier_with_its_gpu_memory_and_time(tmp_path):
         args = calls[scene].split()
         assert f"--gpus={site[tier]['gpu_model']}:1" in args, calls[scene]
         assert args[args.index("-p") + 1] == site[tier]["slurm_partition"]
-        assert args[args.index("--mem") + 1] == str(int(spec["host_mem_gb"] * 1024))
+        # the oracle training's needs, below the tier's host_mem_gb and cpus_per_gpu
+        assert int(args[args.index("--mem") + 1]) == 2048 < spec["host_mem_gb"] * 1024
         assert args[args.index("-t") + 1] == str(int(spec["runtime_h"] * 60))
-        assert "--cpus-per-gpu=8" in args and "--requeue" in args  # resumes after preemption
+        assert "--cpus-per-gpu=1" in args and "--requeue" in args  # resumes after preemption
+        assert "--open-mode=append" in calls[scene]  # a requeued job keeps its Slurm log
 
 
 def wan_workdir(work: Path, tiny_vae: bool = True) -> Path:
@@ -332,9 +361,24 @@ def test_the_shipped_method_with_the_wan_teacher_plans_full_size_on_an_80_gb_gpu
     assert proc.returncode != 0 and "guidance.tiny_vae_path: not set" in proc.stdout + proc.stderr
 
 
+def test_wan_training_jobs_ask_for_the_models_host_ram_below_the_tiers_ceiling(tmp_path):
+    """A Wan training holds one expert in host RAM (A14B: ~14B parameters in bf16, ~27 GiB)
+    plus the process: its job asks for that with a 10% margin, not the tier's 64 GB; the
+    offload tier adds mmgp's staging and stays below its 96 GB. CPUs: the tier's."""
+    work = wan_workdir(tmp_path / "w")
+    target = ["-n", "results/hop/train/coarse.pt", "--config", "gpu_mem_gb=80"]
+    line = next(x for x in snakemake(work, *target).stdout.splitlines() if "tier=" in x)
+    mem = int(line.split("mem_mb=")[1].split(",")[0])
+    assert 30_000 < mem < 65_536 and "cpus_per_gpu=8" in line, line
+    target[-1] = "gpu_mem_gb=24"
+    line = next(x for x in snakemake(work, *target).stdout.splitlines() if "tier=" in x)
+    assert "tier=offload" in line, line
+    assert mem < int(line.split("mem_mb=")[1].split(",")[0]) < 96 * 1024, line
+
+
 def test_the_condition_job_asks_slurm_for_the_text_encoders_memory(tmp_path):
     """UMT5-XXL in float32 on a CPU node needs ~23 GB: the slurm profile's dry run gives the
-    condition job that (its default-resources give CPU stages 8 GB) as a job of its own."""
+    condition job that (its default-resources give CPU stages 2 GB) as a job of its own."""
     pytest.importorskip("snakemake_executor_plugin_slurm")
     work = wan_workdir(tmp_path / "w")
     profile = ["--workflow-profile", str(work / "wf/profiles/slurm")]

@@ -7,7 +7,8 @@ from chord import config as cc
 from chord.stages import train
 from chord.stages.adapter import stage_logging
 
-with stage_logging(snakemake.log[0]):
+# The log of every attempt (a retry on the next tier, a requeued job) until one completes.
+with stage_logging(snakemake.log[0], history=Path(snakemake.params.checkpoints) / "train.log"):
     inp = snakemake.input
     keyed = lambda prefix: {k[len(prefix) :]: Path(v) for k, v in inp.items() if k.startswith(prefix)}
     train.run(
