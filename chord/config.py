@@ -133,14 +133,20 @@ def memory_schema() -> dict:
 # Frozen dataclasses whose fields are exactly the schema's keys (no second copy of the names or
 # defaults: values always come from a validated, defaulted mapping).
 MethodConfig = dataclasses.make_dataclass(
-    "MethodConfig", [(name, Any) for name in method_schema()["properties"]], frozen=True
+    "MethodConfig",
+    [(name, Any) for name in method_schema()["properties"]],
+    frozen=True,
+    namespace={"__module__": __name__},  # picklable (a training's ranks get it by pickle)
 )
 MethodConfig.__doc__ = (
     "CHORD method parameters (METHOD.md), keyed by the release's flag names: everything that "
     "changes a result."
 )
 MemoryConfig = dataclasses.make_dataclass(
-    "MemoryConfig", [(name, Any) for name in memory_schema()["properties"]], frozen=True
+    "MemoryConfig",
+    [(name, Any) for name in memory_schema()["properties"]],
+    frozen=True,
+    namespace={"__module__": __name__},
 )
 MemoryConfig.__doc__ = (
     "Memory flags (METHOD §15, CHORD's names): they change memory and time, never the result. "
@@ -467,12 +473,18 @@ def values_hash(values: dict) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def training_hash(method: Any, guidance: Any) -> str:
+def training_hash(method: Any, guidance: Any, world_size: int = 1) -> str:
     """Hash of everything that changes a training's result: the method (memory flags are not
     part of it; its view-only keys are left out) and the teacher. It names the checkpoint
     folder and is the training rules' ``params``. Torch-free, so the workflow's DAG build does
-    not import torch."""
+    not import torch.
+
+    ``world_size``: the ranks that each train ``method.batch_size`` videos (METHOD §18). They
+    train what one process with ``world_size`` times that batch trains, so they hash as it
+    does: a multi-GPU tier's ranks (``batch_size`` / gpus each) share the scene's checkpoints
+    and hand-off with its single-GPU tiers."""
     values = {k: v for k, v in dataclasses.asdict(method).items() if k not in VIEW_KEYS}
+    values["batch_size"] = method.batch_size * int(world_size)
     values["guidance"] = {
         "backend": guidance.backend,
         "ckpt_dir": guidance.ckpt_dir,

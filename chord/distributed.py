@@ -69,6 +69,13 @@ class Group:
         if self.distributed:
             torch.distributed.barrier()
 
+    def any(self, flag: bool, what: str = "any") -> bool:
+        """Whether ``flag`` is true on any rank (every rank gets the same answer)."""
+        if not self.distributed:
+            return bool(flag)
+        t = torch.tensor([float(bool(flag))], dtype=torch.float64, device=self.device)
+        return bool(self.all_reduce(t, what).item() > 0)
+
     def average_gradients(self, params: list[Tensor], counts: Mapping[str, float] = ()) -> dict:
         """METHOD §18: each gradient summed over ranks and divided by the world size; a
         parameter with no gradient on any rank stays None, one missing on only some ranks
@@ -91,22 +98,28 @@ class Group:
         return dict(zip(counts, summed[len(params) :], strict=True))
 
 
-def from_env(env: Mapping[str, str], *, device_index: int = 0) -> Group:
+def from_env(
+    env: Mapping[str, str], *, device_index: int = 0, init_method: str | None = None
+) -> Group:
     """The group of a ``chord train`` process: under torchrun (WORLD_SIZE > 1) start it, NCCL
     on CUDA with this rank's GPU (LOCAL_RANK) selected first, gloo on a CPU; else a world of
-    one on ``cuda:device_index`` (or the CPU)."""
+    one on ``cuda:device_index`` (or the CPU). ``init_method`` (e.g. ``file://...``, the
+    ranks of a multi-GPU tier: :mod:`chord.launch`) replaces torchrun's MASTER_ADDR/PORT."""
     world = int(env.get("WORLD_SIZE", "1"))
     cuda = torch.cuda.is_available()
     if world <= 1:
         return Group(0, 1, torch.device("cuda", device_index) if cuda else torch.device("cpu"))
     rank, local = int(env.get("RANK", "0")), int(env.get("LOCAL_RANK", "0"))
+    init = {}
+    if init_method is not None:
+        init = {"init_method": init_method, "rank": rank, "world_size": world}
     if cuda:
         device = torch.device("cuda", local)
         torch.cuda.set_device(device)  # before the group: NCCL binds each rank to its GPU
-        torch.distributed.init_process_group("nccl", device_id=device)
+        torch.distributed.init_process_group("nccl", device_id=device, **init)
     else:
         device = torch.device("cpu")
-        torch.distributed.init_process_group("gloo")
+        torch.distributed.init_process_group("gloo", **init)
     logger.info("rank %d of %d on %s", rank, world, device)
     return Group(rank, world, device)
 

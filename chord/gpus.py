@@ -1,6 +1,7 @@
-"""The GPUs of this machine and which one a training job takes: ``nvidia-smi`` queries (no
-torch: the DAG build asks them), the ``gpu`` resource's slot count, and per-GPU lock files so
-jobs running at once on one workstation get distinct GPUs."""
+"""The GPUs of this machine and which ones a training job takes (one, or a multi-GPU tier's
+``gpus``): ``nvidia-smi`` queries (no torch: the DAG build asks them), the ``gpu`` resource's
+slot count, and per-GPU lock files so jobs running at once on one workstation get distinct
+GPUs."""
 
 from __future__ import annotations
 
@@ -59,20 +60,24 @@ def _nvidia_smi(args: list[str]) -> str:
 
 
 @contextlib.contextmanager
-def gpu_slot(gpus: list[str], lock_dir: Path, *, poll_s: float = 2.0) -> Iterator[str]:
-    """Hold one of ``gpus`` while the block runs; yields its id.
+def gpu_set(
+    gpus: list[str], count: int, lock_dir: Path, *, poll_s: float = 2.0
+) -> Iterator[list[str]]:
+    """Hold ``count`` of ``gpus`` while the block runs; yields their ids.
 
-    Snakemake counts GPUs (the ``gpu`` resource) but does not say which one a job gets. Each
-    job takes an exclusive lock on ``lock_dir/gpu_<id>.lock`` (the first free one), so jobs
-    running at once on one machine get distinct GPUs; the kernel drops the lock when the process
-    ends, however it ends. Waits while every GPU is taken (e.g. by another Snakemake run).
-    """
-    if not gpus:
-        raise ValueError("gpu_slot: no GPUs to choose from")
+    Snakemake counts GPUs (the ``gpu`` resource) but does not say which ones a job gets. Each
+    job takes an exclusive lock on ``lock_dir/gpu_<id>.lock`` per GPU (the first free ones),
+    so jobs running at once on one machine get distinct GPUs; the kernel drops the locks when
+    the process ends, however it ends. All or nothing: a job that cannot lock ``count`` free
+    GPUs releases those it got and waits (e.g. for another Snakemake run's jobs), so two jobs of
+    several GPUs never hold part of a set each."""
+    if not 1 <= count <= len(gpus):
+        raise ValueError(f"gpu_set: {count} of the GPUs {gpus}")
     lock_dir = Path(lock_dir)
     lock_dir.mkdir(parents=True, exist_ok=True)
     waited = False
     while True:
+        held = []
         for gpu in gpus:
             f = open(lock_dir / f"gpu_{gpu}.lock", "a")
             try:
@@ -80,34 +85,60 @@ def gpu_slot(gpus: list[str], lock_dir: Path, *, poll_s: float = 2.0) -> Iterato
             except BlockingIOError:
                 f.close()
                 continue
+            held.append((gpu, f))
+            if len(held) == count:
+                break
+        if len(held) == count:
             try:
-                yield gpu
+                yield [gpu for gpu, _ in held]
             finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
-                f.close()
+                _release(held)
             return
+        _release(held)
         if not waited:
-            logger.info("all GPUs %s are taken by other jobs; waiting for one", gpus)
+            logger.info("fewer than %d of the GPUs %s are free; waiting", count, gpus)
             waited = True
         time.sleep(poll_s)
+
+
+def _release(held: list) -> None:
+    for _, f in held:
+        fcntl.flock(f, fcntl.LOCK_UN)
+        f.close()
+
+
+@contextlib.contextmanager
+def job_gpus(
+    env: MutableMapping[str, str], count: int = 1, lock_dir: Path | None = None
+) -> Iterator[list[str]]:
+    """Pin a training job to ``count`` GPUs (a multi-GPU tier's ``gpus``) while the block runs;
+    yields their ids (empty without GPUs).
+
+    With more than ``count`` GPUs visible, takes ``count`` free ones (:func:`gpu_set`) and
+    narrows ``CUDA_VISIBLE_DEVICES`` in ``env`` to them, before CUDA starts; with ``count`` or
+    fewer (a Slurm job sees only its own), ``env`` stays as it is and all visible are yielded
+    (the caller checks that there are enough).
+    """
+    gpus = visible_gpus(env)
+    if len(gpus) <= count:
+        yield gpus
+        return
+    with gpu_set(gpus, count, lock_dir or default_lock_dir()) as held:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(held)
+        logger.info("GPU(s) %s of %s", ",".join(held), gpus)
+        yield held
 
 
 @contextlib.contextmanager
 def job_gpu(env: MutableMapping[str, str], lock_dir: Path | None = None) -> Iterator[str | None]:
     """Pin a training job to one GPU while the block runs; yields its id (None without GPUs).
 
-    With several GPUs visible, takes a free one (:func:`gpu_slot`) and narrows
+    With several GPUs visible, takes a free one (:func:`gpu_set`) and narrows
     ``CUDA_VISIBLE_DEVICES`` in ``env`` to it, before CUDA starts; with one or none (a Slurm job
-    sees only its own), ``env`` stays as it is.
+    sees only its own), ``env`` stays as it is. (:func:`job_gpus` for several.)
     """
-    gpus = visible_gpus(env)
-    if len(gpus) <= 1:
-        yield gpus[0] if gpus else None
-        return
-    with gpu_slot(gpus, lock_dir or default_lock_dir()) as gpu:
-        env["CUDA_VISIBLE_DEVICES"] = gpu
-        logger.info("GPU %s of %s", gpu, gpus)
-        yield gpu
+    with job_gpus(env, 1, lock_dir) as held:
+        yield held[0] if held else None
 
 
 def default_lock_dir() -> Path:

@@ -259,6 +259,7 @@ def estimate(
     model: str | ModelShape = "A14B",
     use_tiny_vae: bool = True,
     expert_bytes: int = 2,
+    gpus: int = 1,
 ) -> dict:
     """Peak GPU memory and host RAM of one training iteration.
 
@@ -267,18 +268,22 @@ def estimate(
             them; the others take their defaults): split_sds_backward, split_render_backward,
             split_render_chunk_size, enable_mmgp, mmgp_transformer_budget,
             checkpoint_tiny_vae and sds_cfg_batch are read.
-        width, height, frames, batch: the SDS size trained at, frame_num and batch_size.
+        width, height, frames, batch: the SDS size trained at, frame_num and the videos per
+            GPU (batch_size on one GPU; batch_size / gpus on a multi-GPU tier).
         gaussians: all Gaussians of the scene (every frame renders them);
         dynamic_gaussians: those of the dynamic objects (temporal loss), default all.
         model: "A14B" or a :class:`ModelShape`.
         use_tiny_vae: the method's flag.
         expert_bytes: bytes per expert weight: 2 (bf16), 4 for the float32 fallback (which
             also doubles the DiT activations).
+        gpus: the ranks of a data-parallel training (one process per GPU, METHOD §18): the
+            GPU figures are per GPU, the host RAM is that of all ranks (each holds an expert).
 
     Returns:
-        {"gpu_bytes": peak allocated, "reserved_bytes": with the fragmentation margin,
-        "host_bytes": host RAM, "phase": the phase that peaks, "phases": {phase: bytes},
-        "parts": {part: bytes}, "width", "height", "tokens"}.
+        {"gpu_bytes": peak allocated (per GPU), "reserved_bytes": with the fragmentation
+        margin, "host_bytes": host RAM (all ranks), "phase": the phase that peaks, "phases":
+        {phase: bytes}, "parts": {part: bytes}, "width", "height", "tokens", "batch": videos
+        per GPU, "gpus"}.
 
     Example:
         >>> from chord import peak_memory as memory
@@ -292,8 +297,10 @@ def estimate(
     W, H = int(width), int(height)
     T, B, N = int(frames), int(batch), int(gaussians)
     Nd = N if dynamic_gaussians is None else int(dynamic_gaussians)
-    if min(W, H, T, B, N) <= 0:
-        raise ValueError(f"expected positive sizes, got {W}x{H}, {T} frames, batch {B}, N {N}")
+    if min(W, H, T, B, N, int(gpus)) <= 0:
+        raise ValueError(
+            f"expected positive sizes, got {W}x{H}, {T} frames, batch {B}, N {N}, gpus {gpus}"
+        )
     c = CPU_PROXY
     px = W * H
     f4 = T + (-T % 4)
@@ -378,6 +385,7 @@ def estimate(
     host = expert + HOST_BASE_GIB * GiB
     if f.enable_mmgp:
         host += expert // 2  # mmgp's pinned staging of the active expert's blocks
+    host *= int(gpus)  # one process per GPU, each with its expert, scene and loaders
     return {
         "gpu_bytes": int(gpu),
         "reserved_bytes": int(gpu * FRAGMENTATION),
@@ -388,6 +396,8 @@ def estimate(
         "width": W,
         "height": H,
         "tokens": L,
+        "batch": B,
+        "gpus": int(gpus),
     }
 
 
@@ -416,10 +426,13 @@ def describe(e: dict) -> str:
     """One line for logs: peak GiB, its phase and the largest parts."""
     top = sorted(e["parts"].items(), key=lambda kv: -kv[1])[:3]
     parts = ", ".join(f"{k} {v / GiB:.1f}" for k, v in top)
+    gpus = e.get("gpus", 1)
+    each = f" per GPU ({e['batch']} video(s) on each of {gpus})" if gpus > 1 else ""
+    ranks = f" ({gpus} ranks)" if gpus > 1 else ""
     return (
         f"{e['width']}x{e['height']}: peak {e['gpu_bytes'] / GiB:.1f} GiB allocated "
-        f"({e['reserved_bytes'] / GiB:.1f} reserved) in {e['phase']}; {parts} GiB; "
-        f"host {e['host_bytes'] / GiB:.0f} GiB"
+        f"({e['reserved_bytes'] / GiB:.1f} reserved){each} in {e['phase']}; {parts} GiB; "
+        f"host {e['host_bytes'] / GiB:.0f} GiB{ranks}"
     )
 
 

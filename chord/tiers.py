@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import math
 import sys
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,21 +32,42 @@ logger = logging.getLogger(__name__)
 
 AUTO = "auto"
 # What a tier holds besides its memory flags (chord.config.MEMORY_FLAGS).
-TIER_KEYS = ("gpu_mem_gb", "host_mem_gb", "runtime_h", "size", "gpu_model", "slurm_partition")
+TIER_KEYS = (
+    "gpu_mem_gb",
+    "host_mem_gb",
+    "runtime_h",
+    "cpus_per_gpu",
+    "gpus",
+    "size",
+    "gpu_model",
+    "slurm_partition",
+)
 # Written next to a stage's checkpoints: one tier name per line that ran out of GPU memory.
 OOM_RECORD = "out_of_memory.txt"
+# What lowers a training's peak GPU memory without a leaner tier.
+REMEDIES = (
+    "To lower the peak: method.use_tiny_vae: true, or a lower method.size, frame_num or batch_size"
+)
 
 
 @dataclass(frozen=True)
 class Tier:
     """One memory tier: what it needs (GPU memory, host RAM, wall time), its memory flags, an
     optional lower SDS ``size`` and, where a profile maps tiers to GPU kinds, the GPU model and
-    Slurm partition its jobs ask for."""
+    Slurm partition its jobs ask for.
+
+    ``gpus`` > 1: a data-parallel tier. Its jobs ask for that many GPUs of one node and train
+    with that many ranks (METHOD §18), each on ``batch_size / gpus`` of the scene's videos (the
+    method's ``batch_size`` stays the videos per step: :func:`per_gpu`), so the result is that
+    of one GPU up to the reduction order. ``gpu_mem_gb`` and ``cpus_per_gpu`` are per GPU;
+    ``host_mem_gb`` is the job's, all ranks together."""
 
     name: str
     gpu_mem_gb: float
     host_mem_gb: float = 32.0
     runtime_h: float = 24.0
+    cpus_per_gpu: int = 8
+    gpus: int = 1
     flags: dict = field(default_factory=dict)  # memory flag -> value, only those the tier sets
     size: str | None = None
     gpu_model: str | None = None
@@ -65,8 +87,10 @@ class Tier:
 def parse(mapping: Mapping[str, Mapping]) -> dict[str, Tier]:
     """The config's ``tiers:`` block (schema-validated) -> ordered ``{name: Tier}``.
 
-    Order is escalation order: fullest first, each tier needing no more GPU memory than the one
-    before it.
+    Order is escalation order: fullest first, each tier needing no more GPU memory (per GPU:
+    a multi-GPU tier's ``gpu_mem_gb`` is that of each of its GPUs) than the one before it. The
+    GPU count does not enter the order; list a multi-GPU tier before the single-GPU tiers of its
+    per-GPU memory (``auto`` takes the first that fits, and it is the faster).
     """
     tiers: dict[str, Tier] = {}
     for name, spec in mapping.items():
@@ -82,11 +106,15 @@ def parse(mapping: Mapping[str, Mapping]) -> dict[str, Tier]:
             gpu_mem_gb=float(spec["gpu_mem_gb"]),
             host_mem_gb=float(spec.get("host_mem_gb", 32)),
             runtime_h=float(spec.get("runtime_h", 24)),
+            cpus_per_gpu=int(spec.get("cpus_per_gpu", 8)),
+            gpus=int(spec.get("gpus", 1)),
             flags=flags,
             size=size,
             gpu_model=spec.get("gpu_model"),
             slurm_partition=spec.get("slurm_partition"),
         )
+        if tiers[name].gpus < 1:
+            raise cc.ConfigError(f"config: tiers.{name}.gpus: {tiers[name].gpus}; at least 1")
     names = list(tiers)
     for before, after in zip(names, names[1:], strict=False):
         if tiers[after].gpu_mem_gb > tiers[before].gpu_mem_gb:
@@ -142,10 +170,7 @@ def auto(
         return lower_size(method, tier) is not None
 
     keep = [n for n in candidates if allow_lowres or not changes_result(n)]
-    remedies = (
-        "To lower the peak: method.use_tiny_vae: true, or a lower method.size, frame_num or "
-        "batch_size"
-    )
+    remedies = REMEDIES
     optin = "auto_lowres: true in the config, or that tier in the sheet's tier column"
     if not keep:
         lowres = ", ".join(f"{n} ({tiers[n].size})" for n in candidates)
@@ -205,12 +230,41 @@ def base(
     allow_lowres: bool = False,
 ) -> str:
     """A scene's first-attempt tier: its sheet value, or :func:`auto` (with ``fits``) for
-    ``auto``."""
+    ``auto``. With ``method``, every tier a training of it may run on (this one and those an
+    out-of-memory retry may move to) must split its ``batch_size`` over its GPUs
+    (:func:`per_gpu`): a ConfigError before any job starts, not hours later on a retry."""
     if name == AUTO:
-        return auto(tiers, gpu_mem_gb, fits, method=method, allow_lowres=allow_lowres)
-    if name not in tiers:
+        name = auto(tiers, gpu_mem_gb, fits, method=method, allow_lowres=allow_lowres)
+    elif name not in tiers:
         raise cc.ConfigError(f"tier {name!r} is not one of {[AUTO, *tiers]}")
+    if method is not None:
+        names = list(tiers)
+        for later in names[names.index(name) :]:
+            per_gpu(method, tiers[later], start=name)
     return name
+
+
+def per_gpu(method, tier: Tier, *, scene: str | None = None, start: str | None = None):
+    """``method`` as each rank of a training on ``tier`` runs it: ``batch_size / tier.gpus``
+    videos (the method itself on a single-GPU tier). The scene's ``batch_size`` is the videos
+    per step on every tier, so N ranks of B/N videos draw and train what one GPU with B does
+    (METHOD §18, ``Trainer.video_index``). A ``batch_size`` that ``gpus`` does not divide is a
+    ConfigError naming ``scene``, the tier and the values (``start``: the scene's start tier,
+    when ``tier`` is one a retry may move to)."""
+    n, batch = tier.gpus, method.batch_size
+    if n == 1:
+        return method
+    if batch % n:
+        where = f"scene {scene}: " if scene else ""
+        reached = ""
+        if start and start != tier.name:
+            reached = f", which an out-of-memory retry from tier {start} may reach,"
+        raise cc.ConfigError(
+            f"{where}tier {tier.name}{reached} trains on {n} GPUs (gpus: {n}), each on "
+            f"batch_size/gpus videos, but method.batch_size {batch} is not a multiple of {n}; "
+            f"set batch_size to a multiple of {n}, or use tiers with fewer GPUs"
+        )
+    return dataclasses.replace(method, batch_size=batch // n)
 
 
 def gaussian_counts(
@@ -262,15 +316,20 @@ def ply_vertex_count(path: Path) -> int:
     raise InputError(f"{path}: no 'element vertex' in the PLY header")
 
 
-def memory_shape(method, gaussians: int, dynamic_gaussians: int | None = None) -> dict:
+def memory_shape(
+    method, gaussians: int, dynamic_gaussians: int | None = None, gpus: int = 1
+) -> dict:
     """The keyword arguments of :func:`chord.peak_memory.estimate` besides the flags: the method's
-    SDS size, frame_num, batch_size, use_tiny_vae and the Gaussian counts."""
+    SDS size, frame_num, use_tiny_vae, the Gaussian counts, and on ``gpus`` GPUs (a multi-GPU
+    tier) the videos each holds, ``batch_size / gpus`` (rounded up where it does not divide:
+    :func:`per_gpu` reports that)."""
     width, height = cc.parse_size(method.size, where="method: size")
     return {
         "width": width,
         "height": height,
         "frames": method.frame_num,
-        "batch": method.batch_size,
+        "batch": -(-method.batch_size // gpus),
+        "gpus": gpus,
         "gaussians": gaussians,
         "dynamic_gaussians": dynamic_gaussians,
         "use_tiny_vae": method.use_tiny_vae,
@@ -287,11 +346,15 @@ def estimate(
 ) -> dict:
     """:func:`chord.peak_memory.estimate` of a training of ``method`` with the memory flags ``mem``
     on ``tier`` (its flags and size applied, :func:`apply`; ``None``: as they are, e.g.
-    already applied), with the experts of ``model`` (:func:`chord.peak_memory.model_for`)."""
+    already applied, on one GPU), with the experts of ``model``
+    (:func:`chord.peak_memory.model_for`). On a multi-GPU tier the GPU figures are per GPU (its
+    ``batch_size / gpus`` videos) and the host RAM the job's (every rank holds an expert)."""
+    gpus = 1
     if tier is not None:
         method, mem = apply(method, mem, tier)
+        gpus = tier.gpus
     return peak_memory.estimate(
-        mem, model=model, **memory_shape(method, gaussians, dynamic_gaussians)
+        mem, model=model, **memory_shape(method, gaussians, dynamic_gaussians, gpus)
     )
 
 
@@ -300,7 +363,7 @@ class ModelFits:
     """The ``fits`` of :func:`auto` for one scene: whether the peak-memory model predicts that
     a training of ``method`` with the memory flags ``mem`` on a tier fits a GPU of
     ``gpu_mem_gb`` (:func:`chord.peak_memory.fits`: reserved bytes plus a CUDA context, read as
-    GiB)."""
+    GiB). On a multi-GPU tier, each of its GPUs with ``batch_size / gpus`` videos."""
 
     method: Any
     mem: Any  # MemoryConfig: the flags a tier leaves unset
@@ -312,7 +375,7 @@ class ModelFits:
 
     def __call__(self, tier: Tier) -> bool:
         m, mem = apply(self.method, self.mem, tier)
-        shape = memory_shape(m, self.gaussians, self.dynamic_gaussians)
+        shape = memory_shape(m, self.gaussians, self.dynamic_gaussians, tier.gpus)
         return peak_memory.fits(mem, self.gpu_mem_gb, model=self.model, **shape)
 
     def describe(self, tier: Tier) -> str:
@@ -345,6 +408,44 @@ def scene_fits(
     if n <= 0:
         return None
     return ModelFits(method, mem, gpu_mem_gb, n, dynamic, label, model)
+
+
+#: Host RAM (MB) and CPUs of a training with the oracle teacher: no Wan weights (the demo's
+#: trainings measure ~0.5 GB max_rss in their benchmark files).
+ORACLE_HOST_MB = 2048
+ORACLE_CPUS = 1
+
+
+def job_request(
+    tier: Tier,
+    *,
+    backend: str,
+    method=None,
+    mem=None,
+    roles: Mapping[str, str] | None = None,
+    fitted: Path | None = None,
+    model: peak_memory.ModelShape = peak_memory.A14B,
+) -> dict:
+    """``{"mem_mb", "cpus_per_gpu"}`` a training job on ``tier`` asks the scheduler for: what
+    the training needs, with the tier's ``host_mem_gb`` and ``cpus_per_gpu`` as the ceiling.
+    The oracle teacher needs little (:data:`ORACLE_HOST_MB`, one CPU); the Wan teacher the
+    peak-memory model's host RAM (one expert, mmgp's staging on offload tiers) with a 10%
+    margin, where the scene's Gaussian counts are known (else the tier's value). On a
+    multi-GPU tier each rank holds all of that (the estimate's host RAM is the job's, every
+    rank's expert); ``cpus_per_gpu`` is per GPU already."""
+    if backend == "oracle":
+        return {
+            "mem_mb": min(tier.mem_mb, ORACLE_HOST_MB * tier.gpus),
+            "cpus_per_gpu": min(tier.cpus_per_gpu, ORACLE_CPUS),
+        }
+    mem_mb = tier.mem_mb
+    if method is not None and mem is not None and roles:
+        objects = [obj for obj, role in roles.items() if role != "avoided"]
+        n, dynamic = gaussian_counts(method, roles, imported_counts(fitted, objects))
+        if n > 0:
+            host = estimate(method, mem, tier, n, dynamic, model)["host_bytes"]
+            mem_mb = min(tier.mem_mb, int(math.ceil(host * 1.1 / 2**20)))
+    return {"mem_mb": mem_mb, "cpus_per_gpu": tier.cpus_per_gpu}
 
 
 def for_attempt(
@@ -415,25 +516,154 @@ def is_out_of_memory(exc: BaseException) -> bool:
 
 
 @contextlib.contextmanager
-def out_of_memory_record(path: Path, tier: str) -> Iterator[None]:
+def out_of_memory_record(path: Path, tier: str, order: Sequence[str] = ()) -> Iterator[None]:
     """Run a training on ``tier``: if it runs out of GPU memory, note ``tier`` in ``path`` (the
-    next attempt reads it) and re-raise; if it completes, remove the record."""
+    next attempt reads it) and re-raise; if it completes, remove the record. ``order``: the
+    tiers' escalation order; when ``tier`` is its last (nothing leaner to retry on) the error
+    logged names the tiers tried and what lowers the peak."""
     try:
         yield
     except BaseException as exc:
         if is_out_of_memory(exc):
             record_out_of_memory(path, tier)
+            if order and tier == order[-1]:
+                tried = read_out_of_memory(path)
+                logger.error(
+                    "out of GPU memory on every tier tried (%s): %s is the leanest, no retry "
+                    "is left. %s",
+                    ", ".join(t for t in order if t in tried),
+                    tier,
+                    REMEDIES,
+                )
         raise
     Path(path).unlink(missing_ok=True)
 
 
-def inject_out_of_memory(tiers_spec: str, tier: str) -> None:
+def inject_out_of_memory(tiers_spec: str, tier: str, rank: int = 0) -> None:
     """Test hook: raise torch's out-of-memory error when ``tier`` is one of the comma-separated
-    names in ``tiers_spec`` (the train adapter passes ``$CHORD_TEST_OOM_TIERS``). It lets a CPU
-    test drive the real exit-and-escalate path; unset, it does nothing."""
-    if tier in {t.strip() for t in tiers_spec.split(",") if t.strip()}:
+    names in ``tiers_spec`` (the train adapter passes ``$CHORD_TEST_OOM_TIERS``), in every
+    rank, or ``tier@r`` in rank ``r`` only (a multi-GPU tier). It lets a CPU test drive the
+    real exit-and-escalate path; unset, it does nothing."""
+    names = {t.strip() for t in tiers_spec.split(",") if t.strip()}
+    if tier in names or f"{tier}@{rank}" in names:
         import torch
 
         raise torch.cuda.OutOfMemoryError(
-            f"injected out-of-memory on tier {tier!r} (test hook CHORD_TEST_OOM_TIERS)"
+            f"injected out-of-memory on tier {tier!r}, rank {rank} (test hook CHORD_TEST_OOM_TIERS)"
         )
+
+
+def with_injected_out_of_memory(target: Callable, tiers_spec: str, tier: str) -> Callable:
+    """``target`` (a rank's training: called with ``group=``) with :func:`inject_out_of_memory`
+    in front, for that rank; picklable, so each rank of a multi-GPU tier runs the hook."""
+    return functools.partial(_inject_then_run, target, tiers_spec, tier)
+
+
+def _inject_then_run(target: Callable, tiers_spec: str, tier: str, /, **kwargs):
+    group = kwargs.get("group")
+    inject_out_of_memory(tiers_spec, tier, group.rank if group is not None else 0)
+    return target(**kwargs)
+
+
+def table(
+    tiers: Mapping[str, Tier],
+    *,
+    method,
+    memory,
+    gaussians: int,
+    dynamic_gaussians: int | None = None,
+    model: peak_memory.ModelShape = peak_memory.A14B,
+    gpus: int | None = None,
+) -> list[dict]:
+    """One row per tier (``gpus`` overrides each tier's GPU count): the
+    videos per GPU, the peak per GPU, what it needs with a CUDA context, whether that fits the
+    tier's declared ``gpu_mem_gb``, and the job's host RAM."""
+    rows = []
+    for tier in tiers.values():
+        if gpus is not None:
+            tier = dataclasses.replace(tier, gpus=gpus)
+        e = estimate(method, memory, tier, gaussians, dynamic_gaussians, model)
+        need = e["reserved_bytes"] / peak_memory.GiB + peak_memory.CUDA_CONTEXT_GIB
+        rows.append(
+            {
+                "tier": tier.name,
+                "gpus": tier.gpus,
+                "videos_per_gpu": e["batch"],
+                "size": f"{e['width']}x{e['height']}",
+                "allocated_gib": e["gpu_bytes"] / peak_memory.GiB,
+                "reserved_gib": e["reserved_bytes"] / peak_memory.GiB,
+                "needs_gib": need,
+                "gpu_mem_gb": tier.gpu_mem_gb,
+                "fits": need <= tier.gpu_mem_gb,
+                "host_gib": e["host_bytes"] / peak_memory.GiB,
+                "phase": e["phase"],
+                "divides": method.batch_size % tier.gpus == 0,
+            }
+        )
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m chord.tiers``: the memory model's peak per GPU for each tier of a config."""
+    import argparse
+
+    import yaml
+
+    p = argparse.ArgumentParser(
+        prog="python -m chord.tiers",
+        description="Predicted peak GPU memory (per GPU) and host RAM (per job) of each tier.",
+    )
+    p.add_argument("--config", default="config/config.yaml", help="its tiers and memory flags")
+    p.add_argument("--size", default="832*480")
+    p.add_argument("--frames", type=int, default=41)
+    p.add_argument("--batch", type=int, default=4, help="method.batch_size: videos per step")
+    p.add_argument("--gaussians", type=int, default=200_000, help="all objects' Gaussians")
+    p.add_argument("--dynamic", type=int, default=100_000, help="the dynamic objects' share")
+    p.add_argument("--wan-vae", action="store_true", help="encode with the Wan VAE, not Tiny")
+    p.add_argument("--gpus", type=int, default=None, help="every tier on this many GPUs")
+    p.add_argument("--ckpt-dir", default=None, help="Wan folder: its experts' shapes (A14B)")
+    args = p.parse_args(argv)
+    with open(args.config) as f:
+        conf = yaml.safe_load(f)
+    cc.validate_config(conf)
+    method = cc.method_from_mapping(
+        {
+            "size": args.size,
+            "frame_num": args.frames,
+            "batch_size": args.batch,
+            "use_tiny_vae": not args.wan_vae,
+        }
+    )
+    memory = cc.memory_from_mapping(conf.get("memory") or {})
+    rows = table(
+        parse(conf["tiers"]),
+        method=method,
+        memory=memory,
+        gaussians=args.gaussians,
+        dynamic_gaussians=args.dynamic,
+        model=peak_memory.model_for(args.ckpt_dir),
+        gpus=args.gpus,
+    )
+    print(
+        f"{args.size}, {args.frames} frames, batch_size {args.batch}, {args.gaussians} "
+        f"Gaussians ({args.dynamic} dynamic), {'Wan' if args.wan_vae else 'Tiny'} VAE"
+    )
+    head = (
+        f"{'tier':<12}{'gpus':>5}{'videos/GPU':>11}{'size':>9}{'allocated':>11}"
+        f"{'reserved':>10}{'needs':>8}{'declared':>10}  fits  {'host/job':>8}  phase"
+    )
+    print(head)
+    for r in rows:
+        fits = "yes" if r["fits"] else "no"
+        if not r["divides"]:
+            fits = "batch"  # batch_size is not a multiple of gpus: a ConfigError
+        print(
+            f"{r['tier']:<12}{r['gpus']:>5}{r['videos_per_gpu']:>11}{r['size']:>9}"
+            f"{r['allocated_gib']:>10.1f}G{r['reserved_gib']:>9.1f}G{r['needs_gib']:>7.1f}G"
+            f"{r['gpu_mem_gb']:>9.0f}G  {fits:<5} {r['host_gib']:>7.0f}G  {r['phase']}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

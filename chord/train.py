@@ -275,9 +275,10 @@ class Trainer:
         return sum(reported)
 
     def sds_split(self, it: int, cams: dict) -> float:
-        """METHOD §15, ``split_sds_backward``: the targets of all videos without grad, the
+        """METHOD §15, ``split_sds_backward``: the targets g_b of all videos without grad, the
         expert released, then each video re-rendered and re-encoded with grad and
-        backpropagated against its stored target; returns the reported SDS loss."""
+        backpropagated against its stored g_b (∂L/∂z = g_b bit for bit, as in the default
+        mode); returns the reported SDS loss."""
         terms = self.sds_terms(it, cams)
         scale = terms[3]
         B = len(cams["viewmats"])
@@ -288,7 +289,7 @@ class Trainer:
                 z = self.encode(video)
                 g = self.target_grad(z, video, it, b, cams, terms)
                 reported += float(0.5 * g.square().sum()) * scale
-                targets.append(rfsds.sds_target(z, g))
+                targets.append(g)  # g itself: recovering it from sg(z - g) would round
                 if self.memory.split_render_backward:
                     # the backward's video leaf is this same render: keep it (in host RAM when
                     # on a GPU) instead of rendering it again
@@ -298,7 +299,7 @@ class Trainer:
 
             def loss_of_video(video, b=b):
                 z = self.encode(video)
-                loss, _ = rfsds.sds_loss(z, z.detach() - targets[b])
+                loss, _ = rfsds.sds_loss(z, targets[b])
                 return loss * scale
 
             video = videos[b] if videos else None
@@ -397,7 +398,11 @@ class Trainer:
         with clock("sds"):
             sds = self.sds(it, cams)
         with clock("all_reduce"):  # the NaN count too: every rank skips the same steps
-            nan = int(self.all_reduce({"teacher_nan": float(self.teacher_nan)})["teacher_nan"])
+            summed = self.all_reduce({"teacher_nan": float(self.teacher_nan), "sds": sds, **reg})
+        nan = int(summed["teacher_nan"])
+        if self.group.distributed:  # the losses of every rank's videos: what one process logs
+            sds = summed["sds"] / self.world_size
+            reg = {k: summed[k] / self.world_size for k in reg}
         params = [
             p
             for opt in self.optimizers.values()
@@ -559,13 +564,14 @@ def run(
 ) -> int:
     """Iterations [start, stop) (early stop honoured); returns the last iteration run.
 
-    Checkpoints go to ``checkpoint_dir`` at METHOD §19's save points and at the end. SIGTERM
-    (a preempted job) finishes the current iteration, writes a checkpoint and raises
-    :class:`Interrupted`. Only the ``writer`` (rank 0) saves. After ``max_nonfinite_steps``
-    skipped steps in a row the run rolls back to the newest checkpoint and, with ``fallback``
-    "float32", runs the guidance in float32 from then on (draws are deterministic, so only a
-    change like this can help);
-    if the steps keep failing it stops with a clear error instead of looping.
+    Checkpoints go to ``checkpoint_dir`` at METHOD §19's save points and at the end, and
+    between them the newest finished iteration's (each replacing the one before), so a run
+    killed outright resumes where it stopped. SIGTERM (a preempted job) finishes the current
+    iteration, writes a checkpoint and raises :class:`Interrupted`. Only the ``writer`` (rank
+    0) saves. After ``max_nonfinite_steps`` skipped steps in a row the run rolls back to the
+    newest checkpoint and, with ``fallback`` "float32", runs the guidance in float32 from
+    then on (draws are deterministic, so only a change like this can help); if the steps keep
+    failing it stops with a clear error instead of looping.
     """
     import signal
     import threading
@@ -580,6 +586,7 @@ def run(
     if checkpoint_dir is not None and threading.current_thread() is threading.main_thread():
         old = signal.signal(signal.SIGTERM, lambda *_: term.append(True))
     rolled_back_to = None
+    newest = None  # the checkpoint of the last iteration, when not a save point
     from tqdm import tqdm
 
     bar = tqdm(
@@ -621,12 +628,20 @@ def run(
                 trainer.nonfinite = 0
                 logger.warning("rolled back to %s after non-finite steps", ckpts[-1].name)
                 continue
-            if writer and checkpoint_dir is not None and (it in saves or it == stop - 1 or term):
-                save_checkpoint(
-                    Path(checkpoint_dir) / f"ckpt_{it:06d}.pt",
-                    trainer.checkpoint(it, config_hash),
-                )
-            if term:
+            # every rank stops after the same iteration, whichever got the signal (METHOD §18)
+            halt = trainer.group.any(bool(term), "SIGTERM")
+            kept = it in saves or it == stop - 1 or halt
+            # Between save points the newest finished (finite) iteration is kept on disk too,
+            # replacing the one before: a job whose processes are all signalled at once
+            # (scancel --full; srun answers its SIGTERM with a SIGKILL of the step) is killed
+            # before the SIGTERM checkpoint below, yet resumes from its last iteration.
+            if writer and checkpoint_dir is not None and (kept or trainer.nonfinite == 0):
+                path = Path(checkpoint_dir) / f"ckpt_{it:06d}.pt"
+                save_checkpoint(path, trainer.checkpoint(it, config_hash))
+                if newest is not None:
+                    newest.unlink(missing_ok=True)
+                newest = None if kept else path
+            if halt:
                 raise Interrupted(f"SIGTERM after iteration {it}; checkpoint written")
             if early is not None and it >= early:
                 break

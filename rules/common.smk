@@ -257,13 +257,40 @@ def train_tier(scene, stage, attempt):
     return TIERS[ct.for_attempt(scene_tier(scene), attempt, TIERS, oom)]
 
 
+def job_request(scene, tier):
+    """mem_mb and cpus_per_gpu of a training job of scene on tier: what it needs, the tier's
+    values the ceiling (chord.tiers.job_request)."""
+    spec = CONF.scenes[scene]
+    return ct.job_request(
+        tier,
+        backend=CONF.guidance.backend,
+        method=ct.apply(spec.method, CONF.memory, tier)[0],
+        mem=CONF.memory,
+        roles=object_roles(scene),
+        fitted=spec.gaussians,
+        model=MODEL,
+    )
+
+
+def preview_mem_mb(wildcards, attempt):
+    """Host RAM of a teacher preview: the oracle's little, else the tier's (the sampling
+    pipeline holds both Wan experts)."""
+    if CONF.guidance.backend == "oracle":
+        return ct.ORACLE_HOST_MB
+    return train_tier(wildcards.scene, "coarse", attempt).mem_mb
+
+
 def tier_resource(stage, key):
-    """A training resource as a function of the attempt: tier, mem_mb, runtime, gpu_model or
-    slurm_partition (None, i.e. unset, where the tier has none)."""
+    """A training resource as a function of the attempt: tier, gpus (the tier's GPU count:
+    the rules' gpu resource), mem_mb, cpus_per_gpu, runtime, gpu_model or slurm_partition
+    (None, i.e. unset, where the tier has none)."""
     attr = {"tier": "name", "runtime": "runtime_min"}.get(key, key)
 
     def resource(wildcards, attempt):
-        return getattr(train_tier(wildcards.scene, stage, attempt), attr)
+        tier = train_tier(wildcards.scene, stage, attempt)
+        if key in ("mem_mb", "cpus_per_gpu"):
+            return job_request(wildcards.scene, tier)[key]
+        return getattr(tier, attr)
 
     return resource
 

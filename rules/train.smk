@@ -1,6 +1,9 @@
 # Training runs on a memory tier (DESIGN §6). The tier, and the host RAM, wall time and GPU kind
 # it needs, are resources computed from `attempt`, never params: a tier change re-runs nothing.
-# After an out-of-memory exit the retry runs on the next leaner tier.
+# After an out-of-memory exit the retry runs on the next leaner tier: one attempt per tier. The
+# retries belong to the scheduling Snakemake (a cluster job runs Snakemake again, with
+# workflow.remote_exec set): each retry is then a new job with the next tier's resources, not a
+# second try inside the first job's allocation.
 
 
 rule train_coarse:
@@ -14,13 +17,14 @@ rule train_coarse:
         P.log(RESULTS, "{scene}", "train_coarse"),
     benchmark:
         P.bench(RESULTS, "{scene}", "train_coarse")
-    retries: len(TIERS)
+    retries: 0 if workflow.remote_exec else len(TIERS) - 1
     conda:
         "../workflow/envs/chord.yaml"
     resources:
-        gpu=1,
+        gpu=tier_resource("coarse", "gpus"),
         tier=tier_resource("coarse", "tier"),
         mem_mb=tier_resource("coarse", "mem_mb"),
+        cpus_per_gpu=tier_resource("coarse", "cpus_per_gpu"),
         runtime=tier_resource("coarse", "runtime"),
         gpu_model=tier_resource("coarse", "gpu_model"),
         slurm_partition=tier_resource("coarse", "slurm_partition"),
@@ -43,13 +47,14 @@ rule train_fine:
         P.log(RESULTS, "{scene}", "train_fine"),
     benchmark:
         P.bench(RESULTS, "{scene}", "train_fine")
-    retries: len(TIERS)
+    retries: 0 if workflow.remote_exec else len(TIERS) - 1
     conda:
         "../workflow/envs/chord.yaml"
     resources:
-        gpu=1,
+        gpu=tier_resource("fine", "gpus"),
         tier=tier_resource("fine", "tier"),
         mem_mb=tier_resource("fine", "mem_mb"),
+        cpus_per_gpu=tier_resource("fine", "cpus_per_gpu"),
         runtime=tier_resource("fine", "runtime"),
         gpu_model=tier_resource("fine", "gpu_model"),
         slurm_partition=tier_resource("fine", "slurm_partition"),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import logging
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,8 @@ from chord.render import describe_backend, resolve_backend
 
 logger = logging.getLogger(__name__)
 
+# Beside a configuration's checkpoints: its loss log across attempts (copied to the output).
+LOSS_HISTORY = "losses.tsv"
 LOG_FIELDS = ("it", "sds", "ground", "temporal", "arap", "t", "cfg", "skipped", "nan")
 
 
@@ -127,6 +130,17 @@ class LossLog:
         self.f.close()
 
 
+def describe_device(device) -> str:
+    """The device, with the GPU's name and the job's CUDA_VISIBLE_DEVICES on CUDA."""
+    import os
+
+    dev = torch.device(device)
+    if dev.type != "cuda" or not torch.cuda.is_available():
+        return str(dev)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "all")
+    return f"{dev} ({torch.cuda.get_device_name(dev)}, CUDA_VISIBLE_DEVICES={visible})"
+
+
 def run_preflight(
     inputs, method, memory, guidance, device, render_backend, tier, checkpoint_dir, env
 ):
@@ -227,10 +241,13 @@ def run_stage(
             logger.info("continuing the coarse hand-off at its size %s, not %s", size, method.size)
             method = dataclasses.replace(method, size=size)
     memory = memory or config.memory_from_mapping({})
+    if tier:
+        logger.info("training %s on tier %s", stage, tier)
     run_preflight(
         inputs, method, memory, guidance, device, render_backend, tier, checkpoint_dir, env
     )
-    h = config.training_hash(method, guidance)
+    # N ranks of batch_size videos train what one process of N·batch_size does: one hash
+    h = config.training_hash(method, guidance, group.world_size if group else 1)
     seed = rng.base_seed(method.seed)
     if start_ckpt is not None:
         if start_ckpt["config_hash"] != h:
@@ -258,7 +275,11 @@ def run_stage(
         group=group,
         render_backend=render_backend,
     )
-    logger.info("training on %s; rendering with the %s", device, describe_backend(trainer.backend))
+    logger.info(
+        "training on %s; rendering with the %s",
+        describe_device(device),
+        describe_backend(trainer.backend),
+    )
     predicted = log_memory_estimate(trainer, method, guidance, tier)
     N = method.iterations
     stop = method.add_cp_layer_iter if stage == "coarse" and method.add_cp_objs else N + 1
@@ -276,7 +297,11 @@ def run_stage(
         if torch.cuda.is_available():
             timings += tuple(f"{p}_peak_mb" for p in phases)
     writer = group.rank == 0  # only rank 0 writes logs, checkpoints and the hand-off
-    log = LossLog(loss_log, start, timings) if writer else None
+    # The loss log grows beside the checkpoints (outside the job's outputs, which Snakemake
+    # deletes when an attempt fails) and is copied to the output at the end: a retry or a
+    # requeued job keeps the rows before its resume point.
+    history = ckpt_dir / LOSS_HISTORY
+    log = LossLog(history, start, timings) if writer else None
     try:
         if start < stop and (early is None or start <= early):
             last = train.run(
@@ -296,11 +321,16 @@ def run_stage(
         if log is not None:
             log.close()
     log_measured_memory(device, predicted, memory)
+    if writer:
+        Path(loss_log).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(history, loss_log)
     if writer:  # the hand-off records the size trained at (a lowres tier changes it) and the tier
         final = {
             **trainer.checkpoint(last, h),
             "size": method.size,
             "tier": tier,
+            # every stage's tier, coarse first: the result's provenance (metrics.tsv)
+            "tiers": [*(start_ckpt.get("tiers", []) if start_ckpt else []), tier],
             "render_backend": trainer.backend,
             "device": str(device),
         }
@@ -324,30 +354,66 @@ def run(
 ) -> dict:
     """Rules ``train_coarse`` and ``train_fine``: :func:`run_stage` on this attempt's memory
     ``tier`` (its flags and size applied to the scene's method and the config's memory
-    flags), on a GPU of its own (:func:`chord.gpus.job_gpu` narrows ``env``'s
-    CUDA_VISIBLE_DEVICES before CUDA starts), noting an out-of-memory exit for the retry's
-    tier (:func:`chord.tiers.out_of_memory_record`). ``CHORD_TEST_OOM_TIERS`` in ``env``
-    (tests) makes the training run out of memory on those tiers."""
-    from chord import gpus
+    flags), on the tier's GPUs (:func:`chord.gpus.job_gpus` narrows ``env``'s
+    CUDA_VISIBLE_DEVICES to them before CUDA starts), noting an out-of-memory exit for the
+    retry's tier (:func:`chord.tiers.out_of_memory_record`).
+
+    On a multi-GPU tier (``gpus: N``) N ranks train, one process per GPU
+    (:func:`chord.launch.launch`: NCCL on CUDA, gloo on a CPU), each :func:`run_stage` on
+    ``batch_size / N`` of the scene's videos (:func:`chord.tiers.per_gpu`; a ``batch_size``
+    that N does not divide is a ConfigError): the draws and the result of one process with
+    ``batch_size`` videos, up to the reduction order. Rank 0 writes; a failing rank fails the
+    job with its traceback, and an out-of-memory error in any rank is recorded for the retry.
+    ``CHORD_TEST_OOM_TIERS`` in ``env`` (tests) makes the training run out of memory on those
+    tiers (``<tier>@<rank>``: in that rank only)."""
+    from chord import gpus, launch
 
     spec = conf.scenes[scene]
-    chosen = tiers.parse(conf.tiers)[tier]
+    table = tiers.parse(conf.tiers)
+    chosen = table[tier]
     method, memory = tiers.apply(spec.method, conf.memory, chosen)
+    method = tiers.per_gpu(method, chosen, scene=scene)  # the videos of each rank
     record = Path(checkpoint_dir) / tiers.OOM_RECORD
-    with gpus.job_gpu(env), tiers.out_of_memory_record(record, chosen.name):
-        tiers.inject_out_of_memory(env.get("CHORD_TEST_OOM_TIERS", ""), chosen.name)
-        return run_stage(
-            stage,
-            inputs={**inputs, "data_dir": spec.data},
-            out=out,
-            loss_log=loss_log,
-            checkpoint_dir=checkpoint_dir,
-            method=method,
-            memory=memory,
-            guidance=conf.guidance,
-            handoff=handoff,
-            device="cuda" if torch.cuda.is_available() else "cpu",
-            tier=chosen.name,
-            render_backend=conf.render_backend,
-            env=env,
+    oom = env.get("CHORD_TEST_OOM_TIERS", "")
+    kwargs = {
+        "inputs": {**inputs, "data_dir": spec.data},
+        "out": out,
+        "loss_log": loss_log,
+        "checkpoint_dir": checkpoint_dir,
+        "method": method,
+        "memory": memory,
+        "guidance": conf.guidance,
+        "handoff": handoff,
+        "tier": chosen.name,
+        "render_backend": conf.render_backend,
+    }
+    order = list(table)
+    with (
+        gpus.job_gpus(env, chosen.gpus),
+        tiers.out_of_memory_record(record, chosen.name, order=order),
+    ):
+        cuda = torch.cuda.is_available()
+        if chosen.gpus == 1:
+            tiers.inject_out_of_memory(oom, chosen.name)
+            return run_stage(stage, device="cuda" if cuda else "cpu", env=env, **kwargs)
+        if cuda and torch.cuda.device_count() < chosen.gpus:
+            raise config.ConfigError(
+                f"scene {scene}: tier {chosen.name} trains on {chosen.gpus} GPUs (gpus: "
+                f"{chosen.gpus}), but this job sees {torch.cuda.device_count()} "
+                f"(CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES', 'unset')}); run it "
+                f"where a node has {chosen.gpus} GPUs (locally the gpu resource is capped at "
+                "this machine's count)"
+            )
+        logger.info(
+            "tier %s: %d ranks on %s, %d of the %d videos per step each",
+            chosen.name,
+            chosen.gpus,
+            f"GPUs {env.get('CUDA_VISIBLE_DEVICES', 'all')}" if cuda else "the CPU (gloo)",
+            method.batch_size,
+            spec.method.batch_size,
+        )
+        target = tiers.with_injected_out_of_memory(run_stage, oom, chosen.name)
+        env = dict(env)
+        return launch.launch(
+            target, chosen.gpus, env=env, kwargs={"stage": stage, "env": env, **kwargs}
         )

@@ -297,6 +297,7 @@ def test_memory_shape_and_flags_follow_the_tier(default_tiers):
         "height": 320,
         "frames": 41,
         "batch": 4,
+        "gpus": 1,
         "gaussians": 200,
         "dynamic_gaussians": 100,
         "use_tiny_vae": m.use_tiny_vae,
