@@ -1,0 +1,308 @@
+"""The Slurm tests' shared pieces: one test cluster per session (tests/slurm/cluster.py), a CI
+site profile derived from profiles/slurm, and Snakemake runs through the real executor plugin.
+
+The cluster needs root and the Debian Slurm packages (tests/slurm/install.sh, which CI runs;
+this fixture runs it too when the packages are missing and it can). Otherwise every test here
+skips with the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from tests.conftest import REPO
+from tests.slurm import cluster as sc
+
+INSTALL = Path(__file__).with_name("install.sh")
+TEMPLATE = REPO / "profiles/slurm"
+# The node's GPU kinds stand in for the template's: its first (the fullest tier's) is `big`,
+# every other `small`.
+FIRST_KIND, OTHER_KIND = "big", "small"
+# Host RAM (GB) of the first tier on this 24 GB node, each next one 0.25 GB less: distinct,
+# so a job's --mem tells its tier, and below the oracle training's own need (~2 GB), so the
+# tier's value (the ceiling) is what a job asks for.
+HOST_MEM_GB, HOST_MEM_STEP = 1.5, 0.25
+
+
+def _ensure_installed() -> None:
+    if sc.missing_commands():
+        if os.geteuid() == 0 and shutil.which("apt-get"):
+            proc = subprocess.run(["bash", str(INSTALL)], capture_output=True, text=True)
+            if proc.returncode != 0:
+                pytest.skip(f"{INSTALL} failed: {proc.stderr[-2000:]}")
+    missing = sc.missing_commands()
+    if missing:
+        pytest.skip(
+            f"Slurm test cluster: not installed ({', '.join(missing)} missing; "
+            f"root and apt-get install them with {INSTALL})"
+        )
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """The session's Slurm cluster (started once, stopped after the last Slurm test)."""
+    if sys.platform != "linux" or os.geteuid() != 0:
+        pytest.skip("Slurm test cluster: needs root on Linux (slurmd, munged as user munge)")
+    _ensure_installed()
+    pytest.importorskip("snakemake_executor_plugin_slurm")
+    try:
+        cluster = sc.Cluster().start()
+    except sc.ClusterError as exc:
+        if "/etc/slurm/slurm.conf" in str(exc).splitlines()[0]:
+            pytest.skip(f"Slurm test cluster: {str(exc).splitlines()[0]}")
+        raise
+    print(f"\nSlurm test cluster up in {cluster.start_seconds:.1f} s ({cluster.root})")
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def write_ci_profile(folder: Path, cluster: sc.Cluster, tiers: list[str] | None = None) -> Path:
+    """profiles/slurm as this cluster's site would set it: loaded from the template and
+    changed only where the site differs (partition, GPU kinds, node size, fast polling);
+    ``tiers``: the only tiers of the site (the workflow config's, when it has fewer)."""
+    conf = yaml.safe_load((TEMPLATE / "config.yaml").read_text())
+    site = yaml.safe_load((TEMPLATE / conf["configfile"]).read_text())
+    if tiers is not None:
+        site["tiers"] = {name: site["tiers"][name] for name in tiers}
+    conf["default-resources"]["slurm_partition"] = sc.PARTITION
+    # the node has 2 CPUs and 24 GB. A group job asks for its parallel members' CPUs and
+    # memory summed, bounded by `cores`: one CPU per group job lets two scenes' geometry run
+    # side by side
+    conf["default-resources"]["mem_mb"] = 1000
+    conf["cores"] = 1
+    conf["latency-wait"] = 5
+    # poll soon after a submission (the plugin's default waits 40 s first)
+    conf["slurm-init-seconds-before-status-checks"] = 2
+    conf["slurm-status-command"] = "sacct" if cluster.accounting else "squeue"
+    conf["slurm-keep-successful-logs"] = True
+    kinds = list(dict.fromkeys(t.get("gpu_model") for t in site["tiers"].values()))
+    for i, tier in enumerate(site["tiers"].values()):
+        tier["gpu_model"] = FIRST_KIND if tier.get("gpu_model") == kinds[0] else OTHER_KIND
+        tier["slurm_partition"] = sc.PARTITION
+        tier["host_mem_gb"] = max(HOST_MEM_GB - HOST_MEM_STEP * i, HOST_MEM_STEP)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.yaml").write_text(yaml.safe_dump(conf, sort_keys=False))
+    (folder / conf["configfile"]).write_text(yaml.safe_dump(site, sort_keys=False))
+    return folder
+
+
+@pytest.fixture(scope="session")
+def ci_profile(slurm_cluster, tmp_path_factory) -> Path:
+    return write_ci_profile(tmp_path_factory.mktemp("ci-profile"), slurm_cluster)
+
+
+def snakemake_cmd(workdir: Path, profile: Path | None, *args: str) -> list[str]:
+    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile")]
+    cmd += ["--directory", str(workdir)]
+    cmd += ["--workflow-profile", str(profile)] if profile else ["--cores", "2"]
+    return [*cmd, *args]
+
+
+def snakemake_env(cluster: sc.Cluster | None, **extra: str) -> dict:
+    """The submitting Snakemake's environment; jobs get it too (sbatch --export=ALL)."""
+    base = cluster.env if cluster else os.environ
+    env = {k: v for k, v in base.items() if k != "CHORD_TEST_OOM_TIERS"}
+    # the executor guesses the Slurm account from $USER's associations
+    env.setdefault("USER", pwd.getpwuid(os.getuid()).pw_name)
+    return {**env, "PYTHONPATH": str(REPO), **extra}
+
+
+def run_snakemake(
+    workdir: Path,
+    profile: Path | None,
+    *args: str,
+    cluster: sc.Cluster | None = None,
+    env: dict | None = None,
+    check: bool = True,
+    timeout: float = 600,
+) -> subprocess.CompletedProcess:
+    """Snakemake on the repository's workflow in ``workdir``: through Slurm with ``profile``,
+    or locally (default profile) without."""
+    cmd = snakemake_cmd(workdir, profile, *args)
+    proc = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        cwd=workdir,
+        env=snakemake_env(cluster, **(env or {})),
+        timeout=timeout,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}"
+            f"{proc.stderr[-8000:]}"
+        )
+    return proc
+
+
+def wait_until(what: str, ok, timeout: float = 180, every: float = 0.5):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = ok()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+# ----------------------------------------------------------------------------- job records
+JOB_FIELDS = ("JobID", "JobName", "Comment", "State", "ReqTRES", "Timelimit", "Partition")
+
+
+def run_id(log: str) -> str:
+    """The executor's run id (every job's Slurm job name) from Snakemake's output."""
+    m = re.search(r"SLURM run ID: (\S+)", log)
+    assert m, log[-3000:]
+    return m[1]
+
+
+def slurm_jobs(cluster: sc.Cluster, log: str, duplicates: bool = False) -> list[dict]:
+    """The Slurm jobs of the Snakemake run whose output is ``log``."""
+    rid = run_id(log)
+    return [j for j in cluster.sacct(*JOB_FIELDS, duplicates=duplicates) if j["JobName"] == rid]
+
+
+def rule_jobs(jobs: list[dict], rule: str, scene: str | None = None) -> list[dict]:
+    """Jobs of ``rule`` (the executor's comment: rule_<rule>[_wildcards_<values>])."""
+    want = f"rule_{rule}_wildcards_{scene}" if scene else f"rule_{rule}"
+    return [j for j in jobs if j["Comment"] == want or j["Comment"].startswith(want + "_")]
+
+
+def job_number(job: dict) -> int:
+    """Sort key: submission order."""
+    return int(job["JobID"])
+
+
+def tres(job: dict) -> dict[str, str]:
+    """ReqTRES "cpu=1,gres/gpu:big=1,mem=1536M,..." as a dict."""
+    return dict(item.split("=", 1) for item in job["ReqTRES"].split(",") if item)
+
+
+def gpu_kinds(job: dict) -> set[str]:
+    return {k.split(":", 1)[1] for k in tres(job) if k.startswith("gres/gpu:")}
+
+
+def minutes(timelimit: str) -> int:
+    """Slurm's [D-]HH:MM:SS as minutes."""
+    days, _, hms = timelimit.rpartition("-")
+    h, m, s = (int(x) for x in hms.split(":"))
+    return (int(days or 0) * 24 + h) * 60 + m + (s > 0)
+
+
+def ci_tiers(profile: Path, workdir: Path) -> dict:
+    """The tiers a run with the CI profile sees: the workdir's config with the profile's site
+    config merged over it (chord.tiers.parse of the result)."""
+    from chord import tiers as ct
+
+    conf = yaml.safe_load((workdir / "config/config.yaml").read_text())
+    site = yaml.safe_load((profile / "site.yaml").read_text())
+    merged = {name: {**spec, **site["tiers"].get(name, {})} for name, spec in conf["tiers"].items()}
+    return ct.parse(merged)
+
+
+# ----------------------------------------------------------------------------- the demo run
+# The demo scenes, made small: every stage still runs, on tiny inputs.
+SMALL = {
+    "gs_init_num": 500,
+    "surface_target_num": 500,
+    "size": "64*32",
+    "export_size": "64*32",
+    "frame_num": 9,
+    "prev_frame_number": 5,
+    "back_iter": 4,
+    "iterations": 12,
+    "save_interval": 4,
+    "early_stop": False,
+}
+# sway starts on the second tier (hop on the first: the run uses both GPU kinds). Memory flags
+# never change results.
+SHEET_TIERS = {"sway": "split"}
+
+
+def small_demo(folder: Path) -> Path:
+    """The shipped config and sheet (the demo scenes hop and sway), with SMALL per scene."""
+    from tests.workflow.test_workflow import demo_workdir
+
+    work = demo_workdir(folder)
+    path = work / "config/config.yaml"
+    conf = yaml.safe_load(path.read_text())
+    conf["scene_overrides"] = {scene: dict(SMALL) for scene in ("hop", "sway")}
+    path.write_text(yaml.safe_dump(conf, sort_keys=False))
+    set_sheet_tiers(work, SHEET_TIERS)
+    return work
+
+
+def set_sheet_tiers(work: Path, tiers: dict[str, str]) -> None:
+    sheet = work / "config/scenes.tsv"
+    rows = [line.split("\t") for line in sheet.read_text().splitlines()]
+    col = rows[0].index("tier")
+    for row in rows[1:]:
+        row[col] = tiers.get(row[0], row[col])
+    sheet.write_text("\n".join("\t".join(r) for r in rows) + "\n")
+
+
+def set_overrides(work: Path, **scenes: dict) -> None:
+    """Change scene_overrides values of the workdir's config (e.g. hop={"iterations": 80})."""
+    path = work / "config/config.yaml"
+    conf = yaml.safe_load(path.read_text())
+    for scene, values in scenes.items():
+        conf["scene_overrides"].setdefault(scene, {}).update(values)
+    path.write_text(yaml.safe_dump(conf, sort_keys=False))
+
+
+def first_tier() -> str:
+    return next(iter(yaml.safe_load((REPO / "config/config.yaml").read_text())["tiers"]))
+
+
+@pytest.fixture(scope="session")
+def slurm_demo(slurm_cluster, ci_profile, tmp_path_factory):
+    """The small demo run end to end through Slurm, and the same config run locally (default
+    profile) at the same time, for comparison. hop's training runs out of GPU memory on the
+    first tier (the training's test hook CHORD_TEST_OOM_TIERS; Slurm jobs inherit it through
+    sbatch --export=ALL): it escalates to the next (tests/slurm/test_escalation.py)."""
+    root = tmp_path_factory.mktemp("demo")
+    work, local = small_demo(root / "slurm"), small_demo(root / "local")
+    oom = {"CHORD_TEST_OOM_TIERS": first_tier()}
+    with open(root / "local.log", "w") as out:
+        local_proc = subprocess.Popen(
+            snakemake_cmd(local, None),
+            cwd=local,
+            env=snakemake_env(None, **oom),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        proc = run_snakemake(work, ci_profile, cluster=slurm_cluster, env=oom)
+    except BaseException:
+        local_proc.kill()
+        raise
+    finally:
+        local_proc.wait(timeout=900)
+    log = proc.stdout + proc.stderr
+    assert local_proc.returncode == 0, (root / "local.log").read_text()[-5000:]
+    return SimpleNamespace(
+        work=work,
+        local=local,
+        log=log,
+        jobs=slurm_jobs(slurm_cluster, log),
+        profile=ci_profile,
+    )
+
+
+def copy_workdir(src: Path, dst: Path) -> Path:
+    """A finished workdir copied with its times (its outputs stay up to date)."""
+    shutil.copytree(src, dst, symlinks=True)
+    return dst
