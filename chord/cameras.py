@@ -161,6 +161,14 @@ def reference_view(
     return orbit_viewmats((elev_l + elev_r) / 2.0, ref_azim, ref_cam_radius, target)
 
 
+def method_reference_view(method, target) -> Tensor:
+    """:func:`reference_view` of a method's elevations, ``ref_azim`` and ``ref_cam_radius``
+    about ``target`` (the reference render, export, evaluate and the preview share it)."""
+    return reference_view(
+        method.elev_l, method.elev_r, method.ref_azim, method.ref_cam_radius, target
+    )
+
+
 def background_for(invert_bg_prob: float) -> list[float]:
     """Fixed-view renders (reference, export): white unless black backgrounds are always
     drawn (METHOD §20: white if invert_bg_prob ≤ 0, else black)."""

@@ -139,13 +139,7 @@ def run(
             "rerun the reference stage"
         )
     g0 = trained.scene_frames(scene, 1, objects=scene.names)
-    view = cameras.reference_view(
-        method.elev_l,
-        method.elev_r,
-        method.ref_azim,
-        method.ref_cam_radius,
-        cameras.scene_target(method, doc),
-    )
+    view = cameras.method_reference_view(method, cameras.scene_target(method, doc))
     from chord.export import render_frames
 
     bg = cameras.background_for(method.invert_bg_prob)

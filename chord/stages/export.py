@@ -68,9 +68,7 @@ def run(
         logger.info("%s: %d frames", path, len(images))
         return images
 
-    ref = cameras.reference_view(
-        method.elev_l, method.elev_r, method.ref_azim, method.ref_cam_radius, target
-    )
+    ref = cameras.method_reference_view(method, target)
     ref_images = video(out_ref_view, ref)
     export.write_gif(out_gif, ref_images, fps)
     azim = method.ref_azim + torch.arange(T, dtype=torch.float64) * 360.0 / T

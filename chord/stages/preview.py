@@ -50,13 +50,7 @@ def run(
         names = [o["name"] for o in doc["objects"] if o["role"] != "avoided"]
         gsets = {n: ply.read_ply(plys[n], sh_degree_cap=method.sh_degree) for n in names}
         teacher = oracle.for_scene(doc, gsets, data_dir, method, guidance, width, height)
-        view = cameras.reference_view(
-            method.elev_l,
-            method.elev_r,
-            method.ref_azim,
-            method.ref_cam_radius,
-            cameras.scene_target(method, doc),
-        )
+        view = cameras.method_reference_view(method, cameras.scene_target(method, doc))
         K = cameras.intrinsics(width, height, method.fovy)
         video = teacher.render_target(view, K, torch.ones(3))  # [T, 3, H, W], white
         frames = media.to_uint8(video.permute(0, 2, 3, 1))

@@ -35,9 +35,7 @@ def run(*, scene_json: Path, plys: dict[str, Path], out_png: Path, out_orbit: Pa
     splats = scene_splats(scene_json, plys)
     target = cameras.scene_target(method, doc)
     K = cameras.intrinsics(width, height, method.fovy)
-    ref = cameras.reference_view(
-        method.elev_l, method.elev_r, method.ref_azim, method.ref_cam_radius, target
-    )
+    ref = cameras.method_reference_view(method, target)
     image = render_views(splats, ref[None], K, width, height)[0]
     media.write_png(out_png, image)
     azim = method.ref_azim + torch.arange(ORBIT_VIEWS, dtype=torch.float64) * 360.0 / ORBIT_VIEWS
