@@ -33,6 +33,16 @@ def _roles(conf: cfg.Config, spec: cfg.SceneSpec) -> dict[str, str]:
     return {o["name"]: o["role"] for o in doc["objects"]}
 
 
+def cmd_build_kernels(args) -> int:
+    """gsplat's kernels built for this node's GPU and launched on it (exit 2 when they cannot
+    be: no CUDA GPU, no toolkit, a failed build or launch)."""
+    from chord import doctor
+
+    checks = doctor.build_kernels(rebuild=args.rebuild)
+    print(doctor.table(checks))
+    return EXIT_INPUT if doctor.failures(checks) else 0
+
+
 def cmd_validate(args) -> int:
     conf = _load(args)
     for name, spec in conf.scenes.items():
@@ -48,7 +58,7 @@ def cmd_doctor(args) -> int:
     from chord import doctor
 
     conf = cfg.load_file(Path(args.config), *(Path(p) for p in args.configfile))
-    checks = doctor.run(conf, os.environ, gpu_mem_gb=conf.gpu_mem_gb)
+    checks = doctor.run(conf, os.environ)
     print(doctor.table(checks))
     counts = {s: sum(c.status == s for c in checks) for s in (doctor.PASS, doctor.FAIL, doctor.NA)}
     print(
@@ -273,6 +283,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="a config file merged over --config, as snakemake --configfile does (repeatable)",
     )
     sp.set_defaults(func=cmd_doctor)
+
+    sp = sub.add_parser(
+        "build-kernels",
+        help="build gsplat's CUDA kernels for this node's GPU kind (once; jobs that start "
+        "while it builds wait for it) and launch them on the card",
+    )
+    sp.add_argument("--rebuild", action="store_true", help="delete this card's build first")
+    sp.set_defaults(func=cmd_build_kernels)
 
     sp = sub.add_parser("demo-scenes", help="write the bundled procedural demo scenes")
     sp.add_argument("outdir", help="folder that receives <name>/scene.glb, obj_<i>.glb, ...")

@@ -259,6 +259,7 @@ class Config:
     render_backend: str = "auto"
     auto_lowres: bool = False
     gpu_mem_gb: float | None = None
+    gpus_per_node: int | None = None
     preview: PreviewConfig = field(default_factory=PreviewConfig)
 
 
@@ -416,6 +417,7 @@ def load(config: dict, *, base: Path | None = None) -> Config:
         render_backend=config["render_backend"],
         auto_lowres=config["auto_lowres"],
         gpu_mem_gb=config["gpu_mem_gb"],
+        gpus_per_node=config["gpus_per_node"],
         preview=PreviewConfig(**config["preview"]),
     )
 

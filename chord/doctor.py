@@ -74,27 +74,85 @@ def gpu_bytes(device=None) -> int | None:
     return torch.cuda.get_device_properties(device).total_memory
 
 
-def host_bytes() -> int | None:
-    """Host RAM this process may use: MemTotal, or the cgroup's limit where lower (a Slurm
-    job's --mem)."""
-    total = None
+def host_bytes(
+    env: Mapping[str, str] | None = None,
+    *,
+    proc: Path = Path("/proc"),
+    cgroup: Path = Path("/sys/fs/cgroup"),
+) -> int | None:
+    """Host RAM this process may use, in bytes: the least of the machine's RAM (MemTotal), the
+    memory limits of the cgroups it runs in and a Slurm job's memory request; None when none of
+    them is known.
+
+    The cgroups are those ``proc/self/cgroup`` names, not the mount's root: a Slurm job's limit
+    (its --mem) lies in the job's own cgroup, ``<cgroup>/<path>/memory.max`` under cgroup v2 (a
+    line ``0::<path>``), ``<cgroup>/memory/<path>/memory.limit_in_bytes`` under v1 (a line
+    ``N:memory:<path>``), and every cgroup from there up to the root limits the process ("max":
+    no limit). The Slurm request is read from ``env`` (os.environ when None): SLURM_MEM_PER_NODE,
+    else SLURM_MEM_PER_CPU x SLURM_CPUS_ON_NODE or SLURM_MEM_PER_GPU x SLURM_GPUS_ON_NODE, in
+    MB (0: the whole node). ``proc`` and ``cgroup`` are where procfs and the cgroup file systems
+    are mounted."""
+    env = os.environ if env is None else env
+    limits = []
     try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
+        for line in (proc / "meminfo").read_text().splitlines():
             if line.startswith("MemTotal:"):
-                total = int(line.split()[1]) * 1024
-    except OSError:
+                limits.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
         pass
-    for limit_file in (
-        Path("/sys/fs/cgroup/memory.max"),
-        Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"),
-    ):
-        try:
-            text = limit_file.read_text().strip()
-        except OSError:
+    for mount, path, name in _memory_cgroups(proc, cgroup):
+        parts = [p for p in path.split("/") if p not in ("", ".", "..")]
+        for depth in range(len(parts), -1, -1):  # the cgroup, then each parent up to the root
+            limits += _cgroup_limit(mount.joinpath(*parts[:depth], name))
+    limits += _slurm_limit(env)
+    return min(limits) if limits else None
+
+
+def _memory_cgroups(proc: Path, cgroup: Path) -> list[tuple[Path, str, str]]:
+    """(mount point, cgroup path, limit file) of each memory cgroup of ``proc/self/cgroup``;
+    without that file, the mounts' roots (a container's own cgroup, where it has one)."""
+    try:
+        lines = (proc / "self" / "cgroup").read_text().splitlines()
+    except OSError:
+        return [(cgroup, "", "memory.max"), (cgroup / "memory", "", "memory.limit_in_bytes")]
+    found = []
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
             continue
-        if text.isdigit() and (total is None or int(text) < total):
-            total = int(text)
-    return total
+        if parts[1] == "":  # cgroup v2: the unified hierarchy
+            found.append((cgroup, parts[2].strip(), "memory.max"))
+        elif "memory" in parts[1].split(","):  # cgroup v1: the memory controller's hierarchy
+            found.append((cgroup / "memory", parts[2].strip(), "memory.limit_in_bytes"))
+    return found
+
+
+def _cgroup_limit(path: Path) -> list[int]:
+    """[the limit a cgroup's memory.max or memory.limit_in_bytes holds]; [] for none."""
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return []
+    return [int(text)] if text.isdigit() else []  # "max": no limit
+
+
+def _slurm_limit(env: Mapping[str, str]) -> list[int]:
+    """[a Slurm job's memory request in bytes] from its environment; [] outside a job."""
+
+    def number(key: str) -> int | None:
+        try:
+            return int(env[key])
+        except (KeyError, ValueError):
+            return None
+
+    mb = number("SLURM_MEM_PER_NODE")
+    for per, count in (
+        ("SLURM_MEM_PER_CPU", "SLURM_CPUS_ON_NODE"),
+        ("SLURM_MEM_PER_GPU", "SLURM_GPUS_ON_NODE"),
+    ):
+        if mb is None and number(per) is not None and number(count) is not None:
+            mb = number(per) * number(count)
+    return [mb * MiB] if mb else []  # Slurm's MB are MiB; 0 asks for the whole node
 
 
 def check_cuda(needs_gpu: bool) -> Check:
@@ -123,11 +181,15 @@ def check_cuda(needs_gpu: bool) -> Check:
     return Check("cuda", NA, "no CUDA GPU here: needed by the wan teacher and gsplat")
 
 
-def check_renderer(backend: str, *, parity: bool) -> Check:
-    """gsplat's kernels load (and, with ``parity``, agree with the torch rasterizer)."""
+def check_renderer(backend: str, *, parity: bool, device=None) -> Check:
+    """gsplat's kernels load (built for this card first: :func:`chord.render.gsplat_backend.
+    load_kernels`) and run on ``device`` (the current CUDA device): a forward and backward
+    render launches them on the card itself, where a build for another card fails with "no
+    kernel image"; with ``parity`` they also agree with the torch rasterizer."""
     import torch
 
     from chord import render
+    from chord.render import gsplat_backend
 
     if backend == "torch":
         return Check("gsplat", NA, "render_backend: torch (the torch rasterizer everywhere)")
@@ -138,14 +200,29 @@ def check_renderer(backend: str, *, parity: bool) -> Check:
             "needs a CUDA GPU (gsplat's kernels are CUDA-only); on a CPU the torch rasterizer "
             "renders",
         )
+    device = torch.device("cuda" if device is None else device)
     try:
-        render.resolve_backend(backend, "cuda")
+        render.resolve_backend(backend, device)
     except render.BackendUnavailable as exc:
         reason, _, fix = str(exc).partition(". Fix: ")
         return Check("gsplat", FAIL, reason, fix)
-    detail = render.describe_backend("gsplat")
+    tag = gsplat_backend.capability_tag(gsplat_backend.device_capability(device))
+    detail = f"{render.describe_backend('gsplat')} on {tag}: {gsplat_backend.kernels_file()}"
+    try:
+        if parity:
+            diff, alpha = renderer_parity(device)
+        else:
+            launch_kernels(device)
+    except Exception as exc:  # e.g. "no kernel image is available for execution on the device"
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return Check(
+            "gsplat",
+            FAIL,
+            f"{detail}: a render on {torch.cuda.get_device_name(device)} failed: {first}",
+            "rebuild the kernels for this card (chord build-kernels --rebuild on this node), or "
+            "render_backend: torch",
+        )
     if parity:
-        diff, alpha = renderer_parity()
         if diff > 2e-3 or alpha > 2e-2:
             return Check(
                 "gsplat",
@@ -155,16 +232,16 @@ def check_renderer(backend: str, *, parity: bool) -> Check:
                 "report it with the gsplat and torch versions; render_backend: torch avoids it",
             )
         detail += f"; agrees with the torch rasterizer (mean |diff| {diff:.1g})"
+    else:
+        detail += "; forward and backward kernels ran"
     return Check("gsplat", PASS, detail)
 
 
-def renderer_parity() -> tuple[float, float]:
-    """Mean |colour| and max |alpha| difference of gsplat against the torch rasterizer on
-    200 random Gaussians at 64x48 (CUDA)."""
+def _parity_scene() -> tuple:
+    """200 random Gaussians and one camera at 64x48 (CPU tensors): the renderer checks' scene."""
     import torch
 
     from chord import cameras
-    from chord.render import rasterize
 
     g = torch.Generator().manual_seed(0)
     n = 200
@@ -175,10 +252,80 @@ def renderer_parity() -> tuple[float, float]:
     colors = torch.rand(n, 3, generator=g)
     view = cameras.orbit_viewmats(torch.tensor([15.0]), torch.tensor([60.0]), 2.0).float()
     K = cameras.intrinsics(64, 48).float()[None]
-    args = (means, quats, scales, opac, colors, view, K)
-    ref, ref_a, _ = rasterize(*args, 64, 48, backend="torch")
-    out, out_a, _ = rasterize(*(t.cuda() for t in args), 64, 48, backend="gsplat")
-    return float((out.cpu() - ref).abs().mean()), float((out_a.cpu() - ref_a).abs().max())
+    return means, quats, scales, opac, colors, view, K
+
+
+def launch_kernels(device=None):
+    """gsplat's forward and backward kernels on ``device`` (the current CUDA device), on the
+    parity scene, synchronised so a launch error surfaces here: colours and alphas (CPU)."""
+    import torch
+
+    from chord.render import rasterize
+
+    device = torch.device("cuda" if device is None else device)
+    means, *rest = (t.to(device) for t in _parity_scene())
+    means.requires_grad_(True)
+    out, out_a, _ = rasterize(means, *rest, 64, 48, backend="gsplat")
+    (out.sum() + out_a.sum()).backward()
+    torch.cuda.synchronize(device)
+    if not bool(torch.isfinite(means.grad).all()):
+        raise RuntimeError("gsplat's backward kernels returned non-finite gradients")
+    return out.detach().cpu(), out_a.detach().cpu()
+
+
+def renderer_parity(device=None) -> tuple[float, float]:
+    """Mean |colour| and max |alpha| difference of gsplat on ``device`` (CUDA) against the
+    torch rasterizer on the CPU, on 200 random Gaussians at 64x48."""
+    from chord.render import rasterize
+
+    ref, ref_a, _ = rasterize(*_parity_scene(), 64, 48, backend="torch")
+    out, out_a = launch_kernels(device)
+    return float((out - ref).abs().mean()), float((out_a - ref_a).abs().max())
+
+
+def build_kernels(*, rebuild: bool = False) -> list[Check]:
+    """``chord build-kernels``: gsplat's kernels built for this node's card (once per card
+    kind and gsplat/torch build, under the lock; ``rebuild`` deletes that build first), then
+    launched on it (the ``gsplat`` row with parity). On a machine without CUDA one failing row
+    that says why it cannot build."""
+    import time
+
+    import torch
+
+    from chord.render import gsplat_backend
+
+    reason = gsplat_backend.cannot_build_reason()
+    if reason is not None:
+        return [Check("gsplat build", FAIL, reason, "run it on a GPU node")]
+    capability = gsplat_backend.device_capability()
+    tag = gsplat_backend.capability_tag(capability)
+    folder = gsplat_backend.extensions_dir(capability)
+    card = f"{torch.cuda.get_device_name()} ({tag})"
+    fresh = not gsplat_backend.built(folder) or rebuild
+    start = time.perf_counter()
+    try:
+        kernels = gsplat_backend.load_kernels(capability, rebuild=rebuild)
+    except Exception as exc:
+        return [
+            Check(
+                "gsplat build",
+                FAIL,
+                f"{card}: the build in {folder} failed: {exc}",
+                "a CUDA toolkit matching torch's CUDA (nvcc, CUDA_HOME); VERBOSE=1 shows nvcc",
+            )
+        ]
+    if kernels is None:
+        return [
+            Check(
+                "gsplat build",
+                FAIL,
+                f"{card}: gsplat found no CUDA toolkit (nvcc under CUDA_HOME or on PATH)",
+                f"install one matching torch's CUDA {torch.version.cuda} and set CUDA_HOME",
+            )
+        ]
+    how = f"built in {time.perf_counter() - start:.0f} s" if fresh else "built before"
+    row = Check("gsplat build", PASS, f"{card}: {gsplat_backend.kernels_file()} ({how})")
+    return [row, check_renderer("gsplat", parity=True)]
 
 
 def _json(path: Path):
@@ -284,14 +431,14 @@ def check_memory(
                 "gpu memory",
                 FAIL,
                 f"{line}: {need / GiB:.1f} GiB with the CUDA context, over the "
-                f"{gpu_mem / GiB:.0f} GiB GPU",
+                f"{gpu_mem / GiB:.1f} GiB GPU",
                 "a leaner tier (the sheet's tier column), method.use_tiny_vae: true, or a lower "
                 "size, frame_num or batch_size",
                 fatal=gpu_fatal,
             )
         )
     else:
-        rows.append(Check("gpu memory", PASS, f"{line}; fits {gpu_mem / GiB:.0f} GiB", fatal=False))
+        rows.append(Check("gpu memory", PASS, f"{line}; fits {gpu_mem / GiB:.1f} GiB", fatal=False))
     host = estimate["host_bytes"]
     if host_mem is None:
         rows.append(Check("host ram", NA, f"host RAM unknown; the model needs {host / 1e9:.0f} GB"))
@@ -394,10 +541,22 @@ def scene_roles(spec, demo_dir: Path) -> dict[str, str]:
     return cc.object_roles(spec.method, len(ids))
 
 
-def run(conf: cc.Config, env: Mapping[str, str], *, gpu_mem_gb: float | None = None) -> list:
-    """Every check for the workflow configuration ``conf`` on this machine."""
+def torch_node() -> gpus.Node | None:
+    """The node's GPUs as torch sees them (where nvidia-smi is not on PATH), None without CUDA."""
     import torch
 
+    if not torch.cuda.is_available():
+        return None
+    props = [torch.cuda.get_device_properties(i) for i in range(torch.cuda.device_count())]
+    small = min(props, key=lambda p: p.total_memory)
+    card = gpus.Card(small.name, small.total_memory / gpus.MiB, f"{small.major}.{small.minor}")
+    return gpus.Node(len(props), card, "torch")
+
+
+def run(conf: cc.Config, env: Mapping[str, str]) -> list:
+    """Every check for the workflow configuration ``conf`` on this machine. The tiers are
+    chosen as the workflow's DAG build chooses them: for the config's ``gpu_mem_gb`` and
+    ``gpus_per_node``, else for the GPUs ``nvidia-smi`` lists (:func:`chord.gpus.node`)."""
     guidance = conf.guidance
     methods = [s.method for s in conf.scenes.values()]
     wan = guidance.backend == "wan"
@@ -415,13 +574,14 @@ def run(conf: cc.Config, env: Mapping[str, str], *, gpu_mem_gb: float | None = N
         check_wan_folder(guidance),
         check_tiny_vae(guidance, methods),
     ]
-    gpu = gpu_bytes()
-    host = host_bytes() if torch.cuda.is_available() else None  # the job's node, not a login
-    if gpu is None and gpu_mem_gb is not None:
-        gpu = int(gpu_mem_gb * GiB)
+    node = gpus.node(env, gpu_mem_gb=conf.gpu_mem_gb, gpus_per_node=conf.gpus_per_node)
+    node = node or torch_node()
+    gpu = None if node is None else node.total_bytes
+    # the job's node, not a login node: this machine's RAM only where the GPUs are its own
+    host = host_bytes(env) if node is not None and node.source != "config" else None
     tier_table = tiers.parse(conf.tiers)
-    gb = None if gpu is None else gpu / GiB
     groups: dict = {}  # (tier, estimate) -> scenes: one row per distinct training
+    choices: dict = {}  # what auto said -> scenes
     disk_need = 0
     for name, spec in conf.scenes.items():
         try:
@@ -438,15 +598,17 @@ def run(conf: cc.Config, env: Mapping[str, str], *, gpu_mem_gb: float | None = N
         if not wan or n <= 0:
             continue
         fits = tiers.scene_fits(
-            spec.method, conf.memory, roles, gb, backend="wan", label=f"scene {name}", model=model
+            spec.method, conf.memory, roles, node, backend="wan", label=f"scene {name}", model=model
         )
         try:
-            tier = tiers.base(
-                spec.tier, tier_table, gb, fits, method=spec.method, allow_lowres=conf.auto_lowres
+            choice = tiers.start(
+                spec.tier, tier_table, node, fits, method=spec.method, allow_lowres=conf.auto_lowres
             )
         except cc.ConfigError as exc:
-            checks.append(Check("gpu memory", FAIL, f"scene {name}: {exc}", "see the message"))
+            checks.append(Check("tier", FAIL, f"scene {name}: {exc}", "see the message"))
             continue
+        tier = choice.tier
+        choices.setdefault(choice.describe(), []).append(name)
         e = tiers.estimate(spec.method, conf.memory, tier_table[tier], n, dyn, model)
         key = (tier, e["reserved_bytes"], e["host_bytes"])
         groups.setdefault(key, (e, []))[1].append(name)
@@ -454,6 +616,9 @@ def run(conf: cc.Config, env: Mapping[str, str], *, gpu_mem_gb: float | None = N
         checks.append(
             Check("gpu memory", NA, f"the model describes the wan teacher, not {guidance.backend}")
         )
+    for line, names in choices.items():
+        more = f" (+{len(names) - 3})" if len(names) > 3 else ""
+        checks.append(Check("tier", PASS, f"scene(s) {', '.join(names[:3])}{more}: {line}"))
     for (tier, _, _), (e, names) in groups.items():
         more = f" (+{len(names) - 3})" if len(names) > 3 else ""
         label = f"tier {tier}, scene(s) {', '.join(names[:3])}{more}"
@@ -493,7 +658,7 @@ def preflight(
     if wan:
         model = peak_memory.model_for(guidance.ckpt_dir)
         e = tiers.estimate(method, memory, None, gaussians, dynamic_gaussians, model)
-        host = host_bytes()
+        host = host_bytes(env)
         if host_mem_gb is not None:
             host = min(host or host_mem_gb * GiB, int(host_mem_gb * GiB))
         label = f"tier {tier}" if tier else "this training"

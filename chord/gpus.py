@@ -1,7 +1,7 @@
 """The GPUs of this machine and which ones a training job takes (one, or a multi-GPU tier's
-``gpus``): ``nvidia-smi`` queries (no torch: the DAG build asks them), the ``gpu`` resource's
-slot count, and per-GPU lock files so jobs running at once on one workstation get distinct
-GPUs."""
+``gpus``): ``nvidia-smi`` queries (no torch: the DAG build asks them), the GPUs a node offers a
+tier (:class:`Node`), the ``gpu`` resource's slot count, and per-GPU lock files so jobs running
+at once on one workstation get distinct GPUs."""
 
 from __future__ import annotations
 
@@ -13,9 +13,124 @@ import shutil
 import subprocess
 import time
 from collections.abc import Iterator, Mapping, MutableMapping
+from dataclasses import dataclass
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
+
+MiB = 2**20
+GiB = 2**30
+#: The unit of a tier's ``gpu_mem_gb`` and of a card's label ("24 GB", "80 GB"): 10^9 bytes.
+GB = 10**9
+#: The least share of its label (read in GiB) a card reports as memory.total: GDDR cards with
+#: ECC on keep 1/16 for it and a little more (L4 23034 MiB of 24 GiB, L40S 46068 of 48: 0.9373;
+#: T4 15360 of 16: 0.9375); HBM and consumer cards report 99-100% (H100 81559 MiB of 80 GiB).
+#: That is 1.0064 GB per GB of label, so every card's total in GB is at least its label:
+#: :func:`matches`.
+LEAST_SHARE_OF_LABEL = 23034 / 24576
+
+
+@dataclass(frozen=True)
+class Card:
+    """One GPU as ``nvidia-smi`` reports it: its name, ``memory.total`` (MiB) and compute
+    capability ("8.9"; None where the driver does not report it)."""
+
+    name: str
+    total_mib: float
+    compute_cap: str | None = None
+
+    @property
+    def total_bytes(self) -> int:
+        return int(self.total_mib * MiB)
+
+    @property
+    def gb(self) -> float:
+        """The total in GB (10^9 bytes): the unit of the label it is sold by."""
+        return self.total_bytes / GB
+
+    def describe(self) -> str:
+        cap = f", sm {self.compute_cap}" if self.compute_cap else ""
+        return f"{self.name} ({self.total_mib:.0f} MiB = {self.gb:.1f} GB{cap})"
+
+
+def matches(card_bytes: int, gpu_mem_gb: float) -> bool:
+    """Whether a GPU of ``card_bytes`` (its reported total) is one of at least ``gpu_mem_gb``
+    GB by its label, e.g. a tier's ``gpu_mem_gb: 24`` and an RTX 4090 (24564 MiB), an L4
+    (23034 MiB): its total in 10^9 bytes is at least the label (every card reports at least
+    :data:`LEAST_SHARE_OF_LABEL` of its label in GiB, which is more than the label in GB)."""
+    return card_bytes >= gpu_mem_gb * GB
+
+
+@dataclass(frozen=True)
+class Node:
+    """The GPUs a training job gets on a node: how many (what a multi-GPU tier may use) and the
+    smallest of them (what each rank must fit). ``source``: where it was learnt
+    ("nvidia-smi", or "config" for the config's ``gpu_mem_gb`` / ``gpus_per_node``)."""
+
+    gpus: int
+    card: Card
+    source: str = "nvidia-smi"
+
+    @property
+    def total_bytes(self) -> int:
+        return self.card.total_bytes
+
+    def describe(self) -> str:
+        return f"{self.gpus} x {self.card.describe()} ({self.source})"
+
+
+def labelled_card(gpu_mem_gb: float) -> Card:
+    """A GPU known only by its label (the config's ``gpu_mem_gb``): the least memory a card of
+    that label has, ``gpu_mem_gb`` x 10^9 bytes (:func:`matches`), for the memory model."""
+    return Card(f"a {gpu_mem_gb:g} GB GPU", gpu_mem_gb * GB / MiB)
+
+
+def node(
+    env: Mapping[str, str],
+    *,
+    gpu_mem_gb: float | None = None,
+    gpus_per_node: int | None = None,
+) -> Node | None:
+    """The GPUs of a training job's node: the config's ``gpu_mem_gb`` (a label, set by a
+    profile whose jobs run elsewhere) and ``gpus_per_node`` where given, else this machine's
+    visible GPUs (``nvidia-smi``: their count and the smallest). None without either (a CPU
+    run). With ``gpu_mem_gb`` but no ``gpus_per_node``, the GPUs visible here, at least 1."""
+    if gpu_mem_gb is not None:
+        count = gpus_per_node or len(visible_gpus(env)) or 1
+        return Node(count, labelled_card(gpu_mem_gb), "config")
+    found = visible_cards(env)
+    if not found:
+        return None
+    smallest = min(found, key=lambda c: c.total_mib)
+    if gpus_per_node is not None:
+        return Node(gpus_per_node, smallest, "nvidia-smi, gpus_per_node from the config")
+    return Node(len(found), smallest)
+
+
+def visible_cards(env: Mapping[str, str]) -> list[Card]:
+    """The visible GPUs (:func:`visible_gpus`) as ``nvidia-smi --query-gpu`` describes them.
+    Drivers before compute_cap was a query field (R510) answer without it."""
+    gpus = visible_gpus(env)
+    if not gpus:
+        return []
+    fields = ["index", "uuid", "name", "memory.total", "compute_cap"]
+    out = ""
+    for query in (fields, fields[:-1]):
+        out = _nvidia_smi([f"--query-gpu={','.join(query)}", "--format=csv,noheader,nounits"])
+        if out:
+            break
+    cards = []
+    for line in out.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) < 4 or not (parts[0] in gpus or parts[1] in gpus):
+            continue
+        try:
+            total = float(parts[3])
+        except ValueError:  # "[N/A]"
+            continue
+        cap = parts[4] if len(parts) > 4 and parts[4][:1].isdigit() else None
+        cards.append(Card(parts[2], total, cap))
+    return cards
 
 
 def visible_gpus(env: Mapping[str, str]) -> list[str]:
@@ -25,20 +140,6 @@ def visible_gpus(env: Mapping[str, str]) -> list[str]:
         return [g.strip() for g in env["CUDA_VISIBLE_DEVICES"].split(",") if g.strip()]
     out = _nvidia_smi(["-L"])
     return [str(i) for i, line in enumerate(out.splitlines()) if line.startswith("GPU ")]
-
-
-def gpu_memory_gb(env: Mapping[str, str]) -> float | None:
-    """Memory of the smallest visible GPU in GB (``nvidia-smi``), or None without a GPU."""
-    gpus = visible_gpus(env)
-    if not gpus:
-        return None
-    out = _nvidia_smi(["--query-gpu=index,uuid,memory.total", "--format=csv,noheader,nounits"])
-    sizes = []
-    for line in out.splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 3 and (parts[0] in gpus or parts[1] in gpus):
-            sizes.append(float(parts[2]) / 1024)  # MiB -> GiB
-    return min(sizes) if sizes else None
 
 
 def gpu_slots(env: Mapping[str, str]) -> int:

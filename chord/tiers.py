@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from chord import config as cc
-from chord import peak_memory
+from chord import gpus, peak_memory
 from chord.errors import InputError
 
 logger = logging.getLogger(__name__)
@@ -126,42 +126,77 @@ def parse(mapping: Mapping[str, Mapping]) -> dict[str, Tier]:
     return tiers
 
 
-def auto(
+@dataclass(frozen=True)
+class Choice:
+    """What ``tier: auto`` picked for a node: ``tier``, and every fuller tier passed over with
+    the reason (``skipped``: (tier, why) in escalation order: by GPU count, by label, or by the
+    peak-memory model's estimate)."""
+
+    tier: str
+    node: gpus.Node | None = None
+    skipped: tuple[tuple[str, str], ...] = ()
+    sheet: bool = False  # named in the sheet's tier column, not chosen by auto
+
+    def describe(self) -> str:
+        """One line for logs and ``chord doctor``: the tier, the node, the tiers skipped."""
+        if self.sheet:
+            return f"{self.tier} (the sheet's tier column)"
+        if self.node is None:
+            return f"{self.tier} (no GPU: a CPU run takes the first tier)"
+        why = "".join(f"; {name}: {reason}" for name, reason in self.skipped)
+        return f"{self.tier} on {self.node.describe()}{why}"
+
+
+def choose(
     tiers: Mapping[str, Tier],
-    gpu_mem_gb: float | None,
+    node: gpus.Node | None,
     fits: Callable[[Tier], bool] | None = None,
     *,
     method=None,
     allow_lowres: bool = False,
-) -> str:
-    """The first (fullest) tier that fits ``gpu_mem_gb`` of GPU memory.
+) -> Choice:
+    """The first (fullest) tier that ``node``'s GPUs can run (:func:`auto` without the logging).
 
-    A tier fits when its declared ``gpu_mem_gb`` does and ``fits`` (a predicate, usually a
-    :class:`ModelFits`: the peak-memory model) accepts it. ``None`` for the GPU means no GPU (a
-    CPU run, where the memory flags do not matter): the first tier, without asking ``fits``. A
-    GPU smaller than every tier gets the leanest one.
+    A tier fits a node when the node has its ``gpus`` GPUs, when the node's smallest GPU is
+    one of its ``gpu_mem_gb`` label (:func:`chord.gpus.matches`: the reported total in 10^9
+    bytes is at least the label, so a 24564 MiB RTX 4090 runs a 24 GB tier), and when ``fits``
+    (a predicate, usually a :class:`ModelFits`: the peak-memory model against the card's real
+    bytes) accepts it. ``None`` for the node means no GPU (a CPU run, where the memory flags do
+    not matter): the first tier, without asking ``fits``. A GPU smaller than every tier gets
+    the leanest one.
 
-    ``auto`` never picks a tier that changes the result by itself: a tier whose ``size`` is
-    below ``method``'s (any tier with a ``size`` when ``method`` is None). When only such a
-    tier fits (by declared memory, or by the model) it raises ConfigError with the predicted
-    peak and the remedies, unless ``allow_lowres`` (the config's ``auto_lowres``).
+    It never picks a tier that changes the result by itself: a tier whose ``size`` is below
+    ``method``'s (any tier with a ``size`` when ``method`` is None). When only such a tier fits
+    (by label, or by the model) it raises ConfigError with the predicted peak and the remedies,
+    unless ``allow_lowres`` (the config's ``auto_lowres``).
 
     When ``fits`` rejects every candidate, the run is not blocked (the model is calibrated on
-    CPU proxies): the choice by declared memory stands, with a warning giving the predicted
-    peak (``fits.describe(tier)`` where ``fits`` has it) and what lowers it. An out-of-memory
-    exit still escalates (:func:`for_attempt`).
+    CPU proxies): the choice by label stands, with a warning giving the predicted peak
+    (``fits.describe(tier)`` where ``fits`` has it) and what lowers it. An out-of-memory exit
+    still escalates (:func:`for_attempt`).
     """
     if not tiers:
         raise cc.ConfigError("config: tiers: empty; at least one memory tier is needed")
     names = list(tiers)
-    if gpu_mem_gb is None:
-        return names[0]
-    candidates = [name for name in names if tiers[name].gpu_mem_gb <= gpu_mem_gb]
+    if node is None:
+        return Choice(names[0])
+    card = node.card
+    skipped: list[tuple[str, str]] = []
+    candidates = []
+    for name in names:
+        tier = tiers[name]
+        if tier.gpus > node.gpus:
+            skipped.append((name, f"needs {tier.gpus} GPUs, the node has {node.gpus}"))
+        elif not gpus.matches(node.total_bytes, tier.gpu_mem_gb):
+            skipped.append((name, f"needs {tier.gpu_mem_gb:g} GB per GPU, {card.gb:.1f} GB here"))
+        else:
+            candidates.append(name)
     if not candidates:
         logger.warning(
-            "a %.0f GB GPU is smaller than every tier; using the leanest, %s", gpu_mem_gb, names[-1]
+            "%s is smaller than every tier; using the leanest, %s", node.describe(), names[-1]
         )
         candidates = names[-1:]
+        skipped = [s for s in skipped if s[0] != names[-1]]
 
     def changes_result(name: str) -> bool:
         tier = tiers[name]
@@ -175,73 +210,91 @@ def auto(
     if not keep:
         lowres = ", ".join(f"{n} ({tiers[n].size})" for n in candidates)
         raise cc.ConfigError(
-            f"tier auto: a {gpu_mem_gb:.0f} GB GPU fits only tiers that lower the SDS size "
+            f"tier auto: {node.describe()} fits only tiers that lower the SDS size "
             f"({lowres}), which changes the result; to accept that, set {optin}"
         )
     declared = keep[0]
+
+    def chosen(name: str) -> Choice:  # with the reasons of the fuller tiers passed over
+        order = names.index(name)
+        return Choice(name, node, tuple(s for s in skipped if names.index(s[0]) < order))
+
+    by_label = chosen(declared)
     if fits is None:
-        return declared
+        return by_label
     describe = getattr(fits, "describe", None) or (lambda tier: f"tier {tier.name}")
     for name in candidates:
         if not fits(tiers[name]):
+            skipped.append(
+                (name, f"the memory model predicts it would not fit: {describe(tiers[name])}")
+            )
             continue
         if name not in keep:
             raise cc.ConfigError(
                 f"tier auto: the memory model predicts that no tier at the method's size fits "
-                f"{gpu_mem_gb:.0f} GB of GPU memory ({describe(tiers[declared])}); the first "
-                f"that does is {name} at size {tiers[name].size}, which changes the result. "
-                f"{remedies}; or accept {name}: {optin}"
+                f"{node.describe()} ({describe(tiers[declared])}); the first that does is {name} "
+                f"at size {tiers[name].size}, which changes the result. {remedies}; or accept "
+                f"{name}: {optin}"
             )
-        if name != declared:
-            skipped = candidates[: candidates.index(name)]
-            lower = changes_result(name)
-            logger.log(
-                logging.WARNING if lower else logging.INFO,
-                "the memory model predicts that tier(s) %s would not fit %.0f GB of GPU "
-                "memory; starting on %s%s (%s)",
-                ", ".join(skipped),
-                gpu_mem_gb,
+        if changes_result(name):
+            logger.warning(
+                "tier auto: starting on %s at size %s, which changes the result",
                 name,
-                f" at size {tiers[name].size}, which changes the result" if lower else "",
-                describe(tiers[name]),
+                tiers[name].size,
             )
-        return name
+        return chosen(name)
     leanest = "" if keep[-1] == declared else f"; leanest: {describe(tiers[keep[-1]])}"
     logger.warning(
-        "the memory model predicts that no tier fits %.0f GB of GPU memory (%s%s); starting on "
-        "%s by its declared gpu_mem_gb anyway (the model is calibrated on CPU proxies; an "
-        "out-of-memory exit retries on the next tier). %s",
-        gpu_mem_gb,
+        "the memory model predicts that no tier fits %s (%s%s); starting on %s by its label "
+        "anyway (the model is calibrated on CPU proxies; an out-of-memory exit retries on the "
+        "next tier). %s",
+        node.describe(),
         describe(tiers[declared]),
         leanest,
         declared,
         remedies,
     )
-    return declared
+    return by_label
 
 
-def base(
-    name: str,
+def auto(
     tiers: Mapping[str, Tier],
-    gpu_mem_gb: float | None,
+    node: gpus.Node | None,
     fits: Callable[[Tier], bool] | None = None,
     *,
     method=None,
     allow_lowres: bool = False,
 ) -> str:
-    """A scene's first-attempt tier: its sheet value, or :func:`auto` (with ``fits``) for
+    """The tier :func:`choose` picks, with every fuller tier it skipped logged with the reason."""
+    choice = choose(tiers, node, fits, method=method, allow_lowres=allow_lowres)
+    logger.info("tier auto: %s", choice.describe())
+    return choice.tier
+
+
+def start(
+    name: str,
+    tiers: Mapping[str, Tier],
+    node: gpus.Node | None,
+    fits: Callable[[Tier], bool] | None = None,
+    *,
+    method=None,
+    allow_lowres: bool = False,
+) -> Choice:
+    """A scene's first-attempt tier: its sheet value, or :func:`choose` (with ``fits``) for
     ``auto``. With ``method``, every tier a training of it may run on (this one and those an
     out-of-memory retry may move to) must split its ``batch_size`` over its GPUs
     (:func:`per_gpu`): a ConfigError before any job starts, not hours later on a retry."""
     if name == AUTO:
-        name = auto(tiers, gpu_mem_gb, fits, method=method, allow_lowres=allow_lowres)
-    elif name not in tiers:
+        choice = choose(tiers, node, fits, method=method, allow_lowres=allow_lowres)
+    elif name in tiers:
+        choice = Choice(name, node, sheet=True)
+    else:
         raise cc.ConfigError(f"tier {name!r} is not one of {[AUTO, *tiers]}")
     if method is not None:
         names = list(tiers)
-        for later in names[names.index(name) :]:
-            per_gpu(method, tiers[later], start=name)
-    return name
+        for later in names[names.index(choice.tier) :]:
+            per_gpu(method, tiers[later], start=choice.tier)
+    return choice
 
 
 def per_gpu(method, tier: Tier, *, scene: str | None = None, start: str | None = None):
@@ -362,12 +415,13 @@ def estimate(
 class ModelFits:
     """The ``fits`` of :func:`auto` for one scene: whether the peak-memory model predicts that
     a training of ``method`` with the memory flags ``mem`` on a tier fits a GPU of
-    ``gpu_mem_gb`` (:func:`chord.peak_memory.fits`: reserved bytes plus a CUDA context, read as
-    GiB). On a multi-GPU tier, each of its GPUs with ``batch_size / gpus`` videos."""
+    ``gpu_gib`` GiB, the card's reported total (:func:`chord.peak_memory.fits`: reserved bytes
+    plus a CUDA context). On a multi-GPU tier, each of its GPUs with ``batch_size / gpus``
+    videos."""
 
     method: Any
     mem: Any  # MemoryConfig: the flags a tier leaves unset
-    gpu_mem_gb: float
+    gpu_gib: float
     gaussians: int
     dynamic_gaussians: int
     label: str = ""
@@ -376,7 +430,7 @@ class ModelFits:
     def __call__(self, tier: Tier) -> bool:
         m, mem = apply(self.method, self.mem, tier)
         shape = memory_shape(m, self.gaussians, self.dynamic_gaussians, tier.gpus)
-        return peak_memory.fits(mem, self.gpu_mem_gb, model=self.model, **shape)
+        return peak_memory.fits(mem, self.gpu_gib, model=self.model, **shape)
 
     def describe(self, tier: Tier) -> str:
         e = estimate(
@@ -390,24 +444,25 @@ def scene_fits(
     method,
     mem,
     roles: Mapping[str, str],
-    gpu_mem_gb: float | None,
+    node: gpus.Node | None,
     *,
     backend: str,
     fitted: Path | None = None,
     label: str = "",
     model: peak_memory.ModelShape = peak_memory.A14B,
 ) -> ModelFits | None:
-    """The :class:`ModelFits` of a scene for ``tier: auto``, or None where the model does not
-    apply: no GPU, the oracle teacher (the model is that of the Wan teacher), or no objects
-    known (ingest reports that). ``fitted``: the sheet's ``gaussians`` folder; ``model``: the
-    experts' shapes (:func:`chord.peak_memory.model_for` the Wan folder)."""
-    if gpu_mem_gb is None or backend != "wan":
+    """The :class:`ModelFits` of a scene for ``tier: auto`` on ``node``'s smallest GPU (its
+    real bytes), or None where the model does not apply: no GPU, the oracle teacher (the model
+    is that of the Wan teacher), or no objects known (ingest reports that). ``fitted``: the
+    sheet's ``gaussians`` folder; ``model``: the experts' shapes
+    (:func:`chord.peak_memory.model_for` the Wan folder)."""
+    if node is None or backend != "wan":
         return None
     objects = [obj for obj, role in roles.items() if role != "avoided"]
     n, dynamic = gaussian_counts(method, roles, imported_counts(fitted, objects))
     if n <= 0:
         return None
-    return ModelFits(method, mem, gpu_mem_gb, n, dynamic, label, model)
+    return ModelFits(method, mem, node.total_bytes / peak_memory.GiB, n, dynamic, label, model)
 
 
 #: Host RAM (MB) and CPUs of a training with the oracle teacher: no Wan weights (the demo's
@@ -432,7 +487,11 @@ def job_request(
     peak-memory model's host RAM (one expert, mmgp's staging on offload tiers) with a 10%
     margin, where the scene's Gaussian counts are known (else the tier's value). On a
     multi-GPU tier each rank holds all of that (the estimate's host RAM is the job's, every
-    rank's expert); ``cpus_per_gpu`` is per GPU already."""
+    rank's expert); ``cpus_per_gpu`` is per GPU already.
+
+    A Wan training the model says needs more than the ceiling is a ConfigError naming both
+    figures and the ``host_mem_gb`` that fits (a job capped below its need would be killed
+    for its memory hours in, or fail its preflight)."""
     if backend == "oracle":
         return {
             "mem_mb": min(tier.mem_mb, ORACLE_HOST_MB * tier.gpus),
@@ -443,8 +502,18 @@ def job_request(
         objects = [obj for obj, role in roles.items() if role != "avoided"]
         n, dynamic = gaussian_counts(method, roles, imported_counts(fitted, objects))
         if n > 0:
+            margin = 1.1
             host = estimate(method, mem, tier, n, dynamic, model)["host_bytes"]
-            mem_mb = min(tier.mem_mb, int(math.ceil(host * 1.1 / 2**20)))
+            mem_mb = int(math.ceil(host * margin / 2**20))
+            if mem_mb > tier.mem_mb:
+                ranks = f" ({tier.gpus} ranks, each with its expert)" if tier.gpus > 1 else ""
+                raise cc.ConfigError(
+                    f"tier {tier.name}: the memory model puts a training's host RAM at "
+                    f"{host / peak_memory.GiB:.1f} GiB{ranks}, {mem_mb} MB with the "
+                    f"{margin - 1:.0%} margin the job asks for, more than the tier's "
+                    f"host_mem_gb {tier.host_mem_gb:g} ({tier.mem_mb} MB); raise "
+                    f"tiers.{tier.name}.host_mem_gb to at least {math.ceil(mem_mb / 1024)}"
+                )
     return {"mem_mb": mem_mb, "cpus_per_gpu": tier.cpus_per_gpu}
 
 

@@ -44,7 +44,8 @@ def resolve_backend(backend: str, device) -> str:
         raise BackendUnavailable(
             f"render_backend: {backend}: {reason}. Fix: install a CUDA toolkit matching "
             f"torch's CUDA {torch.version.cuda} (nvcc; CUDA_HOME set) so gsplat can build its "
-            "kernels (minutes, once), or a prebuilt gsplat wheel for this torch; or set "
+            "kernels (minutes, once per GPU kind; `chord build-kernels --rebuild` on the GPU node "
+            "redoes a broken build), or a prebuilt gsplat wheel for this torch; or set "
             "render_backend: torch (chord train --render_backend torch) to render with the "
             "project's torch rasterizer on the GPU (slower, more memory)"
         )
@@ -109,14 +110,14 @@ def rasterize(
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend: {backend!r} is not one of {BACKENDS}")
-    if backend == "auto":
+    if backend == "gsplat" and not means.is_cuda:
+        raise ValueError(
+            "backend 'gsplat' needs CUDA tensors (gsplat's kernels are CUDA-only); "
+            f"got tensors on {means.device}; use backend='torch' on a CPU"
+        )
+    if backend != "torch":  # gsplat's kernels load (built for this card) or say why not
         backend = resolve_backend(backend, means.device)
     if backend == "gsplat":
-        if not means.is_cuda:
-            raise ValueError(
-                "backend 'gsplat' needs CUDA tensors (gsplat's kernels are CUDA-only); "
-                f"got tensors on {means.device}; use backend='torch' on a CPU"
-            )
         return gsplat_backend.rasterize(
             means,
             quats,

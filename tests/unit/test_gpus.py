@@ -7,8 +7,6 @@ import subprocess
 import sys
 import textwrap
 
-import pytest
-
 from chord import gpus
 from tests.conftest import REPO
 
@@ -26,8 +24,11 @@ def test_visible_gpus_and_slots(monkeypatch, tmp_path):
             if [ "$1" = "-L" ]; then
               echo "GPU 0: NVIDIA A10 (UUID: GPU-a)"; echo "GPU 1: NVIDIA A10 (UUID: GPU-b)"
               echo "GPU 2: NVIDIA L40S (UUID: GPU-c)"
+            elif [ "$1" = "--query-gpu=index,uuid,name,memory.total" ]; then
+              echo "0, GPU-a, NVIDIA A10, 23028"; echo "1, GPU-b, NVIDIA A10, 23028"
+              echo "2, GPU-c, NVIDIA L40S, 46068"
             else
-              echo "0, GPU-a, 23028"; echo "1, GPU-b, 23028"; echo "2, GPU-c, 46068"
+              echo 'Field "compute_cap" is not a valid field to query.' >&2; exit 2
             fi
             """
         )
@@ -36,8 +37,16 @@ def test_visible_gpus_and_slots(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     assert gpus.visible_gpus({}) == ["0", "1", "2"]
     assert gpus.gpu_slots({}) == 3
-    assert gpus.gpu_memory_gb({}) == pytest.approx(23028 / 1024)  # the smallest one
-    assert gpus.gpu_memory_gb({"CUDA_VISIBLE_DEVICES": "2"}) == pytest.approx(46068 / 1024)
+    node = gpus.node({})  # this driver has no compute_cap field: asked again without it
+    assert (node.gpus, node.card) == (3, gpus.Card("NVIDIA A10", 23028))  # the smallest one
+    node = gpus.node({"CUDA_VISIBLE_DEVICES": "GPU-c"})
+    assert (node.gpus, node.card) == (1, gpus.Card("NVIDIA L40S", 46068))
+    assert gpus.node({}, gpus_per_node=2).gpus == 2  # the config's count wins
+    # the config's label: the least a card of it has, the GPU count as visible here
+    label = gpus.node({}, gpu_mem_gb=48)
+    assert (label.gpus, label.total_bytes, label.source) == (3, 48 * 10**9, "config")
+    assert gpus.node({"CUDA_VISIBLE_DEVICES": ""}) is None
+    assert gpus.node({"CUDA_VISIBLE_DEVICES": ""}, gpu_mem_gb=80).gpus == 1
 
 
 def test_concurrent_jobs_get_distinct_gpus(tmp_path):

@@ -29,6 +29,11 @@ SITE = {
 ROLES = {"obj_0": "dynamic", "obj_1": "static"}
 
 
+def node(gib, count=1):
+    """A node of ``count`` GPUs that report ``gib`` GiB each."""
+    return gpus.Node(count, gpus.Card(f"a {gib} GiB GPU", gib * 1024))
+
+
 def documented(**values):
     """832*480, 41 frames, batch 4, the Tiny VAE (two objects of 100k Gaussians)."""
     base = {"size": "832*480", "frame_num": 41, "batch_size": 4, "use_tiny_vae": True}
@@ -81,13 +86,13 @@ def test_every_tier_a_scene_may_run_on_must_divide_its_batch_at_dag_build():
     """base() (the workflow's scene_tier) checks the start tier and each tier a retry may move
     to, so the error comes before any job, not on a retry hours later."""
     t = tiers.parse(SITE)
-    assert tiers.base("offload", t, None, method=documented(batch_size=3)) == "offload"
+    assert tiers.start("offload", t, None, method=documented(batch_size=3)).tier == "offload"
     with pytest.raises(cc.ConfigError) as err:
-        tiers.base("full", t, None, method=documented(batch_size=3))
+        tiers.start("full", t, None, method=documented(batch_size=3))
     assert "tier duo48, which an out-of-memory retry from tier full may reach," in str(err.value)
     with pytest.raises(cc.ConfigError, match="tier quad24 trains on 4 GPUs"):
-        tiers.base("quad24", t, None, method=documented(batch_size=2))
-    assert tiers.base("full", t, None, method=documented(batch_size=8)) == "full"
+        tiers.start("quad24", t, None, method=documented(batch_size=2))
+    assert tiers.start("full", t, None, method=documented(batch_size=8)).tier == "full"
 
 
 def test_the_model_predicts_per_gpu_with_the_gpus_share_of_the_batch():
@@ -108,22 +113,26 @@ def test_the_model_predicts_per_gpu_with_the_gpus_share_of_the_batch():
     # without mmgp the expert alone (26.6 GiB in bf16) overflows 24 GB, whatever the batch
     lean = {k: v for k, v in OFFLOAD.items() if k != "enable_mmgp"}
     quad_plain = tiers.Tier("q", 24, gpus=4, flags=lean)
-    fits = tiers.scene_fits(m, MEM, ROLES, 24, backend="wan")
+    fits = tiers.scene_fits(m, MEM, ROLES, node(24, 4), backend="wan")
     assert fits(t["quad24"]) and not fits(quad_plain)
 
 
 def test_auto_picks_a_multi_gpu_tier_that_fits():
     t = tiers.parse(SITE)
     m = documented()
-    for gpu, expected in ((80, "full"), (48, "duo48"), (24, "quad24")):
-        fits = tiers.scene_fits(m, MEM, ROLES, gpu, backend="wan")
-        assert tiers.auto(t, gpu, fits, method=m) == expected
-        assert tiers.base("auto", t, gpu, fits, method=m) == expected
+    # a multi-GPU tier where the node has its GPUs; with fewer, the next tier that fits
+    cases = [((80, 1), "full"), ((48, 2), "duo48"), ((24, 4), "quad24"), ((24, 2), "offload")]
+    for (gib, count), expected in cases:
+        fits = tiers.scene_fits(m, MEM, ROLES, node(gib, count), backend="wan")
+        assert tiers.auto(t, node(gib, count), fits, method=m) == expected
+        assert tiers.start("auto", t, node(gib, count), fits, method=m).tier == expected
+    choice = tiers.choose(t, node(24, 2), fits, method=m)
+    assert ("quad24", "needs 4 GPUs, the node has 2") in choice.skipped
     # batch_size 2 on the 24 GB site: quad24 would split it 4 ways, an error before any job
     two = documented(batch_size=2)
-    fits = tiers.scene_fits(two, MEM, ROLES, 24, backend="wan")
+    fits = tiers.scene_fits(two, MEM, ROLES, node(24, 4), backend="wan")
     with pytest.raises(cc.ConfigError, match="batch_size 2 is not a multiple of 4"):
-        tiers.base("auto", t, 24, fits, method=two)
+        tiers.start("auto", t, node(24, 4), fits, method=two)
 
 
 def test_a_multi_gpu_job_asks_for_every_ranks_host_ram():
@@ -162,8 +171,8 @@ def test_the_shipped_config_trains_on_one_gpu_and_its_commented_example_fits_24_
         "checkpoint_tiny_vae": True,
     }
     m = documented()
-    fits = tiers.scene_fits(m, MEM, ROLES, 24, backend="wan")
-    assert tiers.base("auto", t, 24, fits, method=m) == "quad24"
+    fits = tiers.scene_fits(m, MEM, ROLES, node(24, 4), backend="wan")
+    assert tiers.start("auto", t, node(24, 4), fits, method=m).tier == "quad24"
     e = tiers.estimate(m, MEM, t["quad24"], 200_000, 100_000)
     need = e["reserved_bytes"] / peak_memory.GiB + peak_memory.CUDA_CONTEXT_GIB
     assert 19 < need < 22  # the README's 20.4 GiB

@@ -8,11 +8,16 @@ import torch
 import yaml
 
 from chord import config as cc
-from chord import tiers
+from chord import gpus, tiers
 from chord.stages import adapter
 from tests.conftest import REPO
 
 MEM = cc.memory_from_mapping({})  # the memory section's defaults
+
+
+def card(gib, count=1):
+    """A node of ``count`` GPUs that report ``gib`` GiB each (None: no GPU, a CPU run)."""
+    return None if gib is None else gpus.Node(count, gpus.Card(f"a {gib} GiB GPU", gib * 1024))
 
 
 @pytest.fixture
@@ -60,12 +65,13 @@ def test_parse_rejects_tiers_out_of_escalation_order():
 )
 def test_auto_picks_the_first_tier_that_fits(default_tiers, gpu_mem_gb, expected):
     lowres = default_tiers[expected].size is not None  # changes the result: only if allowed
-    assert tiers.auto(default_tiers, gpu_mem_gb, allow_lowres=lowres) == expected
-    assert tiers.base("auto", default_tiers, gpu_mem_gb, allow_lowres=lowres) == expected
-    assert tiers.base("split", default_tiers, gpu_mem_gb) == "split"  # explicit wins
+    assert tiers.auto(default_tiers, card(gpu_mem_gb), allow_lowres=lowres) == expected
+    picked = tiers.start("auto", default_tiers, card(gpu_mem_gb), allow_lowres=lowres)
+    assert picked.tier == expected
+    assert tiers.start("split", default_tiers, card(gpu_mem_gb)).tier == "split"  # explicit wins
     if lowres:
         with pytest.raises(cc.ConfigError, match="auto_lowres: true"):
-            tiers.auto(default_tiers, gpu_mem_gb)
+            tiers.auto(default_tiers, card(gpu_mem_gb))
 
 
 def test_escalation_moves_past_tiers_that_ran_out_of_memory(default_tiers):
@@ -214,19 +220,24 @@ class Rejects:
 
 def test_auto_skips_tiers_the_model_rejects(default_tiers):
     fits = Rejects("split")
-    assert tiers.auto(default_tiers, 48, fits) == "offload"
+    assert tiers.auto(default_tiers, card(48), fits) == "offload"
     assert fits.asked == ["split", "offload"]  # full (80 GB declared) is never a candidate
-    assert tiers.base("auto", default_tiers, 48, Rejects("split")) == "offload"
-    assert tiers.base("split", default_tiers, 48, Rejects("split")) == "split"  # explicit wins
-    assert tiers.auto(default_tiers, 48, Rejects()) == "split"
+    assert tiers.start("auto", default_tiers, card(48), Rejects("split")).tier == "offload"
+    assert (
+        tiers.start("split", default_tiers, card(48), Rejects("split")).tier == "split"
+    )  # explicit wins
+    assert tiers.auto(default_tiers, card(48), Rejects()) == "split"
     # a GPU smaller than every tier: the leanest, when the model accepts it and lower sizes
     # are allowed; auto never lowers the size by itself
-    assert tiers.auto(default_tiers, 8, Rejects("full", "split"), allow_lowres=True) == "lowres_min"
+    assert (
+        tiers.auto(default_tiers, card(8), Rejects("full", "split"), allow_lowres=True)
+        == "lowres_min"
+    )
     with pytest.raises(cc.ConfigError, match=r"fits only tiers that lower the SDS size"):
-        tiers.auto(default_tiers, 8, Rejects("full", "split"))
+        tiers.auto(default_tiers, card(8), Rejects("full", "split"))
     # ... unless the method's size is already that small: then lowres_min changes nothing
     small = cc.method_from_mapping({"size": "128*80"})
-    assert tiers.auto(default_tiers, 8, Rejects(), method=small) == "lowres_min"
+    assert tiers.auto(default_tiers, card(8), Rejects(), method=small) == "lowres_min"
 
 
 def test_auto_falls_back_to_the_declared_choice_when_the_model_rejects_every_tier(
@@ -234,25 +245,28 @@ def test_auto_falls_back_to_the_declared_choice_when_the_model_rejects_every_tie
 ):
     fits = Rejects(*default_tiers)
     with caplog.at_level("WARNING", logger="chord.tiers"):
-        assert tiers.auto(default_tiers, 48, fits) == "split"
+        assert tiers.auto(default_tiers, card(48), fits) == "split"
     assert fits.asked == ["split", "offload", "lowres", "lowres_min"]
     [record] = caplog.records
     text = record.getMessage()
-    assert record.levelname == "WARNING" and "no tier fits 48 GB of GPU memory" in text
+    assert record.levelname == "WARNING" and "no tier fits 1 x a 48 GiB GPU" in text
     assert "split predicted 99.9 GiB" in text and "starting on split" in text
     assert "use_tiny_vae: true" in text and "size, frame_num or batch_size" in text
     caplog.clear()
     with caplog.at_level("WARNING", logger="chord.tiers"):  # a plain predicate: no description
-        assert tiers.auto(default_tiers, 24, lambda tier: False) == "offload"
-    assert "no tier fits 24 GB of GPU memory (tier offload" in caplog.text
+        assert tiers.auto(default_tiers, card(24), lambda tier: False) == "offload"
+    assert (
+        "no tier fits 1 x a 24 GiB GPU (24576 MiB = 25.8 GB) (nvidia-smi) (tier offload"
+        in caplog.text
+    )
 
 
 def test_auto_without_a_gpu_ignores_the_model(default_tiers):
     def never(tier):
         raise AssertionError("a CPU run must not consult the memory model")
 
-    assert tiers.auto(default_tiers, None, never) == "full"
-    assert tiers.base("auto", default_tiers, None, never) == "full"
+    assert tiers.auto(default_tiers, card(None), never) == "full"
+    assert tiers.start("auto", default_tiers, card(None), never).tier == "full"
 
 
 def test_gaussian_counts_before_the_gaussians_stage():
@@ -321,11 +335,11 @@ def test_the_model_agrees_with_the_default_tiers_at_the_documented_shapes(
     predicted to fit its GPU class, so the model changes nothing there."""
     m = documented()
     roles = {"obj_0": "dynamic", "obj_1": "static"}
-    fits = tiers.scene_fits(m, MEM, roles, gpu, backend="wan", label="scene s")
+    fits = tiers.scene_fits(m, MEM, roles, card(gpu), backend="wan", label="scene s")
     assert (fits.gaussians, fits.dynamic_gaussians) == (200_000, 100_000)
     with caplog.at_level("INFO", logger="chord.tiers"):
-        assert tiers.auto(default_tiers, gpu, fits) == expected
-    assert caplog.text == ""
+        assert tiers.auto(default_tiers, card(gpu), fits) == expected
+    assert "memory model" not in caplog.text  # one INFO line: the choice by label
 
 
 def test_the_model_rejects_tiers_whose_declared_memory_is_optimistic(default_tiers, caplog):
@@ -342,29 +356,31 @@ def test_the_model_rejects_tiers_whose_declared_memory_is_optimistic(default_tie
     for gpu, skipped, expected in ((80, "full", "split"), (48, "split", "offload")):
         caplog.clear()
         with caplog.at_level("INFO", logger="chord.tiers"):
-            fits = tiers.scene_fits(dense, MEM, roles, gpu, backend="wan")
-            assert tiers.auto(default_tiers, gpu, fits) == expected
+            fits = tiers.scene_fits(dense, MEM, roles, card(gpu), backend="wan")
+            assert tiers.auto(default_tiers, card(gpu), fits) == expected
         [record] = caplog.records
         assert record.levelname == "INFO"  # a skip to a tier of the same size: no warning
-        assert f"{skipped} would not fit {gpu} GB of GPU memory; starting on {expected}" in (
-            record.getMessage()
-        )
+        text = record.getMessage()
+        assert text.startswith(f"tier auto: {expected} on 1 x a {gpu} GiB GPU"), text
+        assert f"; {skipped}: the memory model predicts it would not fit: tier {skipped}" in text
     caplog.clear()
     wan_vae = documented(use_tiny_vae=False)
     with caplog.at_level("WARNING", logger="chord.tiers"):
-        fits48 = tiers.scene_fits(wan_vae, MEM, roles, 48, backend="wan")
-        assert tiers.auto(default_tiers, 48, fits48) == "split"
-    assert "no tier fits 48 GB of GPU memory" in caplog.text and "starting on split" in caplog.text
+        fits48 = tiers.scene_fits(wan_vae, MEM, roles, card(48), backend="wan")
+        assert tiers.auto(default_tiers, card(48), fits48) == "split"
+    assert "no tier fits 1 x a 48 GiB GPU" in caplog.text and "starting on split" in caplog.text
     caplog.clear()
-    fits80 = tiers.scene_fits(wan_vae, MEM, roles, 80, backend="wan", label="scene s")
+    fits80 = tiers.scene_fits(wan_vae, MEM, roles, card(80), backend="wan", label="scene s")
     with pytest.raises(cc.ConfigError) as err:
-        tiers.auto(default_tiers, 80, fits80, method=wan_vae)
+        tiers.auto(default_tiers, card(80), fits80, method=wan_vae)
     msg = str(err.value)
-    assert "no tier at the method's size fits 80 GB" in msg and "scene s, tier full" in msg
+    assert (
+        "no tier at the method's size fits 1 x a 80 GiB GPU" in msg and "scene s, tier full" in msg
+    )
     assert "lowres_min at size 416*240, which changes the result" in msg
     assert "use_tiny_vae: true" in msg and "auto_lowres: true" in msg
     with caplog.at_level("WARNING", logger="chord.tiers"):
-        assert tiers.auto(default_tiers, 80, fits80, method=wan_vae, allow_lowres=True) == (
+        assert tiers.auto(default_tiers, card(80), fits80, method=wan_vae, allow_lowres=True) == (
             "lowres_min"
         )
     assert "at size 416*240, which changes the result" in caplog.text
@@ -373,11 +389,13 @@ def test_the_model_rejects_tiers_whose_declared_memory_is_optimistic(default_tie
 def test_scene_fits_applies_to_the_wan_teacher_on_a_gpu_only():
     m = documented()
     roles = {"obj_0": "dynamic", "obj_1": "static"}
-    assert tiers.scene_fits(m, MEM, roles, 48, backend="oracle") is None  # no Wan weights resident
-    assert tiers.scene_fits(m, MEM, roles, None, backend="wan") is None  # a CPU run
-    assert tiers.scene_fits(m, MEM, {}, 48, backend="wan") is None  # objects not known yet
     assert (
-        tiers.scene_fits(m, MEM, roles, 48, backend="wan", label="scene s")
+        tiers.scene_fits(m, MEM, roles, card(48), backend="oracle") is None
+    )  # no Wan weights resident
+    assert tiers.scene_fits(m, MEM, roles, card(None), backend="wan") is None  # a CPU run
+    assert tiers.scene_fits(m, MEM, {}, card(48), backend="wan") is None  # objects not known yet
+    assert (
+        tiers.scene_fits(m, MEM, roles, card(48), backend="wan", label="scene s")
         .describe(tiers.Tier("t", 48))
         .startswith("scene s, tier t predicted 832x480: peak")
     )
@@ -403,3 +421,47 @@ def test_training_logs_the_model_estimate_of_its_tier(caplog):
     assert "): 832x480: peak" in caplog.text
     oracle = cc.guidance_from_mapping({"backend": "oracle"})
     assert train_stage.log_memory_estimate(trainer, m, oracle, "split") is None
+
+
+def test_a_job_needing_more_host_ram_than_its_tier_allows_is_an_error_naming_both():
+    """The README's 2 x 48 GB node: `split` with gpus: 2 holds two experts (~65 GiB by the
+    model, ~72 GB with the request's margin). The tier's host_mem_gb of 64 used to cap the
+    request silently (a job killed for its memory hours in); now it is an error naming the
+    need, the ceiling and the host_mem_gb that fits, which then gives the job its need."""
+    import dataclasses
+    import math
+
+    m = documented()
+    roles = {"obj_0": "dynamic", "obj_1": "static"}  # two objects of 100k Gaussians
+    shipped = yaml.safe_load((REPO / "config/config.yaml").read_text())["tiers"]
+    split = tiers.parse(shipped)["split"]
+    duo = dataclasses.replace(split, gpus=2)
+    host = tiers.estimate(m, MEM, duo, 200_000, 100_000)["host_bytes"]
+    need_mb = math.ceil(host * 1.1 / 2**20)  # the request: the model's need and a 10% margin
+    assert duo.host_mem_gb == 64 and need_mb > duo.mem_mb
+    with pytest.raises(cc.ConfigError) as err:
+        tiers.job_request(duo, backend="wan", method=m, mem=MEM, roles=roles)
+    msg = str(err.value)
+    assert f"tier split: the memory model puts a training's host RAM at {host / 2**30:.1f}" in msg
+    assert f"{need_mb} MB" in msg and "host_mem_gb 64 (65536 MB)" in msg
+    fits = math.ceil(need_mb / 1024)
+    assert f"raise tiers.split.host_mem_gb to at least {fits}" in msg
+    enough = dataclasses.replace(duo, host_mem_gb=fits)
+    request = tiers.job_request(enough, backend="wan", method=m, mem=MEM, roles=roles)
+    assert request["mem_mb"] == need_mb <= enough.mem_mb
+    # the oracle's nominal need stays capped by the tier: no model, no error
+    small = dataclasses.replace(duo, host_mem_gb=1)
+    assert tiers.job_request(small, backend="oracle")["mem_mb"] == small.mem_mb
+
+
+def test_the_shipped_tiers_hold_the_shipped_methods_training_with_the_wan_teacher(
+    default_tiers,
+):
+    """Every tier of config/config.yaml has the host RAM the memory model gives the shipped
+    method (one 14B expert, mmgp's staging on the offload tiers) for a demo scene."""
+    conf = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    m = cc.method_from_mapping(conf["method"])
+    roles = {"obj_0": "dynamic", "obj_1": "static"}
+    for tier in default_tiers.values():
+        request = tiers.job_request(tier, backend="wan", method=m, mem=MEM, roles=roles)
+        assert request["mem_mb"] <= tier.mem_mb
