@@ -7,8 +7,19 @@ activation, and never at import time of this file: a CPU-only run must not touch
 mmgp's side effects, and how they are handled:
 
 - It freezes the wrapped module (``requires_grad = False`` on every parameter) and casts float32
-  weights to bf16. The experts are frozen bf16 anyway; ``activate`` freezes them first so the
+  weights to bf16. The experts are frozen anyway; ``activate`` freezes them first so the
   hand-over changes nothing the caller relies on.
+- The cast would include what diffusers keeps in float32 on purpose in a bf16 expert
+  (``WanTransformer3DModel._keep_in_fp32_modules``: the modulation tables ``scale_shift_table``,
+  the ``time_embedder``, the affine ``norm2`` of each block), and its hooks cast the float32
+  input of the top-level ``norm_out`` (an ``FP32LayerNorm``: float32 in, float32 out) to bf16, so
+  an mmgp tier would compute another teacher than a tier without it. mmgp leaves the
+  parameters, and the arguments of a top-level module, of a module that has a ``_lock_dtype``
+  attribute in that dtype (checked per module, on its own parameters, in ``_configure`` and
+  ``hook_change_module``): ``activate`` locks those modules in float32 first
+  (:func:`lock_float32_modules`), so the expert computes what it computes without mmgp. The
+  model itself is locked too (it owns a ``scale_shift_table``): mmgp leaves its float32
+  arguments as they are; the guidance hands it bf16 latents and a float64 timestep anyway.
 - It leaves the process-wide default device at CUDA (``torch.set_default_device('cuda')`` at
   the end of its setup). ``activate`` saves ``torch.get_default_device()`` before the call and
   restores it afterwards, so renderer and optimiser tensors keep being created where they were.
@@ -124,6 +135,7 @@ class MMGPResidency:
         if self.active_name is not None:
             self.release()
         expert.requires_grad_(False)  # mmgp freezes it anyway; make that explicit up front
+        lock_float32_modules(expert)
         previous_device = torch.get_default_device()
         try:
             self._offload_obj = offload.profile({MMGP_MODULE_KEY: expert}, **self.profile_kwargs())
@@ -172,6 +184,57 @@ class MMGPResidency:
 
             self._module = mmgp
         return self._module.offload
+
+
+def kept_in_float32(expert: torch.nn.Module, name: str) -> bool:
+    """Whether diffusers keeps ``expert``'s parameter ``name`` in float32 when it loads the model
+    in a half type: a component of the dotted name is in the class's ``_keep_in_fp32_modules``,
+    matched as diffusers' ``load_model_dict_into_meta`` matches it (``"norm2"`` is
+    ``blocks.0.norm2.weight``, not ``blocks.0.attn1.norm_q.weight``)."""
+    keep = getattr(expert, "_keep_in_fp32_modules", None) or []
+    keep = [keep] if isinstance(keep, str) else keep
+    return any(k in name.split(".") for k in keep)
+
+
+def float32_modules(expert: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    """The modules of ``expert`` (by qualified name, ``""`` the expert itself) that mmgp must
+    leave in float32 for the expert to compute what it computes without mmgp:
+
+    - those ``_keep_in_fp32_modules`` names (a component of the module's name) and those owning
+      a parameter :func:`kept_in_float32` (the expert and its blocks own ``scale_shift_table``);
+    - diffusers' ``FP32LayerNorm`` layers: they normalise in float32 and return their input's
+      dtype, so mmgp's cast of a top-level one's float32 input to bf16 (Wan's ``norm_out``)
+      would round an output that is float32 without mmgp.
+    """
+    from diffusers.models.normalization import FP32LayerNorm
+
+    keep = getattr(expert, "_keep_in_fp32_modules", None) or []
+    keep = [keep] if isinstance(keep, str) else keep
+    return {
+        name: module
+        for name, module in expert.named_modules()
+        if isinstance(module, FP32LayerNorm)
+        or any(k in name.split(".") for k in keep)
+        or any(
+            kept_in_float32(expert, f"{name}.{p}" if name else p)
+            for p, _ in module.named_parameters(recurse=False)
+        )
+    }
+
+
+def lock_float32_modules(expert: torch.nn.Module) -> list[str]:
+    """Mark the :func:`float32_modules` of ``expert`` with ``_lock_dtype = torch.float32``, so
+    mmgp's ``_configure`` leaves their parameters alone and its hooks leave the float32 arguments
+    of a top-level one in float32, and make the parameters :func:`kept_in_float32` float32
+    (already so for an expert from ``from_pretrained``; one loaded in float32 keeps its values;
+    one cast to a half type whole gets them back in float32, rounded). Returns the names."""
+    owners = float32_modules(expert)
+    for owner, module in owners.items():
+        module._lock_dtype = torch.float32
+        for p_name, p in module.named_parameters(recurse=False):
+            if kept_in_float32(expert, f"{owner}.{p_name}" if owner else p_name):
+                p.data = p.data.float()
+    return list(owners)
 
 
 def _free_cuda_cache() -> None:

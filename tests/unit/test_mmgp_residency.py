@@ -6,38 +6,22 @@ import types
 import pytest
 import torch
 
-from chord.guidance import mmgp_residency
+from chord.guidance import mmgp_residency, tiny_models, wan
 from chord.guidance.mmgp_residency import NO_CUDA_MESSAGE, MMGPResidency
-
-
-class FakeOffloadObj:
-    def __init__(self, log, name, *, has_release=True):
-        self.log, self.name = log, name
-        if has_release:
-            self.release = lambda: log.append(("release", self.name))
-
-    def unload_all(self):
-        self.log.append(("unload_all", self.name))
-
-
-def fake_mmgp(*, has_release=True):
-    """A stand-in for the mmgp package: ``offload.profile`` records its call and, like mmgp,
-    leaves the default device changed."""
-    log = []
-
-    def profile(modules, **kwargs):
-        (expert,) = modules.values()
-        log.append(("profile", dict(modules), kwargs, expert.tag))
-        torch.set_default_device("meta")
-        return FakeOffloadObj(log, expert.tag, has_release=has_release)
-
-    return types.SimpleNamespace(offload=types.SimpleNamespace(profile=profile)), log
+from tests.fake_mmgp import FakeMMGP
 
 
 def expert(tag):
     module = torch.nn.Linear(2, 2)
     module.tag = tag
     return module
+
+
+def tags(log):
+    """The log of a :class:`FakeMMGP` as (what, tag of the expert)."""
+    return [
+        (what, (*arg.values(),)[0].tag if what == "profile" else arg.tag) for what, arg, *_ in log
+    ]
 
 
 @pytest.fixture(autouse=True)
@@ -47,8 +31,8 @@ def _restore_default_device():
 
 
 def residency(profile=4.0, *, has_release=True):
-    module, log = fake_mmgp(has_release=has_release)
-    return MMGPResidency(profile, 100, module=module, cuda_check=False), log
+    fake = FakeMMGP(has_release=has_release)
+    return MMGPResidency(profile, 100, module=fake, cuda_check=False), fake.log
 
 
 @pytest.mark.parametrize("profile", [4.0, 4.5, 2, 5])
@@ -56,8 +40,8 @@ def test_profile_call(profile):
     res, log = residency(profile)
     high = expert("high")
     res.activate("transformer", high)
-    [(what, modules, kwargs, tag)] = log
-    assert what == "profile" and tag == "high"
+    [(what, modules, kwargs)] = log
+    assert what == "profile" and tags(log) == [("profile", "high")]
     assert list(modules) == ["transformer"] and modules["transformer"] is high
     assert kwargs["profile_no"] == int(profile) and isinstance(kwargs["profile_no"], int)
     assert kwargs["quantizeTransformer"] is False
@@ -84,10 +68,10 @@ def test_switch_releases_previous_first_and_same_name_is_noop():
     high, low = expert("high"), expert("low")
     res.activate("transformer", high)
     res.activate("transformer", high)
-    assert [entry[0] for entry in log] == ["profile"]
+    assert tags(log) == [("profile", "high")]
     res.activate("transformer_2", low)
-    assert [entry[0] for entry in log] == ["profile", "release", "profile"]
-    assert log[1] == ("release", "high") and log[2][1]["transformer"] is low
+    assert tags(log) == [("profile", "high"), ("release", "high"), ("profile", "low")]
+    assert log[2][1]["transformer"] is low
     assert res.active_name == "transformer_2"
 
 
@@ -95,8 +79,7 @@ def test_switch_falls_back_to_unload_all_without_release():
     res, log = residency(has_release=False)
     res.activate("transformer", expert("high"))
     res.activate("transformer_2", expert("low"))
-    assert [entry[0] for entry in log] == ["profile", "unload_all", "profile"]
-    assert log[1] == ("unload_all", "high") and log[2][3] == "low"
+    assert tags(log) == [("profile", "high"), ("unload_all", "high"), ("profile", "low")]
 
 
 def test_unload_keeps_expert_registered_and_release_clears():
@@ -104,18 +87,18 @@ def test_unload_keeps_expert_registered_and_release_clears():
     res.unload()  # nothing active: nothing to do
     res.activate("transformer", expert("high"))
     res.unload()
-    assert log[-1] == ("unload_all", "high")
+    assert tags(log)[-1] == ("unload_all", "high")
     assert res.active_name == "transformer"
     res.activate("transformer", expert("high"))  # still registered: no new profile call
     assert sum(entry[0] == "profile" for entry in log) == 1
     res.release()
-    assert log[-1] == ("release", "high") and res.active_name is None
+    assert tags(log)[-1] == ("release", "high") and res.active_name is None
     res.release()  # idempotent
-    assert log[-1] == ("release", "high")
+    assert tags(log)[-1] == ("release", "high") and len(log) == 3
 
 
 def test_bad_arguments():
-    module, _ = fake_mmgp()
+    module = FakeMMGP()
     with pytest.raises(ValueError, match="profile"):
         MMGPResidency(3.5, module=module, cuda_check=False)
     with pytest.raises(ValueError, match="transformer_budget_mb"):
@@ -137,7 +120,7 @@ def test_real_path_without_cuda_raises_and_does_not_import_mmgp(monkeypatch):
         MMGPResidency()
     assert str(info.value) == NO_CUDA_MESSAGE
     assert "--enable_mmgp" in str(info.value)
-    module, _ = fake_mmgp()
+    module = FakeMMGP()
     with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
         MMGPResidency(module=module)  # an injected module still needs cuda_check=False
     assert "mmgp" not in sys.modules
@@ -145,10 +128,11 @@ def test_real_path_without_cuda_raises_and_does_not_import_mmgp(monkeypatch):
 
 def test_real_path_imports_mmgp_lazily(monkeypatch):
     """With CUDA reported, the first activation imports ``mmgp.offload`` (a fake one here)."""
-    module, log = fake_mmgp()
+    fake = FakeMMGP()
+    log = fake.log
     package = types.ModuleType("mmgp")
     offload = types.ModuleType("mmgp.offload")
-    offload.profile = module.offload.profile
+    offload.profile = fake.profile
     package.offload = offload
     monkeypatch.setitem(sys.modules, "mmgp", package)
     monkeypatch.setitem(sys.modules, "mmgp.offload", offload)
@@ -158,9 +142,64 @@ def test_real_path_imports_mmgp_lazily(monkeypatch):
     assert log == []
     res.activate("transformer", expert("high"))
     res.activate("transformer_2", expert("low"))
-    assert [entry[0] for entry in log] == ["profile", "release", "profile"]
+    assert tags(log) == [("profile", "high"), ("release", "high"), ("profile", "low")]
     assert torch.get_default_device() == torch.device("cpu")
 
 
 def test_module_does_not_import_mmgp_at_import_time():
     assert "mmgp" not in vars(mmgp_residency)
+
+
+# --- what diffusers keeps in float32 stays float32 under mmgp ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def wan_folder(tmp_path_factory):
+    return tiny_models.write_tiny_wan(tmp_path_factory.mktemp("wan") / "w")
+
+
+def dtypes(model):
+    return {name: p.dtype for name, p in model.named_parameters()}
+
+
+def test_wrapping_keeps_the_dtypes_from_pretrained_gives_a_bf16_expert(wan_folder):
+    """mmgp casts every float32 parameter of an unlocked module to bf16; an expert it wraps keeps
+    the dtypes diffusers loads a bf16 Wan expert in: its ``_keep_in_fp32_modules``
+    (``scale_shift_table``, ``time_embedder``, the blocks' affine ``norm2``) in float32, the rest
+    in bf16. So does an expert loaded in float32 (the CPU guidance's), after wrapping."""
+    loaded = wan.load_expert(wan_folder, "transformer", dtype=torch.bfloat16)
+    reference = dtypes(loaded)
+    kept = {n for n, d in reference.items() if d == torch.float32}
+    assert {
+        "scale_shift_table",
+        "blocks.0.scale_shift_table",
+        "blocks.0.norm2.weight",
+        "condition_embedder.time_embedder.linear_1.weight",
+    } <= kept
+    for dtype in (torch.bfloat16, torch.float32):
+        res, _ = residency()
+        model = wan.load_expert(wan_folder, "transformer", dtype=dtype)
+        res.activate("transformer", model)
+        assert dtypes(model) == reference, dtype
+        assert model.norm_out._lock_dtype == torch.float32  # its float32 input stays float32
+
+
+def test_the_teacher_under_mmgp_is_the_teacher_without(wan_folder):
+    """The bf16 teacher (autocast on the CPU here) computes the same velocity with the expert
+    wrapped by mmgp as without: the same weights in the same dtypes, the same operations, so the
+    same bits (a tolerance of 0: nothing is reordered). Without the float32 locks the modulation
+    tables, time embedding and norms would be rounded to bf16, and the final norm's output too:
+    a difference of ~1.6% (relative, L2) on the tiny expert."""
+    g = torch.Generator().manual_seed(0)
+    video = torch.rand(41, 3, 16, 32, generator=g)
+    z = torch.randn(1, 16, 11, 2, 4, generator=g)
+    text = {
+        k: torch.randn(512, tiny_models.TINY_TEXT_DIM, generator=g) for k in ("prompt", "negative")
+    }
+    velocities = []
+    for mmgp in (None, residency()[0]):
+        teacher = wan.WanGuidance(wan_folder, dtype=torch.bfloat16, mmgp=mmgp)
+        y = teacher.condition(video)
+        velocities.append([teacher.velocity(z, t, [y], text, cfg_scale=3.5) for t in (0.95, 0.5)])
+    for full, offload in zip(*velocities, strict=True):
+        torch.testing.assert_close(offload, full, rtol=0, atol=0)
