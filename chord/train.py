@@ -74,6 +74,9 @@ class Trainer:
     surface_voxel_size: dict = field(default_factory=dict)  # obj -> mem_init_voxel_size
     backend: str = "auto"  # render_backend: resolved once, for this device (recorded in state)
     gpu_memory_bytes: int | None = None  # the device's memory (read on CUDA when None)
+    # the job's host RAM limit (chord.doctor.host_bytes, read on CUDA when None): where the
+    # float32 fallback's experts are loaded; a CPU's experts are float32 already
+    host_memory_bytes: int | None = None
 
     def __post_init__(self):
         m = self.method
@@ -87,6 +90,10 @@ class Trainer:
         self.backend = resolve_backend(self.backend, self.device)
         if self.gpu_memory_bytes is None and self.device.type == "cuda":
             self.gpu_memory_bytes = torch.cuda.get_device_properties(self.device).total_memory
+        if self.host_memory_bytes is None and self.device.type == "cuda":
+            from chord import doctor
+
+            self.host_memory_bytes = doctor.host_bytes()
         self.frames = torch.arange(m.frame_num, device=self.device)
         self.K = cameras.intrinsics(self.width, self.height, m.fovy).to(self.device)
         self.sds_scale, self.temporal_scale = rfsds.resolution_scales(self.width, self.height)
@@ -96,6 +103,7 @@ class Trainer:
         }
         self._arap = {}
         self.nonfinite = 0
+        self.float32_fallback = False  # the guidance computes in float32 (checkpointed)
         self.teacher_nan = 0  # NaN entries of the teacher's velocities this iteration
         if self.group.distributed:
             if self.group.device != self.device:
@@ -456,15 +464,17 @@ class Trainer:
 
     def float32_fallback_problem(self) -> str | None:
         """Why the guidance cannot switch to float32 here, or None: mmgp keeps bf16, and the
-        memory model (:mod:`chord.peak_memory`, the expert in float32: twice its weights and
-        activations) must fit the device's memory (unknown off CUDA: no limit)."""
+        memory model (:mod:`chord.peak_memory` with the expert in float32: twice its weights
+        and activations) must fit the device's memory and the job's host RAM, where a switch
+        of expert loads the next one in float32 (each figure unknown off CUDA: no limit)."""
         g = self.guidance
         if getattr(g, "mmgp", None) is not None:
             return "enable_mmgp keeps the experts in bf16"
-        if self.gpu_memory_bytes is None:
+        if self.gpu_memory_bytes is None and self.host_memory_bytes is None:
             return None
         from chord import peak_memory
 
+        GiB = peak_memory.GiB
         m = self.method
         dynamic = sum(
             self.scene.slices[n].stop - self.scene.slices[n].start for n in self.scene.dynamic
@@ -480,15 +490,44 @@ class Trainer:
             model=getattr(g, "model_shape", peak_memory.A14B),
             use_tiny_vae=getattr(g, "tiny_vae", None) is not None,
             expert_bytes=4,
+            gpus=self.world_size,  # the host RAM of every rank on this node
         )
-        need = e["reserved_bytes"] + peak_memory.CUDA_CONTEXT_GIB * peak_memory.GiB
-        if need > self.gpu_memory_bytes:
-            return (
-                f"in float32 the memory model predicts {need / peak_memory.GiB:.1f} GiB "
-                f"({e['phase']}; expert weights {e['parts']['dit_weights'] / peak_memory.GiB:.1f} "
-                f"GiB) on a {self.gpu_memory_bytes / peak_memory.GiB:.0f} GiB GPU"
+        weights = e["parts"]["dit_weights"] / GiB
+        problems = []
+        need = e["reserved_bytes"] + peak_memory.CUDA_CONTEXT_GIB * GiB
+        if self.gpu_memory_bytes is not None and need > self.gpu_memory_bytes:
+            problems.append(
+                f"in float32 the memory model predicts {need / GiB:.1f} GiB "
+                f"({e['phase']}; expert weights {weights:.1f} GiB) on a "
+                f"{self.gpu_memory_bytes / GiB:.0f} GiB GPU"
             )
-        return None
+        host = e["host_bytes"]
+        if self.host_memory_bytes is not None and host > self.host_memory_bytes:
+            ranks = f"{self.world_size} ranks, each " if self.world_size > 1 else ""
+            problems.append(
+                f"in float32 the memory model needs {host / GiB:.1f} GiB of host RAM ({ranks}"
+                f"the expert's float32 weights {weights:.1f} GiB + "
+                f"{peak_memory.HOST_BASE_GIB:g} GiB for the process), but the job may use "
+                f"{self.host_memory_bytes / GiB:.1f} GiB"
+            )
+        return "; ".join(problems) or None
+
+    def fall_back_to_float32(self, why: str, otherwise: str) -> bool:
+        """Switch the guidance to float32 (``why``: for the log) where
+        :meth:`float32_fallback_problem` allows; else log the reason and ``otherwise`` (what
+        the run does instead). Returns whether the guidance computes in float32 now."""
+        if self.float32_fallback:
+            return True
+        problem = self.float32_fallback_problem()
+        if problem is None and not hasattr(self.guidance, "use_float32"):
+            problem = f"the {type(self.guidance).__name__} guidance has no float32 mode"
+        if problem is not None:
+            logger.warning("float32 fallback not taken: %s; %s", problem, otherwise)
+            return False
+        self.guidance.use_float32()
+        self.float32_fallback = True
+        logger.warning("float32 fallback taken %s", why)
+        return True
 
     # -- checkpoints -----------------------------------------------------------------------
     def checkpoint(self, it: int, config_hash: str) -> dict:
@@ -503,10 +542,15 @@ class Trainer:
             "motion_meta": meta,
             "optimizers": {n: o.state_dict() for n, o in self.optimizers.items()},
             "surface_voxel_size": self.surface_voxel_size,
+            # the guidance fell back to float32: a resumed run computes as this one did
+            "float32_fallback": self.float32_fallback,
         }
 
     def load_checkpoint(self, ckpt: dict) -> int:
-        """Restore a :meth:`checkpoint`; returns the next iteration to run."""
+        """Restore a :meth:`checkpoint`; returns the next iteration to run. A checkpoint
+        written after the float32 fallback switches the guidance to float32 again (before the
+        first step: a resumed or requeued run, the fine stage after the coarse); one without
+        the field (older) leaves the guidance as it is."""
         state.restore(self.scene, ckpt["motion"], ckpt["motion_meta"])
         for name, obj in self.scene.dynamic.items():
             opt = optim.make_optimizer(obj.param_groups(), self.method, ckpt["iteration"])
@@ -514,6 +558,11 @@ class Trainer:
             self.optimizers[name] = opt
         self._arap.clear()
         self.seed = ckpt["seed"]
+        if ckpt.get("float32_fallback", False):
+            self.fall_back_to_float32(
+                f"again: the checkpoint of iteration {ckpt['iteration']} was computed in float32",
+                "continuing at the guidance's precision",
+            )
         return ckpt["iteration"] + 1
 
 
@@ -546,6 +595,16 @@ class Interrupted(Exception):
     exit_code = 143
 
 
+class TimeLimit(Interrupted):
+    """The job's time limit (``run``'s ``deadline``) leaves no time for another iteration: a
+    checkpoint of the last finished iteration was written; the job is to be continued."""
+
+
+# Seconds kept free before a deadline besides two of the slowest iterations: the checkpoint
+# write, the requeue and the exit of the job's processes.
+STOP_MARGIN_S = 20.0
+
+
 def _checkpoints(folder: Path | None) -> list[Path]:
     return sorted(Path(folder).glob("ckpt_*.pt")) if folder is not None else []
 
@@ -561,6 +620,7 @@ def run(
     max_nonfinite_steps: int = 5,
     fallback: str = "float32",
     writer: bool = True,
+    deadline: float | None = None,
 ) -> int:
     """Iterations [start, stop) (early stop honoured); returns the last iteration run.
 
@@ -570,8 +630,13 @@ def run(
     iteration, writes a checkpoint and raises :class:`Interrupted`. Only the ``writer`` (rank
     0) saves. After ``max_nonfinite_steps`` skipped steps in a row the run rolls back to the
     newest checkpoint and, with ``fallback`` "float32", runs the guidance in float32 from
-    then on (draws are deterministic, so only a change like this can help); if the steps keep
-    failing it stops with a clear error instead of looping.
+    then on (draws are deterministic, so only a change like this can help; the checkpoints
+    record it, so a resumed run does too); if the steps keep failing it stops with a clear
+    error instead of looping.
+
+    ``deadline`` (seconds since the epoch: the end of the job's time limit) stops the run
+    like SIGTERM, raising :class:`TimeLimit`, after the first iteration that leaves less than
+    two of the slowest iterations so far plus :data:`STOP_MARGIN_S` before it.
     """
     import signal
     import threading
@@ -594,7 +659,9 @@ def run(
     )
     try:
         it = start
+        slowest = 0.0  # seconds of the slowest iteration, its checkpoint included
         while it < stop:
+            began = time.perf_counter()
             rec = trainer.step(it)
             last = it
             bar.update(1)
@@ -617,20 +684,20 @@ def run(
                 rolled_back_to = ckpts[-1]
                 it = trainer.load_checkpoint(load_checkpoint(ckpts[-1]))
                 if fallback == "float32" and hasattr(trainer.guidance, "use_float32"):
-                    problem = trainer.float32_fallback_problem()
-                    if problem is None:
-                        trainer.guidance.use_float32()
-                    else:
-                        logger.warning(
-                            "float32 fallback not taken: %s; retrying at the guidance's precision",
-                            problem,
-                        )
+                    trainer.fall_back_to_float32(
+                        f"after {trainer.nonfinite} non-finite steps in a row",
+                        "retrying at the guidance's precision",
+                    )
                 trainer.nonfinite = 0
                 logger.warning("rolled back to %s after non-finite steps", ckpts[-1].name)
                 continue
             # every rank stops after the same iteration, whichever got the signal (METHOD §18)
             halt = trainer.group.any(bool(term), "SIGTERM")
-            kept = it in saves or it == stop - 1 or halt
+            late = False
+            if deadline is not None and it < stop - 1 and not (early is not None and it >= early):
+                need = 2 * max(slowest, time.perf_counter() - began) + STOP_MARGIN_S
+                late = trainer.group.any(time.time() + need > deadline, "time limit")
+            kept = it in saves or it == stop - 1 or halt or late
             # Between save points the newest finished (finite) iteration is kept on disk too,
             # replacing the one before: a job whose processes are all signalled at once
             # (scancel --full; srun answers its SIGTERM with a SIGKILL of the step) is killed
@@ -641,8 +708,15 @@ def run(
                 if newest is not None:
                     newest.unlink(missing_ok=True)
                 newest = None if kept else path
+            slowest = max(slowest, time.perf_counter() - began)
             if halt:
                 raise Interrupted(f"SIGTERM after iteration {it}; checkpoint written")
+            if late:
+                left = deadline - time.time()
+                raise TimeLimit(
+                    f"time limit in {left:.0f} s, the slowest iteration took {slowest:.1f} s: "
+                    f"stopped after iteration {it}; checkpoint written"
+                )
             if early is not None and it >= early:
                 break
             it += 1

@@ -8,6 +8,7 @@ Everything loads with ``local_files_only``: nothing is ever fetched from a hub.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import json
@@ -24,6 +25,16 @@ from chord.errors import InputError
 logger = logging.getLogger(__name__)
 
 NUM_TRAIN_TIMESTEPS = 1000
+#: Public dense peak TFLOPS of data-centre GPUs: (bf16 on tensor cores, float32 without them,
+#: which is what the float32 fallback runs on with TF32 off), from NVIDIA's H100/H200 SXM and
+#: A100 SXM datasheets.
+DENSE_TFLOPS = {"H100/H200 SXM": (989.0, 67.0), "A100 SXM": (312.0, 19.5)}
+#: The float32 fallback's TF32 decision (:func:`ieee_float32`), for its log line.
+TF32_DECISION = (
+    "TF32 off (matmuls and convolutions in IEEE float32, torch's 'highest'): the fallback is "
+    "there because bf16 gave non-finite values, and TF32's 10-bit mantissa would bring back "
+    "part of that rounding"
+)
 COMPONENTS = ("transformer", "transformer_2", "vae", "text_encoder", "tokenizer")
 _WEIGHTS = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json")
 _TOKENIZER = ("tokenizer.json", "spiece.model", "tokenizer_config.json")
@@ -123,6 +134,44 @@ def from_config(guidance, method, memory, *, device="cpu") -> WanGuidance:
     )
 
 
+def float32_slowdown() -> str:
+    """The float32 fallback's cost from :data:`DENSE_TFLOPS`, e.g. "roughly 15-16x slower DiT
+    passes (...)": the DiT's matmuls leave the bf16 tensor cores for float32 arithmetic."""
+    ratios = [bf16 / fp32 for bf16, fp32 in DENSE_TFLOPS.values()]
+    lo, hi = round(min(ratios)), round(max(ratios))
+    specs = ", ".join(f"{gpu} {b:g} vs {f:g}" for gpu, (b, f) in DENSE_TFLOPS.items())
+    n = f"{lo}" if lo == hi else f"{lo}-{hi}"
+    return f"roughly {n}x slower DiT passes (dense bf16 vs float32 TFLOPS: {specs})"
+
+
+def _tf32_switches() -> tuple:
+    """(object, attribute, IEEE value) of torch's TF32 switches for CUDA matmuls and cuDNN
+    convolutions: the ``fp32_precision`` settings where torch has them (2.9+, where reading
+    the legacy flags raises once both kinds were set), else the ``allow_tf32`` flags."""
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    conv = getattr(cudnn, "conv", None)
+    if conv is not None and hasattr(matmul, "fp32_precision"):
+        return ((matmul, "fp32_precision", "ieee"), (conv, "fp32_precision", "ieee"))
+    return ((matmul, "allow_tf32", False), (cudnn, "allow_tf32", False))
+
+
+@contextlib.contextmanager
+def ieee_float32():
+    """TF32 off inside the block (:data:`TF32_DECISION`): float32 matmuls and cuDNN
+    convolutions (the DiT's patch embedding; cuDNN's default is TF32) in IEEE float32. These
+    are process-wide torch settings, so each is restored on exit: nothing outside the block
+    sees a change."""
+    switches = _tf32_switches()
+    old = [getattr(obj, name) for obj, name, _ in switches]
+    try:
+        for obj, name, value in switches:
+            setattr(obj, name, value)
+        yield
+    finally:
+        for (obj, name, _), value in zip(switches, old, strict=True):
+            setattr(obj, name, value)
+
+
 def first_frame_mask(
     frame_num: int, h: int, w: int, *, dtype=torch.float32, device="cpu"
 ) -> Tensor:
@@ -189,10 +238,16 @@ class WanGuidance:
         when it is a half type (METHOD §9: bf16 autocast)."""
         return self.dtype
 
+    @contextlib.contextmanager
     def autocast(self):
-        """Autocast to the compute dtype on this device; off in float32 (the fallback)."""
-        half = self.compute_dtype in (torch.bfloat16, torch.float16)
-        return torch.autocast(self.device.type, dtype=self.compute_dtype, enabled=half)
+        """Autocast to the compute dtype on this device; in float32 (the fallback) autocast
+        off and TF32 off for the call (:func:`ieee_float32`), so it is float32 throughout."""
+        if self.compute_dtype in (torch.bfloat16, torch.float16):
+            with torch.autocast(self.device.type, dtype=self.compute_dtype):
+                yield
+        else:
+            with torch.autocast(self.device.type, enabled=False), ieee_float32():
+                yield
 
     # -- latents ---------------------------------------------------------------------------
     def _vae_latents(self, video: Tensor) -> Tensor:
@@ -299,18 +354,31 @@ class WanGuidance:
 
     def use_float32(self) -> None:
         """The non-finite fallback: compute in float32 from now on (weights and arithmetic:
-        no autocast), with twice the expert's memory; the caller checks that it fits first
-        (:meth:`chord.train.Trainer.float32_fallback_problem`)."""
+        no autocast, no TF32), with twice the expert's memory; the caller checks that it fits
+        first (:meth:`chord.train.Trainer.float32_fallback_problem`). The log line says what
+        it costs (:func:`float32_slowdown`).
+
+        The resident expert is dropped, and the next pass loads it from the folder in float32,
+        as every later load is: an upcast of its bf16 copy would keep bf16-rounded weights
+        where the folder holds float32 ones, and a resumed run (which loads them from the
+        folder) would then compute differently from this one."""
         if self.mmgp is not None:
             raise RuntimeError(
                 "the float32 fallback is not available with enable_mmgp (mmgp converts the "
                 "weights to bf16); set guidance.nonfinite_fallback: none, or train on a tier "
                 "without mmgp"
             )
+        if self.dtype == torch.float32:
+            logger.warning("guidance already computes in float32: the fallback changes nothing")
+            return
         self.dtype = torch.float32
-        for model in self.experts.values():
-            model.float()
-        logger.warning("guidance switched to float32 after non-finite steps")
+        self.release()
+        logger.warning(
+            "guidance switched to float32 (weights and arithmetic, twice the expert's memory); "
+            "%s; expect %s",
+            TF32_DECISION,
+            float32_slowdown(),
+        )
 
     def unload(self) -> None:
         """After the DiT passes: let mmgp unload the active expert (no-op otherwise)."""
@@ -337,6 +405,85 @@ def load_scheduler(ckpt_dir: Path | str):
     )
 
 
+def preview_schedule(scheduler, steps: int, boundary_ratio: float) -> list[str]:
+    """The expert each of the ``steps`` sampling steps runs, as diffusers'
+    ``WanImageToVideoPipeline`` picks it: ``transformer`` (high noise) while the step's timestep
+    is at least ``boundary_ratio``·num_train_timesteps, ``transformer_2`` after. Read off a
+    copy of ``scheduler``, so the pipeline's own is untouched."""
+    import copy
+
+    sched = copy.deepcopy(scheduler)
+    sched.set_timesteps(steps)
+    boundary = boundary_ratio * sched.config.num_train_timesteps
+    return ["transformer" if float(t) >= boundary else "transformer_2" for t in sched.timesteps]
+
+
+class PreviewExperts:
+    """The experts of the teacher preview, one resident at a time: the pipeline's
+    ``callback_on_step_end``, which after each step makes the next step's expert the one in
+    memory (the previous one released first) and releases the last before the VAE decode.
+
+    ``schedule``: the expert of each step (:func:`preview_schedule`). Residency per the tier:
+    ``mmgp`` (an :class:`MMGPResidency`, ``enable_mmgp``) keeps the expert's weights in host
+    RAM and streams its blocks to the GPU; without it the expert moves whole to ``device``.
+    A released expert's weights are freed in place (moved to the meta device): the pipeline's
+    loop still holds the module it last ran until its next step."""
+
+    def __init__(self, folder: Path, schedule: list[str], *, dtype, device, mmgp=None):
+        self.folder = Path(folder)
+        self.schedule = list(schedule)
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.mmgp = mmgp
+        self.pipe = None
+        self.active: str | None = None
+        self.model: torch.nn.Module | None = None
+        self.loads = 0
+
+    def load(self, name: str) -> torch.nn.Module:
+        """Load ``name`` from the folder (no other expert may be resident), place it as the
+        tier says and set it as the pipeline's component of that name."""
+        if self.model is not None:
+            raise RuntimeError(f"expert {self.active} still resident while loading {name}")
+        model = load_expert(self.folder, name, dtype=self.dtype)
+        self.loads += 1
+        if self.mmgp is not None:
+            self.mmgp.activate(name, model)
+        else:
+            model.to(self.device)
+        self.active, self.model = name, model
+        if self.pipe is not None:
+            setattr(self.pipe, name, model)
+        logger.info("preview: loaded expert %s (%s)", name, "mmgp" if self.mmgp else self.device)
+        return model
+
+    def release(self) -> None:
+        """Drop the resident expert: out of the pipeline, mmgp's offload object released, its
+        weights freed in place; then gc and the CUDA cache."""
+        if self.model is None:
+            return
+        name, model = self.active, self.model
+        self.active = self.model = None
+        if self.pipe is not None:
+            setattr(self.pipe, name, None)
+        if self.mmgp is not None:
+            self.mmgp.release()
+        model.to(torch.device("meta"))
+        del model
+        gc.collect()
+        runtime.empty_cache(self.device)
+        logger.info("preview: released expert %s", name)
+
+    def __call__(self, pipe, step: int, timestep, callback_kwargs: dict) -> dict:
+        """After step ``step``: the next step's expert resident (none after the last)."""
+        following = self.schedule[step + 1] if step + 1 < len(self.schedule) else None
+        if following != self.active:
+            self.release()
+            if following is not None:
+                self.load(following)
+        return {}
+
+
 @torch.no_grad()
 def sample_video(
     ckpt_dir: Path | str,
@@ -350,44 +497,65 @@ def sample_video(
     boundary_ratio: float | None = None,
     seed: int = 0,
     device="cpu",
+    mmgp=None,
 ) -> np.ndarray:
     """A short image-to-video sample of Wan 2.2 through diffusers' ``WanImageToVideoPipeline``
-    with our loaded experts (``transformer`` high noise, ``transformer_2`` low noise), the
-    folder's VAE and scheduler, and the cached text conditioning ``text`` ("prompt",
-    "negative": [512, D]); ``image``: a PIL image at the sample size (W×H). On CUDA the
-    pipeline keeps one component at a time on the GPU (model CPU offload). Returns frames
-    [F, H, W, 3] uint8."""
+    with our experts (``transformer`` high noise, ``transformer_2`` low noise), the folder's
+    VAE and scheduler, and the cached text conditioning ``text`` ("prompt", "negative":
+    [512, D]); ``image``: a PIL image at the sample size (W×H).
+
+    One expert is in memory at a time (:class:`PreviewExperts`): the first step's is loaded
+    before the call, the pipeline's step callback swaps it for the other at the boundary and
+    releases it before the VAE decode, so host RAM holds one 14B expert. On a GPU the VAE
+    sits there; the expert moves there whole, or with ``mmgp`` (an :class:`MMGPResidency`,
+    the tier's ``enable_mmgp``) stays in host RAM with mmgp streaming its blocks
+    (:func:`chord.peak_memory.preview_estimate`). No diffusers offload hooks: model CPU
+    offload would move the whole expert as we do, its hooks are set once for the components
+    present then, and the mmgp tiers' training already streams with mmgp (its profile, budget
+    and the memory model's window). Returns frames [F, H, W, 3] uint8."""
     from diffusers import WanImageToVideoPipeline
 
     folder = Path(ckpt_dir)
     index = check_folder(folder, ("transformer", "transformer_2", "vae"))
     device = torch.device(device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    if boundary_ratio is None:
+        boundary_ratio = float(index.get("boundary_ratio") or 0.9)
+    scheduler = load_scheduler(folder)
+    experts = PreviewExperts(
+        folder,
+        preview_schedule(scheduler, steps, boundary_ratio),
+        dtype=dtype,
+        device=device,
+        mmgp=mmgp,
+    )
     pipe = WanImageToVideoPipeline(
         tokenizer=None,
         text_encoder=None,
-        vae=load_vae(folder),
-        scheduler=load_scheduler(folder),
-        transformer=load_expert(folder, "transformer", dtype=dtype),
-        transformer_2=load_expert(folder, "transformer_2", dtype=dtype),
-        boundary_ratio=boundary_ratio or float(index.get("boundary_ratio") or 0.9),
+        vae=load_vae(folder, device=device),
+        scheduler=scheduler,
+        transformer=None,
+        transformer_2=None,
+        boundary_ratio=boundary_ratio,
     )
-    if device.type == "cuda":
-        pipe.enable_model_cpu_offload(device=device)
-    else:
-        pipe.to(device)
+    experts.pipe = pipe
     width, height = image.size
-    out = pipe(
-        image=image,
-        prompt_embeds=text["prompt"][None].to(device, dtype),
-        negative_prompt_embeds=text["negative"][None].to(device, dtype),
-        height=height,
-        width=width,
-        num_frames=frames,
-        num_inference_steps=steps,
-        guidance_scale=guidance_scale,
-        guidance_scale_2=guidance_scale_2,
-        generator=torch.Generator().manual_seed(seed),
-        output_type="np",
-    ).frames[0]  # [F, H, W, 3] in [0, 1]
+    try:
+        experts.load(experts.schedule[0])
+        out = pipe(
+            image=image,
+            prompt_embeds=text["prompt"][None].to(device, dtype),
+            negative_prompt_embeds=text["negative"][None].to(device, dtype),
+            height=height,
+            width=width,
+            num_frames=frames,
+            num_inference_steps=steps,
+            guidance_scale=guidance_scale,
+            guidance_scale_2=guidance_scale_2,
+            generator=torch.Generator().manual_seed(seed),
+            output_type="np",
+            callback_on_step_end=experts,
+        ).frames[0]  # [F, H, W, 3] in [0, 1]
+    finally:
+        experts.release()
     return (np.clip(out, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)

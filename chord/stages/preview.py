@@ -1,8 +1,9 @@
 """Rule ``teacher_preview`` (``snakemake preview``): what the teacher makes of a scene before a
 long run, to screen prompts. An image-to-video sample from the reference render with the
 scene's prompt (its cached text conditioning), at the SDS size and ``frame_num``: Wan 2.2
-through diffusers' pipeline with our loaded experts; the oracle's scripted target video.
-Writes ``preview/teacher.mp4`` and a strip of its first, middle and last frames."""
+through diffusers' pipeline, on the memory tier of the scene's training, with one expert in
+memory at a time (mmgp streaming it on an ``enable_mmgp`` tier); the oracle's scripted target
+video. Writes ``preview/teacher.mp4`` and a strip of its first, middle and last frames."""
 
 from __future__ import annotations
 
@@ -41,8 +42,11 @@ def run(
     out_mp4: Path,
     out_png: Path,
     device="cpu",
+    memory=None,
 ) -> dict:
-    """Write the teacher preview of one scene; ``settings``: the config's ``preview``."""
+    """Write the teacher preview of one scene; ``settings``: the config's ``preview``;
+    ``memory``: the memory flags of the scene's tier (its ``enable_mmgp`` makes mmgp keep the
+    Wan expert's weights in host RAM, :func:`chord.guidance.wan.sample_video`)."""
     width, height = config.parse_size(method.size, where="method: size")
     T = method.frame_num
     if guidance.backend == "oracle":
@@ -56,6 +60,7 @@ def run(
         frames = media.to_uint8(video.permute(0, 2, 3, 1))
         source = "the oracle's scripted target video"
     else:
+        from chord import peak_memory
         from chord.guidance import wan
 
         image = Image.open(ref_png).convert("RGB")
@@ -64,6 +69,20 @@ def run(
                 f"{ref_png}: {image.size[0]}x{image.size[1]}, but method size is "
                 f"{width}x{height}; rerun the reference stage"
             )
+        e = peak_memory.preview_estimate(
+            memory or {},
+            width=width,
+            height=height,
+            frames=T,
+            model=peak_memory.model_for(guidance.ckpt_dir),
+        )
+        logger.info(
+            "preview memory model (expert %s): peak %.1f GiB on the GPU in %s, host %.0f GiB",
+            "streamed by mmgp" if e["mode"] == "mmgp" else "on the GPU",
+            e["reserved_bytes"] / peak_memory.GiB,
+            e["phase"],
+            e["host_bytes"] / peak_memory.GiB,
+        )
         frames = wan.sample_video(
             guidance.ckpt_dir,
             image,
@@ -75,6 +94,7 @@ def run(
             boundary_ratio=settings.boundary_ratio,
             seed=settings.seed,
             device=device,
+            mmgp=mmgp_residency(memory),
         )
         source = f"Wan 2.2 from {guidance.ckpt_dir}, {settings.steps} steps"
     fps = trained.video_fps(method)
@@ -87,13 +107,24 @@ def run(
     return {"frames": len(frames), "width": width, "height": height, "source": source}
 
 
+def mmgp_residency(memory):
+    """The tier's mmgp residency for the preview's expert (``enable_mmgp``: its profile and
+    transformer budget, as the training uses them), else None. Without CUDA it raises, naming
+    the flag (:class:`chord.guidance.mmgp_residency.MMGPResidency`)."""
+    if memory is None or not memory.enable_mmgp:
+        return None
+    from chord.guidance import mmgp_residency as mr
+
+    return mr.MMGPResidency(memory.mmgp_profile, memory.mmgp_transformer_budget)
+
+
 def run_job(*, conf, scene: str, tier: str, inputs: dict, out_mp4: Path, out_png: Path, env):
-    """The rule's job: :func:`run` on the scene's memory tier (its size), on a GPU of its own
-    where there are several (:func:`chord.gpus.job_gpu`)."""
+    """The rule's job: :func:`run` on the scene's memory tier (its size and memory flags), on
+    a GPU of its own where there are several (:func:`chord.gpus.job_gpu`)."""
     from chord import gpus
 
     spec = conf.scenes[scene]
-    method, _ = tiers.apply(spec.method, conf.memory, tiers.parse(conf.tiers)[tier])
+    method, memory = tiers.apply(spec.method, conf.memory, tiers.parse(conf.tiers)[tier])
     with gpus.job_gpu(env):
         return run(
             **inputs,
@@ -104,4 +135,5 @@ def run_job(*, conf, scene: str, tier: str, inputs: dict, out_mp4: Path, out_png
             out_mp4=out_mp4,
             out_png=out_png,
             device="cuda" if torch.cuda.is_available() else "cpu",
+            memory=memory,
         )

@@ -241,3 +241,46 @@ def test_the_model_takes_the_experts_shapes_from_the_wan_folder(tmp_path, caplog
         e = train_stage.log_memory_estimate(SimpleNamespace(scene=scene, memory=mem), m, wan, None)
     assert e == tiers.estimate(m, mem, None, 300, 300, shape)
     assert "experts: 1 layers x 16," in caplog.text and "dit_weights 26.6" not in caplog.text
+
+
+def test_the_teacher_preview_holds_one_expert_whole_or_streamed_per_tier():
+    """The preview (diffusers' pipeline, inference only): one expert's weights, whole on full /
+    split, mmgp's window on the enable_mmgp tiers; CFG as two batch-1 passes (the training's
+    activations with sds_cfg_batch off); the decode after the expert is released. Each tier's
+    preview fits its GPU at its size (41 frames), and host RAM is one expert."""
+    gpu = {"full": 80, "split": 48, "offload": 24, "lowres": 16, "lowres_min": 12}
+    expert = peak_memory.dit_params(peak_memory.A14B) * 2
+    for name, flags in TIERS.items():
+        shape = {k: v for k, v in tier_doc(name).items() if k in ("width", "height", "frames")}
+        e = peak_memory.preview_estimate(flags, **shape)
+        train = peak_memory.estimate({**flags, "sds_cfg_batch": False}, **tier_doc(name))
+        assert e["parts"]["dit_activations"] == train["parts"]["dit_activations"], name
+        assert e["parts"]["dit_weights"] == train["parts"]["dit_weights"], name
+        assert e["mode"] == ("mmgp" if flags.get("enable_mmgp") else "gpu")
+        p = e["parts"]
+        assert e["phases"]["decode"] == p["vae_weights"] + p["text"] + p["latents"] + p["decode"]
+        assert e["reserved_bytes"] + peak_memory.CUDA_CONTEXT_GIB * peak_memory.GiB < (
+            gpu[name] * peak_memory.GiB
+        ), name
+        mmgp = expert // 2 if flags.get("enable_mmgp") else 0
+        assert e["host_bytes"] == expert + peak_memory.HOST_BASE_GIB * peak_memory.GiB + mmgp
+    full = peak_memory.preview_estimate({}, width=832, height=480, frames=41)
+    assert full["parts"]["dit_weights"] == expert  # one expert, not both
+    assert full["gpu_bytes"] > 24 * peak_memory.GiB  # a whole expert does not fit 24 GB
+    off = peak_memory.preview_estimate(OFFLOAD, width=832, height=480, frames=41)
+    assert off["phases"]["decode"] == full["phases"]["decode"]  # no expert during the decode
+
+
+def test_the_preview_job_asks_for_one_experts_host_ram_below_the_tiers_ceiling():
+    """mem_mb of the preview: its host RAM + 10%, the tier's host_mem_gb the ceiling (A14B:
+    ~36 GB on full, below its 64; ~51 GB with mmgp's staging, below offload's 96; both
+    below two bf16 experts, which the pipeline once held)."""
+    expert = peak_memory.dit_params(peak_memory.A14B) * 2
+    full = peak_memory.preview_mem_mb({}, ceiling_mb=64 * 1024)
+    off = peak_memory.preview_mem_mb(OFFLOAD, ceiling_mb=96 * 1024)
+    assert full == -(-int((expert + 6 * peak_memory.GiB) * 1.1) // peak_memory.MiB)
+    assert 2 * expert / peak_memory.MiB > off > full > 1.1 * expert / peak_memory.MiB
+    assert off < 96 * 1024 and full < 64 * 1024
+    assert peak_memory.preview_mem_mb(OFFLOAD, ceiling_mb=40_000) == 40_000
+    tiny = peak_memory.ModelShape(**{**vars(peak_memory.A14B), "layers": 1})
+    assert peak_memory.preview_mem_mb({}, ceiling_mb=64 * 1024, model=tiny) < full

@@ -4,12 +4,12 @@ the real loader (local files only)."""
 from __future__ import annotations
 
 import shutil
-import types
 
 import pytest
 import torch
 
 from chord.guidance import text, tiny_models, wan
+from tests.fake_mmgp import FakeMMGP
 
 T = 41
 W, H = 32, 16
@@ -203,7 +203,11 @@ def test_float32_fallback_computes_in_float32_not_under_bf16_autocast(folder, em
     handle = g.experts["transformer_2"].register_forward_pre_hook(probe, with_kwargs=True)
     g.velocity(z, 0.5, [y], embeddings, cfg_scale=2.0)
     assert g.compute_dtype == torch.bfloat16 and seen[-1] == (torch.bfloat16, torch.bfloat16)
-    g.use_float32()
+    handle.remove()
+    g.use_float32()  # drops the bf16 expert: the next pass loads it from the folder in float32
+    assert g.experts == {}
+    g.velocity(z, 0.5, [y], embeddings, cfg_scale=2.0)
+    handle = g.experts["transformer_2"].register_forward_pre_hook(probe, with_kwargs=True)
     v = g.velocity(z, 0.5, [y], embeddings, cfg_scale=2.0)
     handle.remove()
     assert g.compute_dtype == torch.float32 and seen[-1] == (False, torch.float32)
@@ -212,46 +216,12 @@ def test_float32_fallback_computes_in_float32_not_under_bf16_autocast(folder, em
     assert g.experts["transformer"].proj_out.weight.dtype == torch.float32
 
 
-class CastingMMGP:
-    """A stand-in for mmgp that does what the real one does to a module it profiles (3.8:
-    ``offload.profile`` with ``convertWeightsFloatTo``): converts its float32 weights to bf16,
-    and casts every float32 tensor argument to bf16 before each forward
-    (``move_args_to_gpu``). A released offload object keeps its hooks on the module, and
-    profiling that module again is an error, as the hooks of the real one would be."""
-
-    def __init__(self):
-        self.offload = self
-        self.wrapped = []
-
-    def profile(self, modules, **kwargs):
-        (module,) = modules.values()
-        if getattr(module, "_fake_mmgp_released", False):
-            raise RuntimeError("module still hooked by a released mmgp offload object")
-        module.to(kwargs["convertWeightsFloatTo"])
-
-        def bf16(x):
-            return x.to(torch.bfloat16) if torch.is_tensor(x) and x.dtype == torch.float32 else x
-
-        def cast(mod, args, kw):
-            return tuple(bf16(a) for a in args), {k: bf16(v) for k, v in kw.items()}
-
-        module.register_forward_pre_hook(cast, with_kwargs=True)
-        self.wrapped.append(module)
-        obj = types.SimpleNamespace(unload_all=lambda: None)
-
-        def release():
-            module._fake_mmgp_released = True
-
-        obj.release = release
-        return obj
-
-
 def test_mmgp_gets_the_exact_timestep_and_fresh_experts(folder, embeddings):
     """mmgp casts float32 arguments to bf16: 1000·t = 907.2 would reach the time embedding as
     908. And after a switch the released expert is never handed to mmgp again."""
     from chord.guidance.mmgp_residency import MMGPResidency
 
-    fake = CastingMMGP()
+    fake = FakeMMGP()  # casts what it wraps as mmgp does
     g = wan.WanGuidance(folder, mmgp=MMGPResidency(4.0, 100, module=fake, cuda_check=False))
     seen = []
     z = torch.randn(1, 16, 11, H // 8, W // 8)
