@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pandas as pd
 from snakemake.exceptions import WorkflowError
+from snakemake.logging import logger
 from snakemake.utils import validate
 
 import chord
@@ -15,6 +16,7 @@ import chord.gpus
 import chord.peak_memory
 import chord.paths as P
 import chord.stages
+import chord.stages.condition
 import chord.tiers as ct
 
 validate(config, cc.CONFIG_SCHEMA)
@@ -169,6 +171,7 @@ def train_inputs(wildcards):
     objects' voxels, the text embeddings, and the oracle's motion.json when it applies.
     """
     scene = wildcards.scene
+    check_job_requests(scene)  # a request over its tier's host RAM stops the DAG build
     roles = object_roles(scene)
     inputs = {
         "scene_json": str(P.scene_json(RESULTS, scene)),
@@ -193,17 +196,20 @@ def train_params(scene):
     return cc.training_hash(method, CONF.guidance)
 
 
-_GPU_MEM = {}
+_NODE = {}
 
 
-def gpu_mem_gb():
-    """GPU memory for `auto` tiers: config gpu_mem_gb (set by the profile), else the local GPU's
-    (None without one)."""
-    if config["gpu_mem_gb"] is not None:
-        return config["gpu_mem_gb"]
-    if "local" not in _GPU_MEM:
-        _GPU_MEM["local"] = chord.gpus.gpu_memory_gb(os.environ)
-    return _GPU_MEM["local"]
+def gpu_node():
+    """The GPUs training jobs get, for `auto` tiers: the config's gpu_mem_gb (a card label,
+    set by the profile) and gpus_per_node, else this machine's GPUs (nvidia-smi); None
+    without any (a CPU run)."""
+    if "node" not in _NODE:
+        _NODE["node"] = chord.gpus.node(
+            os.environ,
+            gpu_mem_gb=config["gpu_mem_gb"],
+            gpus_per_node=config["gpus_per_node"],
+        )
+    return _NODE["node"]
 
 
 # The experts' shapes for the memory model: the Wan folder's configs, else A14B.
@@ -212,39 +218,72 @@ MODEL = chord.peak_memory.model_for(CONF.guidance.ckpt_dir)
 CONDITION_MEM_MB = chord.peak_memory.condition_mem_mb(
     CONF.guidance.ckpt_dir, CONF.guidance.backend
 )
+
+
+def condition_gpus(scene):
+    """The condition job's gpu resource (chord.stages.condition.gpus): 1 where the Wan
+    folder's UMT5 encodes on a GPU (method.t5_cpu false), else 0."""
+    return chord.stages.condition.gpus(CONF.guidance, CONF.scenes[scene].method)
+
+
+def condition_gpu_kind(key):
+    """gpu_model or slurm_partition of a condition job that takes a GPU: its scene's start
+    tier's (the kind the scene trains on); unset for one that does not."""
+
+    def resource(wildcards):
+        if condition_gpus(wildcards.scene):
+            return getattr(TIERS[scene_tier(wildcards.scene)], key)
+        return None
+
+    return resource
+
+
+# Declared only where some condition job takes a GPU: a rule's slurm_partition replaces the
+# profile's default (the CPU partition) even where it is None (unset).
+CONDITION_GPU_KIND = (
+    {key: condition_gpu_kind(key) for key in ("gpu_model", "slurm_partition")}
+    if any(condition_gpus(scene) for scene in SCENES)
+    else {}
+)
 _SCENE_TIER = {}
+_TIER_LINES = set()  # each distinct choice is logged once, not once per scene
 
 
 def scene_tier(scene):
-    """The tier a scene's training starts on: its sheet column, or auto (the first tier whose
-    GPU memory fits and that the peak-memory model predicts to fit). Cached: the DAG asks
-    many times per scene."""
+    """The tier a scene's training starts on: its sheet column, or auto (the first tier the
+    node's GPUs match and that the peak-memory model predicts to fit; why each fuller tier was
+    skipped is logged). Cached: the DAG asks many times per scene."""
     if scene not in _SCENE_TIER:
         spec = CONF.scenes[scene]
-        gpu, fits = None, None
+        node, fits = None, None
         if spec.tier == ct.AUTO:
-            gpu = gpu_mem_gb()
+            node = gpu_node()
             fits = ct.scene_fits(
                 spec.method,
                 CONF.memory,
                 object_roles(scene),
-                gpu,
+                node,
                 backend=CONF.guidance.backend,
                 fitted=spec.gaussians,
                 label=f"scene {scene}",
                 model=MODEL,
             )
         try:
-            _SCENE_TIER[scene] = ct.base(
+            choice = ct.start(
                 spec.tier,
                 TIERS,
-                gpu,
+                node,
                 fits,
                 method=spec.method,
                 allow_lowres=CONF.auto_lowres,
             )
         except cc.ConfigError as exc:
             raise WorkflowError(f"scene {scene}: {exc}")
+        line = choice.describe()
+        if spec.tier == ct.AUTO and line not in _TIER_LINES:
+            _TIER_LINES.add(line)
+            logger.info(f"tier auto: scene {scene} (and others alike): {line}")
+        _SCENE_TIER[scene] = choice.tier
     return _SCENE_TIER[scene]
 
 
@@ -257,27 +296,54 @@ def train_tier(scene, stage, attempt):
     return TIERS[ct.for_attempt(scene_tier(scene), attempt, TIERS, oom)]
 
 
+_JOB_REQUEST = {}
+
+
 def job_request(scene, tier):
     """mem_mb and cpus_per_gpu of a training job of scene on tier: what it needs, the tier's
-    values the ceiling (chord.tiers.job_request)."""
-    spec = CONF.scenes[scene]
-    return ct.job_request(
-        tier,
-        backend=CONF.guidance.backend,
-        method=ct.apply(spec.method, CONF.memory, tier)[0],
-        mem=CONF.memory,
-        roles=object_roles(scene),
-        fitted=spec.gaussians,
-        model=MODEL,
-    )
+    values the ceiling (chord.tiers.job_request); a need over the tier's host_mem_gb stops the
+    run, naming the scene. Cached: every attempt asks for each resource."""
+    if (scene, tier.name) not in _JOB_REQUEST:
+        spec = CONF.scenes[scene]
+        try:
+            _JOB_REQUEST[scene, tier.name] = ct.job_request(
+                tier,
+                backend=CONF.guidance.backend,
+                method=ct.apply(spec.method, CONF.memory, tier)[0],
+                mem=CONF.memory,
+                roles=object_roles(scene),
+                fitted=spec.gaussians,
+                model=MODEL,
+            )
+        except cc.ConfigError as exc:
+            start = scene_tier(scene)
+            retry = (
+                f" (a retry from tier {start} may reach it)"
+                if start != tier.name
+                else ""
+            )
+            raise WorkflowError(f"scene {scene}: {exc}{retry}")
+    return _JOB_REQUEST[scene, tier.name]
+
+
+def check_job_requests(scene):
+    """The job request of every tier a scene's training may run on (its start tier and each
+    one an out-of-memory retry may reach), at DAG build (train_inputs calls it): Snakemake
+    evaluates resources only when a job is to run, after the scene's other stages."""
+    names = list(TIERS)
+    for name in names[names.index(scene_tier(scene)) :]:
+        job_request(scene, TIERS[name])
 
 
 def preview_mem_mb(wildcards, attempt):
-    """Host RAM of a teacher preview: the oracle's little, else the tier's (the sampling
-    pipeline holds both Wan experts)."""
+    """Host RAM of a teacher preview on the tier of the scene's training: the oracle's little,
+    else the memory model's (one Wan expert at a time, mmgp's staging on an enable_mmgp tier)
+    with a 10% margin, the tier's host_mem_gb the ceiling."""
     if CONF.guidance.backend == "oracle":
         return ct.ORACLE_HOST_MB
-    return train_tier(wildcards.scene, "coarse", attempt).mem_mb
+    tier = train_tier(wildcards.scene, "coarse", attempt)
+    _, mem = ct.apply(CONF.scenes[wildcards.scene].method, CONF.memory, tier)
+    return chord.peak_memory.preview_mem_mb(mem, ceiling_mb=tier.mem_mb, model=MODEL)
 
 
 def tier_resource(stage, key):

@@ -2,16 +2,23 @@
 cached once per scene in ``condition/text.safetensors`` so training never loads the text
 encoder. With ``guidance.ckpt_dir`` the Wan folder's UMT5 encodes them; without one (the
 oracle demo) a small seeded UMT5 built from a config runs the same code path, and the file's
-metadata says so."""
+metadata says so.
+
+The job uses a GPU only where it asks for one (:func:`gpus`, the rule's ``gpu`` resource): the
+Wan folder's UMT5 (~11 GB in bf16) encodes on a GPU unless ``method.t5_cpu``; it then takes a
+free GPU the way a training does (:func:`chord.gpus.job_gpu`), and otherwise hides CUDA, so it
+never lands on a GPU a training is using."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import MutableMapping
 from pathlib import Path
 
 import torch
 
 from chord.errors import InputError
+from chord.gpus import job_gpu
 from chord.guidance import text
 
 logger = logging.getLogger(__name__)
@@ -19,14 +26,20 @@ logger = logging.getLogger(__name__)
 TINY_SEED = 0
 
 
-def text_encoder_for(guidance, method):
-    """(tokenizer, encoder, description) for the configured guidance."""
+def gpus(guidance, method) -> int:
+    """GPUs the condition job asks for and uses: 1 where the Wan folder's UMT5 encodes on a GPU
+    (``method.t5_cpu`` false, Wan's default), 0 with ``t5_cpu`` or the oracle demo's tiny
+    encoder (on the CPU)."""
+    return int(bool(guidance.ckpt_dir) and not method.t5_cpu)
+
+
+def text_encoder_for(guidance, device: str = "cpu"):
+    """(tokenizer, encoder, description) for the configured guidance; the Wan folder's UMT5 on
+    ``device`` (bf16 on CUDA, float32 on the CPU)."""
     if guidance.ckpt_dir:
         from chord.guidance import wan
 
-        use_gpu = torch.cuda.is_available() and not method.t5_cpu
-        device = "cuda" if use_gpu else "cpu"
-        dtype = torch.bfloat16 if use_gpu else torch.float32
+        dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
         tokenizer, encoder = wan.load_text_encoder(guidance.ckpt_dir, device=device, dtype=dtype)
         return tokenizer, encoder, f"umt5 from {guidance.ckpt_dir}"
     if guidance.backend == "wan":
@@ -47,9 +60,39 @@ def text_encoder_for(guidance, method):
     )
 
 
-def run(*, out: Path, prompt: str, n_prompt: str, guidance, method, scene: str) -> dict:
+def run(
+    *,
+    out: Path,
+    prompt: str,
+    n_prompt: str,
+    guidance,
+    method,
+    scene: str,
+    env: MutableMapping[str, str] | None = None,
+) -> dict:
+    """Encode the scene's prompts into ``out``; returns the file's metadata.
+
+    ``env``: the job's environment (the workflow's condition job passes ``os.environ``, before
+    CUDA starts). With :func:`gpus` 1 it takes a free GPU among several and narrows
+    ``CUDA_VISIBLE_DEVICES`` to it (:func:`chord.gpus.job_gpu`; one GPU or none visible: as it
+    is); with 0 it empties ``CUDA_VISIBLE_DEVICES``, so the process takes no GPU it did not ask
+    for. None (``chord train``, which trains on in the same process): the environment stays as
+    it is and the GPU is used where one is visible and ``t5_cpu`` is false."""
     negative = text.resolve_negative(n_prompt)
-    tokenizer, encoder, source = text_encoder_for(guidance, method)
+    if env is None:
+        cuda = bool(gpus(guidance, method)) and torch.cuda.is_available()
+        return _encode(out, prompt, n_prompt, negative, guidance, scene, cuda)
+    if not gpus(guidance, method):
+        env["CUDA_VISIBLE_DEVICES"] = ""  # asked for no GPU: take none
+        return _encode(out, prompt, n_prompt, negative, guidance, scene, cuda=False)
+    with job_gpu(env):
+        cuda = torch.cuda.is_available()
+        return _encode(out, prompt, n_prompt, negative, guidance, scene, cuda)
+
+
+def _encode(out, prompt, n_prompt, negative, guidance, scene, cuda: bool) -> dict:
+    device = "cuda" if cuda else "cpu"
+    tokenizer, encoder, source = text_encoder_for(guidance, device)
     embeds, lengths = text.encode_prompts(tokenizer, encoder, [prompt, negative])
     meta = {
         "scene": scene,
@@ -61,13 +104,16 @@ def run(*, out: Path, prompt: str, n_prompt: str, guidance, method, scene: str) 
         "prompt_tokens": int(lengths[0]),
         "negative_tokens": int(lengths[1]),
         "dim": int(embeds.shape[-1]),
+        "device": device,
+        "dtype": str(next(encoder.parameters()).dtype).removeprefix("torch."),
     }
     text.write(out, prompt=embeds[0], negative=embeds[1], meta=meta)
     logger.info(
-        "%s: %d/%d prompt/negative tokens, %s",
+        "%s: %d/%d prompt/negative tokens, %s, on %s",
         scene,
         meta["prompt_tokens"],
         meta["negative_tokens"],
         source,
+        device if not cuda else f"cuda ({torch.cuda.get_device_name()})",
     )
     return meta

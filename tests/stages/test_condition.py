@@ -59,3 +59,47 @@ def test_wan_backend_without_a_folder_is_a_clear_error(tmp_path):
             scene="s",
         )
     assert not (tmp_path / "t.safetensors").exists()
+
+
+def test_the_job_takes_a_free_gpu_for_the_wan_encoder_and_hides_cuda_otherwise(
+    tmp_path, monkeypatch
+):
+    """With the Wan folder's UMT5 on a GPU (t5_cpu false) the job asks for one GPU
+    (condition.gpus, the rule's gpu resource) and, among several visible, takes a free one as a
+    training does (a lock per GPU), narrowing its CUDA_VISIBLE_DEVICES; with t5_cpu, or the
+    oracle's tiny encoder, it asks for none and empties CUDA_VISIBLE_DEVICES, so it never
+    lands on a GPU a training holds."""
+    from chord import gpus
+
+    monkeypatch.setattr(gpus, "default_lock_dir", lambda: tmp_path / "locks")
+    folder = tiny_models.write_tiny_wan(tmp_path / "wan")
+    wan = cc.guidance_from_mapping({"backend": "wan", "ckpt_dir": str(folder)})
+    oracle = cc.guidance_from_mapping({"backend": "oracle"})
+    on_gpu = cc.method_from_mapping({"t5_cpu": False})
+    on_cpu = cc.method_from_mapping({"t5_cpu": True})
+    assert condition.gpus(wan, on_gpu) == 1
+    assert condition.gpus(wan, on_cpu) == condition.gpus(oracle, on_gpu) == 0
+
+    def encode(guidance, method, env):
+        return condition.run(
+            out=tmp_path / "t.safetensors",
+            prompt="a plant sways",
+            n_prompt=".",
+            guidance=guidance,
+            method=method,
+            scene="s",
+            env=env,
+        )
+
+    # GPU 0 is held by a training: the condition job takes GPU 1
+    with gpus.gpu_set(["0"], 1, tmp_path / "locks"):
+        env = {"CUDA_VISIBLE_DEVICES": "0,1,2"}
+        encode(wan, on_gpu, env)
+        assert env["CUDA_VISIBLE_DEVICES"] == "1"
+    metas = {}
+    for guidance, method in ((wan, on_cpu), (oracle, on_gpu)):
+        env = {"CUDA_VISIBLE_DEVICES": "0,1,2"}
+        metas[guidance.backend] = encode(guidance, method, env)
+        assert env["CUDA_VISIBLE_DEVICES"] == "" and metas[guidance.backend]["device"] == "cpu"
+    # on the CPU the Wan encoder computes in float32 (bf16 only on a GPU)
+    assert metas["wan"]["dtype"] == "float32"

@@ -1,4 +1,6 @@
-# Adapter: rule condition -> chord.stages.condition.run (prompts travel as data, not shell)
+# Adapter: rule condition -> chord.stages.condition.run (prompts travel as data, not shell). The
+# job's environment goes along: the stage takes the GPU the rule asked for, or hides CUDA.
+import os
 from pathlib import Path
 
 from chord import config as cc
@@ -15,4 +17,5 @@ with stage_logging(snakemake.log[0]):
         guidance=conf.guidance,
         method=spec.method,
         scene=spec.scene,
+        env=os.environ,
     )
