@@ -9,9 +9,13 @@ expert reload of a switch, and gsplat against the torch rasteriser (parity and t
 
 One command, no network, within 8 minutes on one H100/H200-class GPU. Estimates, none measured
 yet: the setup about a minute (half of it saving the expert), the tiers two iterations each,
-the extras about 3 minutes (2.5 to 4) after them; --budget-s (default 390) starts no part after
-that many seconds, so the longest part, the float32 row, still ends inside the 8 minutes, and a
-part left out is a row that says so. It builds, with random weights: one Wan 2.2 I2V
+the extras about 3 minutes (2.5 to 4) after them. The work is in sections (tiers without mmgp,
+the mmgp tiers, reload, float32, render), each starting rows only within its own budget
+(--budget SECTION=S, defaults in BUDGETS), so a long section never costs a later one its rows;
+a row left out says so, and the JSON is rewritten after every row. gsplat's kernels are built
+first (outside the budgets); --render-backend torch measures without them. The production
+allocator (expandable segments) is set before CUDA starts.
+It builds, with random weights: one Wan 2.2 I2V
 A14B-shaped DiT expert from the real transformer configuration (chord.peak_memory.A14B: 40
 layers, 40 heads of 128, FFN 13824, text dim 4096, 36 in / 16 out channels, patch 1x2x2) in
 bf16, as the high-noise expert that iterations 1 and 2 use (t = 0.98); the real-shaped Wan 2.1
@@ -51,13 +55,13 @@ to mmgp). Then the extras (--extras), each failing soft the same way:
                    mostly from the page cache (a cold read adds 28.6 GB / the disk's
                    bandwidth). About 1 minute: save 15-40 s (setup), two loads of 15-25 s.
     float32        row split_fp32 of a second table: the split tier after
-                   guidance.use_float32() on the expert the switch loaded (converted in place
-                   on the GPU; weights and arithmetic in float32, no autocast) at 416x240
+                   guidance.use_float32() (the bf16 expert dropped, reloaded from the folder
+                   in float32; weights and arithmetic in float32, no autocast) at 416x240
                    (--float32-size), its peaks beside chord.peak_memory.estimate(...,
                    expert_bytes=4), and that estimate at 832x480. Without bf16 tensor cores an
                    iteration takes about 25-35 s at 416x240: 60-90 s for the row. At 832x480
                    about 3 minutes an iteration: a run of its own (--tiers "" --extras float32
-                   --float32-size 832x480 --budget-s 300, about 7 minutes).
+                   --float32-size 832x480 --budget float32=300, about 7 minutes).
     render_timing  gsplat and the torch rasteriser on the parity view (8 frames): seconds
                    (median of up to 3 after a warm-up, CUDA-synchronised; a mode's runs stop
                    after 15 s) and the peak allocated above the resident, without grad (the
@@ -186,8 +190,11 @@ def transformer_kwargs(shape: peak_memory.ModelShape, *, rope_max_seq_len: int =
 # -- setup ------------------------------------------------------------------------------------
 def random_expert(config: dict, device, dtype) -> torch.nn.Module:
     """A randomly initialised WanTransformer3DModel built directly in ``dtype`` on ``device``
-    (no float32 copy: 14B parameters are 26.6 GiB in bf16)."""
+    (no float32 copy: 14B parameters are 26.6 GiB in bf16), its ``_keep_in_fp32_modules``
+    parameters in float32 as ``from_pretrained`` leaves them."""
     from diffusers import WanTransformer3DModel
+
+    from chord.guidance.mmgp_residency import kept_in_float32
 
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
@@ -197,6 +204,9 @@ def random_expert(config: dict, device, dtype) -> torch.nn.Module:
             model = WanTransformer3DModel(**config)
     finally:
         torch.set_default_dtype(previous)
+    for name, p in model.named_parameters():
+        if kept_in_float32(model, name):
+            p.data = p.data.float()
     return model.eval().requires_grad_(False)
 
 
@@ -345,11 +355,38 @@ def soft(fn, *args, verbose: bool = False) -> dict:
             torch.cuda.empty_cache()
 
 
+#: seconds in which each section of the check may start its rows (--budget SECTION=S; 0 skips
+#: the section), so that one section running long (the tiers, say) never costs another its rows
+BUDGETS = {"tiers": 100.0, "mmgp": 100.0, "reload": 75.0, "float32": 100.0, "render": 45.0}
+
+
+def start_section(ctx, name: str) -> None:
+    """Section ``name`` begins: its rows may start until its budget (``ctx["budgets"]``) ends."""
+    ctx["section"] = name
+    ctx["deadline"] = time.perf_counter() + ctx.get("budgets", BUDGETS)[name]
+
+
 def over_budget(ctx) -> bool:
-    return time.perf_counter() > ctx.get("deadline", math.inf)
+    return time.perf_counter() >= ctx.get("deadline", math.inf)
 
 
-BUDGET_SKIP = "skipped: over the --budget-s time budget"
+def budget_skip(ctx) -> str:
+    """The status of a row its section's budget left out."""
+    name = ctx.get("section", "?")
+    budget = ctx.get("budgets", BUDGETS).get(name, math.inf)
+    return f"skipped: over the {name} section's {budget:.0f} s budget (--budget {name}=S)"
+
+
+def kept_float32(expert) -> tuple[int, int] | None:
+    """(float32, all) of the parameters diffusers keeps in float32 in a bf16 expert
+    (``_keep_in_fp32_modules``): all of them still float32 after mmgp's hand-over is what the
+    offload tiers check; None for a model without such modules."""
+    from chord.guidance.mmgp_residency import kept_in_float32
+
+    kept = [p for n, p in expert.named_parameters() if kept_in_float32(expert, n)]
+    if not kept:
+        return None
+    return sum(p.dtype == torch.float32 for p in kept), len(kept)
 
 
 def run_tier(name, mem, size, ctx) -> dict:
@@ -374,6 +411,7 @@ def run_tier(name, mem, size, ctx) -> dict:
         width=W,
         height=H,
         memory=mem,
+        backend=ctx.get("render_backend", "auto"),
     )
     clock = timer(ctx["cuda"])
     clock.wrap(tr, "render", "render")
@@ -391,8 +429,10 @@ def run_tier(name, mem, size, ctx) -> dict:
     allocated, reserved = ctx["peak"].read()
     t = dict(clock.times)
     other = total - sum(t.values())
+    kept = kept_float32(guide.experts["transformer"]) if "transformer" in guide.experts else None
     return {
         "status": "ok",
+        "kept_float32": None if kept is None else f"{kept[0]}/{kept[1]}",
         "allocated": allocated,
         "reserved": reserved,
         "s_it": total,
@@ -403,10 +443,13 @@ def run_tier(name, mem, size, ctx) -> dict:
     }
 
 
-def tier_rows(ctx, names, tiers=None) -> list[dict]:
+def tier_rows(ctx, names, tiers=None, on_row=None) -> list[dict]:
     """One row per tier of ``names`` in ``tiers`` (default ``ctx["tiers"]``, see
-    :func:`tier_table`), failing soft."""
+    :func:`tier_table`), failing soft; none starts after its section's budget. ``on_row(row)``
+    after each (the JSON is written there). On CUDA a row also holds the host RSS peak above
+    its start (``host_peak``: mmgp's and the float32 fallback's host RAM) beside the model's."""
     rows = []
+    host = Peak(False) if ctx["cuda"] else None
     for name in names:
         mem, size = (tiers or ctx["tiers"])[name]
         if ctx["tiny"]:
@@ -424,24 +467,34 @@ def tier_rows(ctx, names, tiers=None) -> list[dict]:
         )
         row = {"tier": name, "size": f"{size[0]}x{size[1]}", "estimate": est["gpu_bytes"]}
         row["estimate_reserved"] = est["reserved_bytes"]
+        row["estimate_host"] = est["host_bytes"]
         ctx["peak"].disarm()
         if over_budget(ctx):
-            row["status"] = BUDGET_SKIP
+            row["status"] = budget_skip(ctx)
             rows.append(row)
             print_row(row, ctx["cuda"], flush=True)
+            if on_row is not None:
+                on_row(row)
             continue
+        if host is not None:
+            host.reset()
         try:
             row.update(run_tier(name, mem, size, ctx))
         except Exception as exc:  # fail soft: one tier's failure is a row
             allocated, reserved = ctx["peak"].read()
             row.update(allocated=allocated, reserved=reserved, status=failure(exc, ctx["verbose"]))
         finally:
+            if host is not None:
+                row["host_peak"] = host.read()[0]
+                host.disarm()
             ctx["peak"].disarm()
             gc.collect()
             if ctx["cuda"]:
                 torch.cuda.empty_cache()
         rows.append(row)
         print_row(row, ctx["cuda"], flush=True)
+        if on_row is not None:
+            on_row(row)
     return rows
 
 
@@ -463,10 +516,16 @@ def print_row(row: dict, cuda: bool, flush: bool = False) -> None:
     def sec(key):
         return f"{row[key]:6.2f}" if key in row else f"{'-':>6s}"
 
+    extra = ""  # the host RAM (CUDA runs) and the float32 parameters kept (mmgp's check)
+    if row.get("host_peak") is not None and cuda:
+        extra += f"; host +{row['host_peak'] / div:.1f} of {row['estimate_host'] / div:.1f} GiB"
+    if row.get("kept_float32"):
+        extra += f"; kept float32 {row['kept_float32']}"
+
     print(
         f"{row['tier']:10s} {row['size']:>7s} {mem('allocated')} {mem('reserved')} "
         f"{mem('estimate')} {sec('s_it')} {sec('render')} {sec('encode')} {sec('dit')} "
-        f"{sec('backward')}  {row['status']}",
+        f"{sec('backward')}  {row['status']}{extra}",
         flush=flush,
     )
 
@@ -523,12 +582,13 @@ def reload_row(ctx, keep: dict) -> dict:
 
 def float32_guidance(ctx, keep: dict):
     """The float32 row's guidance factory: the expert the reload row loaded (else loaded from
-    the folder here), resident in bf16 as in training, then ``use_float32()``: converted in
-    place, computing without autocast. ``keep["guide"]`` holds it until the caller drops it."""
+    the folder here), resident in bf16 as in training, then ``use_float32()``: dropped, and
+    reloaded from the folder in float32 by the first pass, computing without autocast.
+    ``keep["guide"]`` holds it until the caller drops it."""
 
     def guidance(_mem):
         if "guide" not in keep:
-            if "model" not in keep and ctx["saved"].get("status") != "ok":
+            if ctx["saved"].get("status") != "ok":  # use_float32 reloads it from there
                 raise RuntimeError(f"no expert on disk: save {ctx['saved'].get('status')}")
             guide = make_guidance(ctx["folder"], keep.pop("model", None), ctx["device"])
             guide._activate("transformer")
@@ -697,7 +757,42 @@ def print_render_timing(row: dict) -> None:
 
 
 # -- main ----------------------------------------------------------------------------------------
+def parse_budgets(values: list[str]) -> dict[str, float]:
+    """:data:`BUDGETS` with ``--budget SECTION=SECONDS`` overrides; a ValueError names a bad one."""
+    budgets = dict(BUDGETS)
+    for value in values:
+        name, _, seconds = value.partition("=")
+        if name not in BUDGETS:
+            raise ValueError(f"--budget {value}: the sections are {', '.join(BUDGETS)}")
+        try:
+            budgets[name] = float(seconds)
+        except ValueError:
+            raise ValueError(f"--budget {value}: expected SECTION=SECONDS") from None
+    return budgets
+
+
+def build_gsplat(backend: str, cuda: bool) -> dict:
+    """gsplat's kernels built (or found) for this card before anything is timed
+    (chord.render.gsplat_backend.load_kernels, under its lock): the build's seconds and the
+    extension's file, or why not (--render-backend torch, a CPU, no toolkit)."""
+    from chord.render import gsplat_backend
+
+    if backend == "torch" or not cuda:
+        why = "--render-backend torch" if backend == "torch" else "no CUDA GPU"
+        return {"status": f"skipped: {why}"}
+    start = time.perf_counter()
+    reason = gsplat_backend.unavailable_reason()
+    seconds = time.perf_counter() - start
+    if reason is not None:
+        return {"status": f"error: {reason}", "s": seconds}
+    return {"status": "ok", "s": seconds, "kernels": gsplat_backend.kernels_file()}
+
+
 def main(argv=None) -> int:
+    from chord import runtime
+
+    # the production allocator (expandable segments), before anything starts CUDA
+    allocator = runtime.configure_allocator(os.environ)
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tiny", action="store_true", help="CPU, tiny shapes (CI)")
     p.add_argument(
@@ -713,9 +808,25 @@ def main(argv=None) -> int:
     p.add_argument("--gaussians", type=int, default=None)
     p.add_argument("--verbose", action="store_true", help="print tracebacks of failed parts")
     p.add_argument(
-        "--budget-s", type=float, default=390.0, help="start no part after this many seconds"
+        "--render-backend",
+        choices=("auto", "gsplat", "torch"),
+        default="auto",
+        help="the training's renderer (auto: gsplat on CUDA); torch measures without gsplat",
+    )
+    p.add_argument(
+        "--budget",
+        action="append",
+        default=[],
+        metavar="SECTION=S",
+        help="seconds in which a section may start rows (repeatable; default "
+        + ", ".join(f"{k}={v:.0f}" for k, v in BUDGETS.items())
+        + ")",
     )
     args = p.parse_args(argv)
+    try:
+        budgets = parse_budgets(args.budget)
+    except ValueError as exc:
+        p.error(str(exc))
     tiny = args.tiny
     width, height, frames, batch = (64, 48, 9, 2) if tiny else (832, 480, 41, 4)
     tiers = tier_table(width, height)
@@ -745,14 +856,17 @@ def main(argv=None) -> int:
     config = transformer_kwargs(shape, rope_max_seq_len=64 if tiny else 1024)
     gaussians = args.gaussians or (2000 if tiny else 100_000)
     dtype = torch.float32 if not cuda else torch.bfloat16
-    started = time.perf_counter()
     dev = torch.cuda.get_device_name() if cuda else "CPU (--tiny)"
-    report = {"device": dev}
+    report = {"device": dev, "allocator": allocator, "render_backend": args.render_backend}
 
-    def dump():  # after every part: a run cut short still leaves what it measured
+    def dump():  # after every row: a run cut short still leaves what it measured
         if args.json:
             Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
 
+    report["gsplat"] = build_gsplat(args.render_backend, cuda)
+    print(f"gsplat kernels: {report['gsplat']}")
+    dump()
+    started = time.perf_counter()  # the build (minutes once per card) is not in the budgets
     skipped = {"status": "skipped: not in --extras"}
     with tempfile.TemporaryDirectory() as tmp:
         folder = write_folder(Path(tmp) / "wan", config, tiny=tiny)
@@ -805,7 +919,8 @@ def main(argv=None) -> int:
             ),
             "tiers": tiers,
             "verbose": args.verbose,
-            "deadline": started + args.budget_s,
+            "budgets": budgets,
+            "render_backend": args.render_backend,
         }
         print(
             f"gpu_check on {dev}: {width}x{height}, {frames} frames, batch {batch}, "
@@ -813,8 +928,18 @@ def main(argv=None) -> int:
             f"parameters ({dtype}), setup {time.perf_counter() - started:.0f} s"
         )
         print_header(cuda)
-        report["rows"] = tier_rows(ctx, names)
-        dump()
+        report["rows"] = []
+
+        def add_row(row):
+            report["rows"].append(row)
+            dump()
+
+        # the tiers without mmgp, then those with (item 4: mmgp keeps the float32 modules),
+        # each section within its own budget
+        for section, mmgp in (("tiers", False), ("mmgp", True)):
+            start_section(ctx, section)
+            part = [n for n in names if tiers[n][0].enable_mmgp == mmgp]
+            tier_rows(ctx, part, on_row=add_row)
         # the tiers' injected expert goes: the extras load theirs from the folder
         for guide in guides.values():
             with contextlib.suppress(Exception):
@@ -826,11 +951,12 @@ def main(argv=None) -> int:
             torch.cuda.empty_cache()
         keep = {}
         reload = skipped
+        start_section(ctx, "reload")
         if "reload" in extras:
             if saved.get("status") != "ok":
                 reload = {"status": f"save {saved.get('status')}"}
             elif over_budget(ctx):
-                reload = {"status": BUDGET_SKIP}
+                reload = {"status": budget_skip(ctx)}
             else:
                 reload = soft(reload_row, ctx, keep, verbose=args.verbose)
             reload = {**saved, **reload}
@@ -838,6 +964,7 @@ def main(argv=None) -> int:
         print_reload(reload, cuda)
         dump()
         report["float32"] = skipped
+        start_section(ctx, "float32")
         if "float32" in extras:
             print("float32 fallback (split flags, after guidance.use_float32(): the expert's")
             print(
@@ -866,13 +993,26 @@ def main(argv=None) -> int:
         gc.collect()
         if cuda:
             torch.cuda.empty_cache()
-        par = soft(parity, scene, width, height, device, verbose=args.verbose)
+        start_section(ctx, "render")
+        if args.render_backend == "torch":
+            par = {"status": "skipped: --render-backend torch"}
+        elif over_budget(ctx):
+            par = {"status": budget_skip(ctx)}
+        else:
+            par = soft(parity, scene, width, height, device, verbose=args.verbose)
+        report["parity"] = par
+        dump()
         timing = skipped
         if "render_timing" in extras:
-            if over_budget(ctx):
-                timing = {"status": BUDGET_SKIP}
+            backends = ("torch",) if args.render_backend == "torch" else ("gsplat", "torch")
+            if not cuda:
+                timing = {"status": "skipped: the renderer timing needs CUDA (a CPU run)"}
+            elif over_budget(ctx):
+                timing = {"status": budget_skip(ctx)}
             else:
-                timing = soft(render_timing, scene, width, height, device, verbose=args.verbose)
+                timing = soft(
+                    render_timing, scene, width, height, device, 3, backends, verbose=args.verbose
+                )
     if par["status"] == "ok":
         print(
             f"renderer parity (gsplat vs torch, {width}x{height}, 8 frames): mean |diff| "

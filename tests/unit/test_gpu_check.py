@@ -6,6 +6,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from chord import peak_memory
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "gpu_check.py"
+RUN_TIER = mod.run_tier  # the real one, for tests that replace it in main()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the --tiny run is the CPU check")
@@ -173,3 +175,99 @@ def test_the_expert_arguments_come_from_the_model_shape():
         tiny = WanTransformer3DModel(**mod.transformer_kwargs(mod.TINY, rope_max_seq_len=64))
     n = sum(p.numel() for p in tiny.parameters())
     assert n == peak_memory.dit_params(mod.TINY)
+
+
+@pytest.fixture
+def quick_main(monkeypatch, tmp_path):
+    """main() on the CPU (--tiny) with the tiers' training replaced by ``fake(name, ctx)``:
+    returns (run(args, fake) -> report, calls)."""
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    out = tmp_path / "check.json"
+    calls = []
+
+    def run(args, fake):
+        def fake_run_tier(name, mem, size, ctx):
+            on_disk = json.loads(out.read_text()) if out.exists() else {}
+            calls.append((name, [r["tier"] for r in on_disk.get("rows", [])], ctx))
+            return fake(name, ctx)
+
+        monkeypatch.setattr(mod, "run_tier", fake_run_tier)
+        assert mod.main(["--tiny", "--extras", "", "--json", str(out), *args]) == 0
+        return json.loads(out.read_text())
+
+    return run, calls
+
+
+def test_the_json_holds_every_row_as_soon_as_it_is_measured(quick_main):
+    run, calls = quick_main
+    report = run([], lambda name, ctx: {"status": "ok", "s_it": 0.1})
+    names = ["full", "split", "split_plain", "offload", "lowres", "lowres_min"]
+    # when a tier starts, the file already holds every earlier row (a run cut short keeps them)
+    assert [(name, before) for name, before, _ in calls] == [
+        (name, names[:i]) for i, name in enumerate(names)
+    ]
+    assert [r["tier"] for r in report["rows"]] == names
+    # the production allocator, set before CUDA starts
+    assert "expandable_segments:True" in report["allocator"]
+    assert "expandable_segments:True" in mod.os.environ["PYTORCH_CUDA_ALLOC_CONF"]
+    assert report["gsplat"]["status"] == "skipped: no CUDA GPU"
+
+
+def test_render_backend_torch_reaches_the_training_and_skips_gsplat(quick_main, monkeypatch):
+    run, calls = quick_main
+    report = run(["--render-backend", "torch"], lambda name, ctx: {"status": "ok"})
+    assert {ctx["render_backend"] for _, _, ctx in calls} == {"torch"}
+    assert report["render_backend"] == "torch"
+    assert report["gsplat"]["status"] == "skipped: --render-backend torch"
+    assert report["parity"]["status"] == "skipped: --render-backend torch"
+
+    class Stop(Exception):
+        pass
+
+    seen = {}
+
+    def trainer(**kwargs):  # the real run_tier hands the backend to chord.train.Trainer
+        seen.update(kwargs)
+        raise Stop
+
+    monkeypatch.setattr(mod.train, "Trainer", trainer)
+    ctx = {**calls[0][2], "guidance": lambda mem: None}
+    with pytest.raises(Stop):
+        RUN_TIER("full", ctx["tiers"]["full"][0], (64, 48), ctx)
+    assert seen["backend"] == "torch"
+
+
+def test_a_section_past_its_budget_is_cut_and_the_next_keeps_its_own(quick_main):
+    run, calls = quick_main
+
+    def slow(name, ctx):
+        time.sleep(0.7)
+        return {"status": "ok"}
+
+    report = run(["--budget", "tiers=0.5", "--budget", "mmgp=0.5"], slow)
+    status = {r["tier"]: r["status"] for r in report["rows"]}
+    # each section starts its first row, then is over its budget
+    assert [name for name, _, _ in calls] == ["full", "offload"]
+    assert status["full"] == status["offload"] == "ok"
+    for name in ("split", "split_plain"):
+        assert status[name] == "skipped: over the tiers section's 0 s budget (--budget tiers=S)"
+    for name in ("lowres", "lowres_min"):
+        assert status[name] == "skipped: over the mmgp section's 0 s budget (--budget mmgp=S)"
+    assert run(["--budget", "tiers=0"], slow)["rows"][0]["status"].startswith("skipped: over")
+
+
+def test_a_bad_budget_names_the_sections(capsys):
+    for bad in ("gsplat=10", "tiers=soon"):
+        with pytest.raises(SystemExit):
+            mod.main(["--tiny", "--budget", bad])
+        assert f"--budget {bad}" in capsys.readouterr().err
+
+
+def test_the_random_expert_keeps_diffusers_float32_modules():
+    """As from_pretrained in bf16 leaves them; the mmgp tiers' check counts them after mmgp."""
+    config = mod.transformer_kwargs(mod.TINY, rope_max_seq_len=64)
+    expert = mod.random_expert(config, "cpu", torch.bfloat16)
+    kept, total = mod.kept_float32(expert)
+    assert total > 0 and kept == total
+    assert expert.blocks[0].attn1.to_q.weight.dtype == torch.bfloat16
+    assert mod.kept_float32(expert.to(torch.bfloat16)) == (0, total)  # what mmgp's cast did
