@@ -36,6 +36,8 @@ SYSTEM_CONF = Path("/etc/slurm/slurm.conf")
 PREFIX = "chord-slurm-"
 DAEMONS = ("slurmctld", "slurmd", "munged")
 ACCOUNTING = ("slurmdbd", "mariadbd", "mariadb-install-db", "sacctmgr")
+# Seconds a requeued job is held before it may run again (Slurm's AuthInfo cred_expire).
+CRED_EXPIRE_S = 15
 
 
 class ClusterError(RuntimeError):
@@ -127,7 +129,9 @@ class Cluster:
             "SlurmUser=root",
             "AuthType=auth/munge",
             "CredType=cred/munge",
-            f"AuthInfo=socket={self.munge_socket}",
+            # a requeued job waits cred_expire seconds before it may start again (default
+            # 120): a training that requeues itself at its time limit continues sooner
+            f"AuthInfo=socket={self.munge_socket},cred_expire={CRED_EXPIRE_S}",
             f"SlurmctldPort={self.ports['ctld']}",
             f"SlurmdPort={self.ports['slurmd']}",
             f"StateSaveLocation={r / 'state'}",
@@ -156,9 +160,10 @@ class Cluster:
             # checkpoint needs one iteration)
             "KillWait=15",
             # the backfill scheduler every second: a job waiting for the other GPU kind does
-            # not hold back the ones behind it for long
+            # not hold back the ones behind it for long; the main one every 5 s (not 60): a
+            # requeued job starts soon after its cred_expire
             "SchedulerType=sched/backfill",
-            "SchedulerParameters=bf_interval=1",
+            "SchedulerParameters=bf_interval=1,sched_interval=5",
             "GresTypes=gpu",
             # a job without --mem (the tests' own sbatch calls) takes 500 MB, not the node
             "DefMemPerCPU=500",
