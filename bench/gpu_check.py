@@ -99,9 +99,11 @@ then on the GPU machine, before the check:
     export PYTHONPATH=/tmp/site:$PWD
     python3 bench/gpu_check.py --json $OUT/gpu_check.json
 
-gsplat compiles its CUDA kernels on first use (nvcc, one to a few minutes; cached in
-TORCH_EXTENSIONS_DIR): run `python3 -c "import gsplat.cuda._backend"` once beforehand, or
-carry a prebuilt gsplat wheel for the image's torch/CUDA, to keep the check inside its budget.
+gsplat compiles its CUDA kernels on first use (nvcc, one to a few minutes): the check builds
+them first, outside the section budgets, as the training does (chord.render.gsplat_backend:
+under a lock, in TORCH_EXTENSIONS_DIR/chord-gsplat/<build>/sm_<cc>, for this card only), so a
+second run finds them; `python3 -c "from chord.cli import main; main(['build-kernels'])"`
+builds them ahead, and --render-backend torch measures without them.
 """
 
 from __future__ import annotations
