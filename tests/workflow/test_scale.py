@@ -245,7 +245,7 @@ def test_auto_tier_rejects_what_the_memory_model_says_will_not_fit(tmp_path):
     wan_vae = extra_config(work, "wan_vae", {"scene_overrides": {"hop": {"use_tiny_vae": False}}})
     proc = snakemake(work, *target, "--configfile", wan_vae)
     assert tier_of_training(proc) == "split"
-    assert proc.stderr.count("the memory model predicts that no tier fits 48 GB of GPU memory") == 1
+    assert proc.stderr.count("the memory model predicts that no tier fits 1 x a 48 GB GPU") == 1
 
 
 FAKE_SBATCH = """#!/bin/sh
@@ -350,7 +350,10 @@ def test_the_shipped_method_with_the_wan_teacher_plans_full_size_on_an_80_gb_gpu
     proc = snakemake(work, *target, "--configfile", wan_vae, check=False)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out[-3000:]
-    assert "no tier at the method's size fits 80 GB" in out and "lowres_min at size 416*240" in out
+    assert (
+        "no tier at the method's size fits 1 x a 80 GB GPU" in out
+        and "lowres_min at size 416*240" in out
+    )
     assert "use_tiny_vae: true" in out and "auto_lowres: true" in out
     allowed = extra_config(
         work, "allowed", {"method": {"use_tiny_vae": False}, "auto_lowres": True}
