@@ -126,17 +126,21 @@ def test_memory_against_the_model_on_a_declared_gpu(wan_config, capsys, tmp_path
     assert rows(out)["gpu memory"] == "pass" and "fits 74.5 GiB" in out
 
 
-def test_preflight_stops_a_training_that_would_fail_later(tmp_path, wan_config):
+ALLOCATOR_ON = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+
+
+def preflight_kwargs(tmp_path, wan_config) -> dict:
+    """doctor.preflight's arguments for a small scene of the Wan config on tier full, on the
+    CPU, with the production allocator."""
     from chord import config as cc
 
     _, folder, tiny = wan_config
-    guidance = cc.guidance_from_mapping(
-        {"backend": "wan", "ckpt_dir": str(folder), "tiny_vae_path": str(tiny)}
-    )
-    kw = dict(
+    return dict(
         method=cc.method_from_mapping({"use_tiny_vae": True}),
         memory=cc.memory_from_mapping({}),
-        guidance=guidance,
+        guidance=cc.guidance_from_mapping(
+            {"backend": "wan", "ckpt_dir": str(folder), "tiny_vae_path": str(tiny)}
+        ),
         device="cpu",
         render_backend="auto",
         tier="full",
@@ -145,8 +149,13 @@ def test_preflight_stops_a_training_that_would_fail_later(tmp_path, wan_config):
         dynamic_gaussians=500,
         control_point_count=60,
         checkpoint_dir=tmp_path / "ckpt",
-        env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+        env=ALLOCATOR_ON,
     )
+
+
+def test_preflight_stops_a_training_that_would_fail_later(tmp_path, wan_config):
+    _, folder, _ = wan_config
+    kw = preflight_kwargs(tmp_path, wan_config)
     checks = {c.name: c.status for c in doctor.preflight(**kw)}
     assert checks["wan folder"] == checks["tiny vae"] == checks["host ram"] == "pass"
     # a job with less host RAM than the model's (one expert + the process) fails at once
@@ -248,25 +257,7 @@ def test_host_ram_is_the_slurm_jobs_request_from_its_environment(tmp_path):
 def test_the_preflight_counts_the_slurm_jobs_memory_not_the_nodes(tmp_path, wan_config):
     """A training whose Slurm job asked for less host RAM than the model's need stops at its
     start, though the node has more."""
-    from chord import config as cc
-
-    _, folder, tiny = wan_config
-    kw = dict(
-        method=cc.method_from_mapping({"use_tiny_vae": True}),
-        memory=cc.memory_from_mapping({}),
-        guidance=cc.guidance_from_mapping(
-            {"backend": "wan", "ckpt_dir": str(folder), "tiny_vae_path": str(tiny)}
-        ),
-        device="cpu",
-        render_backend="auto",
-        tier="full",
-        host_mem_gb=None,
-        gaussians=1000,
-        dynamic_gaussians=500,
-        control_point_count=60,
-        checkpoint_dir=tmp_path / "ckpt",
-    )
-    env = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
-    assert {c.name: c.status for c in doctor.preflight(**kw, env=env)}["host ram"] == "pass"
+    kw = preflight_kwargs(tmp_path, wan_config)
+    assert {c.name: c.status for c in doctor.preflight(**kw)}["host ram"] == "pass"
     with pytest.raises(doctor.PreflightError, match="host ram: .* 4 GiB available"):
-        doctor.preflight(**kw, env={**env, "SLURM_MEM_PER_NODE": "4096"})
+        doctor.preflight(**{**kw, "env": {**ALLOCATOR_ON, "SLURM_MEM_PER_NODE": "4096"}})
