@@ -22,7 +22,7 @@ import numpy as np
 import torch
 import trimesh
 
-from chord import control_points, demo, gaussians, gltf, ply, runs, trained
+from chord import control_points, demo, gaussians, gltf_io, ply, runs, trained
 from chord import scene as sc
 from chord.motion import build_scene
 from chord.motion.model import DynamicObject, MotionScene
@@ -49,7 +49,7 @@ def both_glbs(folder: Path, *, doc, scene, sources, frames: int, fps: float) -> 
     row = {"vertices": 0, "sources": sum(p.stat().st_size for p in sources.values())}
     for o in doc["objects"]:
         if o["role"] == "dynamic":  # POSITION rows of its GLB's primitives
-            src, _ = gltf.read_glb(sources[o["name"]])
+            src, _ = gltf_io.read_glb(sources[o["name"]])
             pos = {p["attributes"]["POSITION"] for m in src["meshes"] for p in m["primitives"]}
             row["vertices"] += sum(src["accessors"][a]["count"] for a in pos)
     for key, skinned in (("morph", False), ("skinned", True)):

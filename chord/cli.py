@@ -44,9 +44,27 @@ def cmd_build_kernels(args) -> int:
 
 
 def cmd_validate(args) -> int:
-    conf = _load(args)
+    """The config, the sheet, and each scene's data as ingest and training will read it (exit 2
+    naming every problem found)."""
+    from chord import data_check
+
+    conf = cfg.load_file(Path(args.config), *(Path(p) for p in args.configfile))
+    problems = []
     for name, spec in conf.scenes.items():
-        print(f"{name}\t{spec.data}\ttier={spec.tier}\t{spec.prompt}")
+        found, warnings = data_check.scene_problems(spec, conf)
+        for line in warnings:
+            print(f"warning: {line}", file=sys.stderr)
+        problems.extend(found)
+        status = "ok" if not found else f"{len(found)} problem(s)"
+        print(f"{name}\t{spec.data}\ttier={spec.tier}\t{status}\t{spec.prompt}")
+    for line in problems:
+        print(f"error: {line}", file=sys.stderr)
+    if problems:
+        print(
+            f"config {args.config}: {len(problems)} problem(s) in the scenes' data",
+            file=sys.stderr,
+        )
+        return EXIT_INPUT
     print(f"config {args.config}: {len(conf.scenes)} scene(s) valid", file=sys.stderr)
     return 0
 
@@ -266,7 +284,24 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--config", default="config/config.yaml", help="workflow config YAML")
         return sp
 
-    sp = with_config(sub.add_parser("validate", help="validate the config and the scene sheet"))
+    def with_configfiles(sp):
+        sp.add_argument(
+            "--configfile",
+            action="append",
+            default=[],
+            help="a config file merged over --config, as snakemake --configfile does (repeatable)",
+        )
+        return sp
+
+    sp = with_configfiles(
+        with_config(
+            sub.add_parser(
+                "validate",
+                help="validate the config, the scene sheet and each scene's data as ingest "
+                "and training will read it",
+            )
+        )
+    )
     sp.set_defaults(func=cmd_validate)
 
     sp = with_config(
@@ -276,12 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
             "the Tiny VAE file, memory against the model, the allocator, disk",
         )
     )
-    sp.add_argument(
-        "--configfile",
-        action="append",
-        default=[],
-        help="a config file merged over --config, as snakemake --configfile does (repeatable)",
-    )
+    with_configfiles(sp)
     sp.set_defaults(func=cmd_doctor)
 
     sp = sub.add_parser(

@@ -246,6 +246,7 @@ class SceneSpec:
     gaussians: Path | None
     tier: str
     method: Any  # MethodConfig
+    where: str = "the scene sheet"  # "scene sheet <file>, line <n>", for messages
 
 
 @dataclass(frozen=True)
@@ -404,6 +405,7 @@ def load(config: dict, *, base: Path | None = None) -> Config:
             gaussians=None if row.get("gaussians") is None else base / row["gaussians"],
             tier=tier,
             method=method,
+            where=f"scene sheet {config['scenes']}, line {row['_line']}",
         )
     guidance = GuidanceConfig(**config["guidance"])
     check_guidance(guidance, {f"scene {n}": s.method for n, s in scenes.items()})

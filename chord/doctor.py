@@ -526,16 +526,15 @@ def export_bytes(method, gaussians: int, imported: bool) -> int:
 
 def scene_roles(spec, demo_dir: Path) -> dict[str, str]:
     """Object roles of a scene from its data folder (or the demo registry), {} if unknown."""
-    import re
-
     from chord import demo
+    from chord import scene as sc
 
     data = Path(spec.data)
     if data.parent == Path(demo_dir) and data.name in demo.DEMO_SCENES:
         names = [Path(f).name for f in demo.demo_files(data.name)]
+        ids = sorted(int(m[1]) for n in names if (m := sc.OBJ_FILE.match(n)))
     else:
-        names = [p.name for p in data.glob("obj_*.glb")]
-    ids = sorted(int(m[1]) for n in names if (m := re.fullmatch(r"obj_(\d+)\.glb", n)))
+        ids = sorted(sc.object_files(data))
     if not ids or ids != list(range(len(ids))):
         return {}
     return cc.object_roles(spec.method, len(ids))

@@ -5,224 +5,37 @@ one file. ``dynamic_scene.glb`` gives each mesh node of a dynamic object one mor
 frame k ≥ 1 plus a STEP animation of its weights; ``dynamic_scene_skinned.glb`` skins it on one
 joint per control point with LINEAR translation/rotation keys (the control-point motion is
 linear blend skinning, METHOD §5), keeping morph targets only for a motion one skin cannot
-express. Also the GLB reading helpers their tests and the export stage use.
+express. Each source is read through :func:`chord.gltf_source.read`, as ingest reads it.
 """
 
 from __future__ import annotations
 
-import base64
 import copy
-import json
 import logging
-import mimetypes
-import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
-from urllib.parse import unquote
 
 import numpy as np
 
+from chord import gltf_source
 from chord.errors import InputError
-from chord.io import atomic_path
+from chord.gltf_io import (
+    ARRAY_BUFFER,
+    ELEMENT_ARRAY_BUFFER,
+    FLOAT,
+    TRS,
+    UNSIGNED_BYTE,
+    UNSIGNED_SHORT,
+    GltfBuilder,
+    read_accessor,
+    world_matrices,
+)
 
 logger = logging.getLogger(__name__)
 
-GLB_MAGIC = b"glTF"
-CHUNK_JSON = 0x4E4F534A
-CHUNK_BIN = 0x004E4942
-ARRAY_BUFFER = 34962
-ELEMENT_ARRAY_BUFFER = 34963
-UNSIGNED_BYTE = 5121
-UNSIGNED_SHORT = 5123
-FLOAT = 5126
-TRS = ("matrix", "translation", "rotation", "scale")
-COMPONENTS = {5120: "i1", 5121: "u1", 5122: "<i2", 5123: "<u2", 5125: "<u4", 5126: "<f4"}
-WIDTH = {"SCALAR": 1, "VEC2": 2, "VEC3": 3, "VEC4": 4, "MAT2": 4, "MAT3": 9, "MAT4": 16}
-# extensions whose data we cannot carry over correctly: decompress or flatten the file first
-UNSUPPORTED = {
-    "KHR_draco_mesh_compression",
-    "EXT_meshopt_compression",
-    "KHR_meshopt_compression",
-    "EXT_mesh_gpu_instancing",
-}
 DROPPED = {"KHR_lights_punctual", "KHR_materials_variants"}  # root-level data we do not copy
-
-
-def read_glb(path: Path | str) -> tuple[dict, bytes]:
-    """The JSON document and the binary chunk (b"" if none) of a GLB file."""
-    data = Path(path).read_bytes()
-    if len(data) < 20 or data[:4] != GLB_MAGIC:
-        raise InputError(f"{path}: not a GLB file (binary glTF must start with 'glTF')")
-    version, length = struct.unpack_from("<II", data, 4)
-    if version != 2 or length > len(data):
-        raise InputError(f"{path}: GLB version {version}, length {length}: expected glTF 2.0")
-    doc, blob, pos = None, b"", 12
-    while pos + 8 <= length:
-        size, kind = struct.unpack_from("<II", data, pos)
-        chunk = data[pos + 8 : pos + 8 + size]
-        if kind == CHUNK_JSON and doc is None:
-            try:
-                doc = json.loads(chunk.decode("utf-8"))
-            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-                raise InputError(f"{path}: unreadable glTF JSON chunk ({exc})") from exc
-        elif kind == CHUNK_BIN and not blob:
-            blob = chunk
-        pos += 8 + size
-    if doc is None:
-        raise InputError(f"{path}: GLB without a JSON chunk")
-    return doc, blob
-
-
-def write_glb(path: Path | str, doc: dict, blob: bytes) -> None:
-    """A GLB of ``doc`` and one binary chunk (padded to 4 bytes), written atomically."""
-    text = json.dumps(doc, separators=(",", ":")).encode("utf-8")
-    text += b" " * (-len(text) % 4)
-    blob = bytes(blob) + b"\0" * (-len(blob) % 4)
-    body = struct.pack("<II", len(text), CHUNK_JSON) + text
-    if blob:
-        body += struct.pack("<II", len(blob), CHUNK_BIN) + blob
-    with atomic_path(path, suffix=".glb") as tmp:
-        Path(tmp).write_bytes(struct.pack("<4sII", GLB_MAGIC, 2, 12 + len(body)) + body)
-
-
-def node_matrix(node: dict) -> np.ndarray:
-    """A glTF node's local transform [4, 4]: ``matrix`` (column-major) or T·R·S."""
-    if "matrix" in node:
-        return np.asarray(node["matrix"], dtype=np.float64).reshape(4, 4).T
-    x, y, z, w = node.get("rotation", (0.0, 0.0, 0.0, 1.0))
-    R = np.array(
-        [
-            [1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w)],
-            [2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w)],
-            [2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y)],
-        ]
-    )
-    M = np.eye(4)
-    M[:3, :3] = R * np.asarray(node.get("scale", (1.0, 1.0, 1.0)), dtype=np.float64)[None]
-    M[:3, 3] = node.get("translation", (0.0, 0.0, 0.0))
-    return M
-
-
-def world_matrices(doc: dict, roots: list[int]) -> dict[int, np.ndarray]:
-    """World transforms [4, 4] of every node under ``roots``."""
-    out, stack = {}, [(r, np.eye(4)) for r in roots]
-    while stack:
-        i, parent = stack.pop()
-        if i in out:
-            raise InputError(f"node {i} is reached twice: the node graph is not a forest")
-        out[i] = parent @ node_matrix(doc["nodes"][i])
-        stack.extend((c, out[i]) for c in doc["nodes"][i].get("children", []))
-    return out
-
-
-def read_accessor(doc: dict, blob: bytes, index: int) -> np.ndarray:
-    """Accessor ``index`` as an array [count, width] (float64; normalised integers scaled),
-    honouring byteStride and sparse substitution."""
-    acc = doc["accessors"][index]
-    kind, width, count = COMPONENTS[acc["componentType"]], WIDTH[acc["type"]], acc["count"]
-    dt = np.dtype(kind)
-    if "bufferView" in acc and count:
-        view = doc["bufferViews"][acc["bufferView"]]
-        start = view.get("byteOffset", 0) + acc.get("byteOffset", 0)
-        stride = view.get("byteStride", dt.itemsize * width)
-        raw = np.frombuffer(blob, dtype=np.uint8, count=stride * (count - 1) + dt.itemsize * width,
-                            offset=start)  # fmt: skip
-        rows = np.lib.stride_tricks.as_strided(raw, (count, dt.itemsize * width), (stride, 1))
-        out = np.ascontiguousarray(rows).view(dt).reshape(count, width).astype(np.float64)
-    else:
-        out = np.zeros((count, width))
-    if "sparse" in acc:
-        sp = acc["sparse"]
-        idx_acc = {"componentType": sp["indices"]["componentType"], "type": "SCALAR"}
-        val_acc = {"componentType": acc["componentType"], "type": acc["type"]}
-        n = sp["count"]
-        tmp = {"accessors": [], "bufferViews": doc["bufferViews"]}
-        for part, spec in (("indices", idx_acc), ("values", val_acc)):
-            tmp["accessors"].append(
-                {
-                    **spec,
-                    "count": n,
-                    "bufferView": sp[part]["bufferView"],
-                    "byteOffset": sp[part].get("byteOffset", 0),
-                }
-            )
-        idx = read_accessor(tmp, blob, 0)[:, 0].astype(np.int64)
-        out[idx] = read_accessor(tmp, blob, 1)
-    if acc.get("normalized") and acc["componentType"] != FLOAT:
-        info = np.iinfo(dt)
-        out = np.maximum(out / info.max, -1.0)
-    return out
-
-
-class GltfBuilder:
-    """A glTF document under construction with one binary buffer."""
-
-    def __init__(self, generator: str = "chord-pipeline"):
-        self.doc: dict = {"asset": {"version": "2.0", "generator": generator}}
-        self.blob = bytearray()
-
-    def _list(self, key: str) -> list:
-        return self.doc.setdefault(key, [])
-
-    def add(self, key: str, item: dict) -> int:
-        items = self._list(key)
-        items.append(item)
-        return len(items) - 1
-
-    def add_bytes(self, data: bytes, *, align: int = 16) -> int:
-        """Append raw bytes to the buffer; returns their offset."""
-        self.blob.extend(b"\0" * (-len(self.blob) % align))
-        offset = len(self.blob)
-        self.blob.extend(data)
-        return offset
-
-    def add_view(self, data: bytes, *, target: int | None = None) -> int:
-        view = {"buffer": 0, "byteOffset": self.add_bytes(data), "byteLength": len(data)}
-        if target is not None:
-            view["target"] = target
-        return self.add("bufferViews", view)
-
-    def add_accessor(
-        self,
-        array: np.ndarray,
-        kind: str,
-        *,
-        target: int | None = None,
-        component: int = FLOAT,
-        bounds: bool = True,
-    ) -> int:
-        """An accessor of ``array`` [count, width] (or [count] for SCALAR) stored as
-        ``component`` (float32 by default; an integer type for indices or JOINTS), with
-        min/max unless ``bounds`` is False (glTF requires them only for POSITION and
-        animation inputs)."""
-        dt = np.dtype(COMPONENTS[component])
-        a = np.ascontiguousarray(np.asarray(array).reshape(len(array), -1))
-        if component != FLOAT:
-            info = np.iinfo(dt)
-            if len(a) and (a.min() < info.min or a.max() > info.max):
-                raise ValueError(f"accessor {kind}: values outside {dt} [{info.min}, {info.max}]")
-        a = a.astype(dt)
-        if a.shape[1] != WIDTH[kind]:
-            raise ValueError(f"accessor {kind}: got rows of {a.shape[1]} values")
-        acc = {
-            "bufferView": self.add_view(a.tobytes(), target=target),
-            "componentType": component,
-            "count": int(a.shape[0]),
-            "type": kind,
-        }
-        if bounds and len(a):
-            cast = float if component == FLOAT else int
-            acc["min"] = [cast(v) for v in a.min(0)]
-            acc["max"] = [cast(v) for v in a.max(0)]
-        return self.add("accessors", acc)
-
-    def to_glb(self, path: Path | str) -> None:
-        doc = copy.deepcopy(self.doc)
-        if self.blob:
-            doc["buffers"] = [{"byteLength": len(self.blob)}]
-        write_glb(path, doc, bytes(self.blob))
 
 
 def _remap_texture_refs(value, tex: Callable[[int], int]):
@@ -239,50 +52,25 @@ def _remap_texture_refs(value, tex: Callable[[int], int]):
     return value
 
 
-def _buffer_bytes(buf: dict, i: int, blob: bytes, folder: Path, where: str) -> bytes:
-    uri = buf.get("uri")
-    if uri is None:
-        if i != 0 or not blob:
-            raise InputError(f"{where}: buffer {i} has no uri and is not the GLB binary chunk")
-        data = blob
-    elif uri.startswith("data:"):
-        data = base64.b64decode(uri.split(",", 1)[1])
-    else:
-        path = folder / unquote(uri)
-        if not path.is_file():
-            raise InputError(f"{where}: buffer {i} refers to {path}, which does not exist")
-        data = path.read_bytes()
-    if len(data) < buf["byteLength"]:
-        raise InputError(f"{where}: buffer {i} holds {len(data)} bytes, not {buf['byteLength']}")
-    return data[: buf["byteLength"]]
-
-
 def merge_gltf(out: GltfBuilder, path: Path, name: str) -> tuple[dict, int]:
-    """Copy the default scene of the GLB ``path`` into ``out`` under a new root node ``name``.
+    """Copy the default scene of the glTF ``path``, made plain as ingest reads it
+    (:func:`chord.gltf_source.read`), into ``out`` under a new root node ``name``.
 
     Returns (the node index map {source index: new index}, the new root's index). Animations
     are not copied (the output is animated by its morph targets); lights and material
-    variants are dropped; compressed or GPU-instanced meshes are an error.
+    variants are dropped.
     """
     path = Path(path)
-    doc, blob = read_glb(path)
+    source = gltf_source.read(path)
+    doc, blob = source.doc, source.blob
     used = set(doc.get("extensionsUsed", []))
-    bad = sorted(used & UNSUPPORTED)
-    if bad:
-        raise InputError(
-            f"{path}: uses {bad}; decompress and flatten it first "
-            "(e.g. gltf-transform copy --no-... or Blender)"
-        )
     if doc.get("animations"):
         logger.warning("%s: its %d animation(s) are not exported", path, len(doc["animations"]))
     dropped = sorted(used & DROPPED)
     if dropped:
         logger.warning("%s: %s are not exported", path, dropped)
-    # 1. buffers -> one buffer; each source buffer keeps its internal alignment
-    base = [
-        out.add_bytes(_buffer_bytes(b, i, blob, path.parent, str(path)))
-        for i, b in enumerate(doc.get("buffers", []))
-    ]
+    # 1. the plain file's one buffer, kept aligned
+    base = [out.add_bytes(blob)] if doc.get("buffers") else []
     offs = {key: len(out.doc.get(key, [])) for key in _ARRAYS}
 
     def idx(key: str, i: int) -> int:
@@ -303,14 +91,7 @@ def merge_gltf(out: GltfBuilder, path: Path, name: str) -> tuple[dict, int]:
         out.add("accessors", a)
     for im in doc.get("images", []):
         im = dict(im)
-        if "bufferView" in im:
-            im["bufferView"] = idx("bufferViews", im["bufferView"])
-        elif not im.get("uri", "").startswith("data:"):  # embed an external image file
-            file = path.parent / unquote(im.pop("uri"))
-            if not file.is_file():
-                raise InputError(f"{path}: image {file} does not exist")
-            im["bufferView"] = out.add_view(file.read_bytes())
-            im["mimeType"] = mimetypes.guess_type(file.name)[0] or "image/png"
+        im["bufferView"] = idx("bufferViews", im["bufferView"])
         out.add("images", im)
     for s in doc.get("samplers", []):
         out.add("samplers", dict(s))

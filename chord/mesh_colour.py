@@ -1,7 +1,8 @@
 """Colour of surface samples of a textured mesh (METHOD §2, step 2–3): the base-colour texture
-at the interpolated UV (bilinear, glTF wrap), times ``baseColorFactor``; else vertex colours
-``COLOR_0``; else ``baseColorFactor``; else 0.5 grey; and the glTF alpha mode (OPAQUE, MASK,
-BLEND) with its cutoff. sRGB [0, 1], no lighting."""
+at the interpolated UV (bilinear, glTF wrap), times ``baseColorFactor`` and the vertex colours
+``COLOR_0`` where present (glTF multiplies them); else vertex colours times the factor; else
+``baseColorFactor``; else 0.5 grey; and the glTF alpha mode (OPAQUE, MASK, BLEND) with its
+cutoff. sRGB [0, 1], no lighting."""
 
 from __future__ import annotations
 
@@ -146,6 +147,8 @@ def _material_colours(
         if key not in tex_cache:
             tex_cache[key] = _texture_array(tex, label)
         rgba = _sample_bilinear_repeat(tex_cache[key], uv) * f
+        if vcols is not None:  # glTF: COLOR_0 multiplies the base colour texture
+            rgba = rgba * vcols
     elif vcols is not None:
         if tex is not None:
             logger.warning("init_from_mesh: %s has a texture but no UVs; using COLOR_0", label)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import re
@@ -11,32 +12,74 @@ from pathlib import Path
 import numpy as np
 import trimesh
 
+from chord import gltf_source
 from chord.errors import InputError
 
 logger = logging.getLogger(__name__)
 
-GLB_MAGIC = b"glTF"
 LONGEST_SIDE = 1.2
-OBJ_FILE = re.compile(r"^obj_(\d+)\.glb$")
+#: an object's file: obj_<i>.glb, or obj_<i>.gltf with its external files
+OBJ_FILE = re.compile(r"^obj_(\d+)\.(glb|gltf)$")
+SCENE_NAMES = ("scene.glb", "scene.gltf")
 
 
 class SceneError(InputError):
     """Bad scene input; the message names the file or field and what is wrong."""
 
 
+def object_files(folder: Path) -> dict[int, list[Path]]:
+    """{object id: the obj_<id>.glb / .gltf entries in ``folder``}, as they are (folders and
+    duplicates included; :func:`discover_objects` judges them)."""
+    found: dict[int, list[Path]] = {}
+    if Path(folder).is_dir():
+        for p in sorted(Path(folder).iterdir()):
+            if m := OBJ_FILE.match(p.name):
+                found.setdefault(int(m[1]), []).append(p)
+    return found
+
+
+def scene_file(folder: Path) -> Path | None:
+    """``scene.glb`` or ``scene.gltf`` in ``folder`` (the first present), else None."""
+    return next((Path(folder) / n for n in SCENE_NAMES if (Path(folder) / n).exists()), None)
+
+
+def is_scene_file(path: Path | str) -> bool:
+    return Path(path).name in SCENE_NAMES
+
+
+def data_files(folder: Path) -> list[Path]:
+    """Every file of a scene folder that ingest reads: the scene file, the object files and the
+    files a .gltf refers to (the workflow's inputs; what is missing, ingest reports)."""
+    main = [scene_file(folder), *(p for ps in object_files(folder).values() for p in ps)]
+    files = [p for p in main if p is not None and p.is_file()]
+    return files + [x for p in files for x in gltf_source.external_files(p) if x.is_file()]
+
+
 def discover_objects(folder: Path, obj_num: int = -1) -> list[Path]:
-    """METHOD §1: ``obj_0.glb`` … ``obj_<n-1>.glb`` in ``folder``, ids contiguous from 0.
+    """METHOD §1: ``obj_0`` … ``obj_<n-1>`` (``.glb``, or ``.gltf`` with its external files) in
+    ``folder``, ids contiguous from 0, beside ``scene.glb`` (or ``scene.gltf``).
 
     ``obj_num`` −1 means n = highest id + 1; an explicit value must match the files.
     """
     folder = Path(folder)
     if not folder.is_dir():
         raise SceneError(f"{folder}: scene folder not found")
-    if not (folder / "scene.glb").is_file():
-        raise SceneError(f"{folder / 'scene.glb'}: missing (every scene folder needs scene.glb)")
-    ids = sorted(int(m[1]) for p in folder.iterdir() if (m := OBJ_FILE.match(p.name)))
-    if not ids:
-        raise SceneError(f"{folder}: no obj_<i>.glb files")
+    scene = scene_file(folder)
+    if scene is None:
+        raise SceneError(
+            f"{folder / 'scene.glb'}: missing (every scene folder needs scene.glb or scene.gltf)"
+        )
+    if not scene.is_file():
+        raise SceneError(f"{scene}: is a folder, not a glTF file")
+    found = object_files(folder)
+    if not found:
+        raise SceneError(f"{folder}: no obj_<i>.glb (or .gltf) files")
+    for i, ps in sorted(found.items()):
+        if len(ps) > 1:
+            raise SceneError(f"{ps[1]}: obj_{i} is given twice ({ps[0].name} and {ps[1].name})")
+        if not ps[0].is_file():
+            raise SceneError(f"{ps[0]}: is a folder, not a glTF file")
+    ids = sorted(found)
     n = ids[-1] + 1
     missing = sorted(set(range(n)) - set(ids))
     if missing:
@@ -46,7 +89,7 @@ def discover_objects(folder: Path, obj_num: int = -1) -> list[Path]:
         )
     if obj_num != -1 and obj_num != n:
         raise SceneError(f"{folder}: obj_num is {obj_num} but the folder holds {n} objects")
-    return [folder / f"obj_{i}.glb" for i in range(n)]
+    return [found[i][0] for i in range(n)]
 
 
 def load_mesh_parts(source: str | os.PathLike | trimesh.Scene) -> list[trimesh.Trimesh]:
@@ -100,28 +143,41 @@ def load_mesh_parts(source: str | os.PathLike | trimesh.Scene) -> list[trimesh.T
     return parts
 
 
-def load_parts(path: Path) -> list[trimesh.Trimesh]:
-    """Load a GLB and flatten it to world-space triangle meshes, one per primitive.
-
-    Every node's world transform is applied; visuals (UVs, materials, vertex colours) are kept.
-    Errors name the file: not a GLB, no triangles, non-finite vertices.
-    """
+def load_source(path: Path) -> tuple[gltf_source.Source, list[trimesh.Trimesh]]:
+    """A glTF file made plain (:func:`chord.gltf_source.read`) and flattened to world-space
+    triangle meshes, one per primitive instance; visuals (UVs, materials, vertex colours)
+    kept. Errors name the file: unreadable, an unsupported extension, no triangles, zero
+    area, non-finite vertices."""
     path = Path(path)
-    with open(path, "rb") as f:
-        head = f.read(12)
-    if len(head) < 12 or head[:4] != GLB_MAGIC:
-        raise SceneError(f"{path}: not a GLB file (binary glTF must start with 'glTF')")
     try:
-        scene = trimesh.load(path, file_type="glb", force="scene", process=False)
+        source = gltf_source.read(path)
+    except SceneError:
+        raise
+    except InputError as exc:
+        raise SceneError(str(exc)) from exc
+    try:
+        scene = trimesh.load(
+            io.BytesIO(source.glb_bytes()), file_type="glb", force="scene", process=False
+        )
     except Exception as exc:  # trimesh raises many types on malformed files
-        raise SceneError(f"{path}: unreadable GLB ({type(exc).__name__}: {exc})") from exc
-    parts = [p for p in load_mesh_parts(scene) if len(p.faces)] if scene.geometry else []
+        raise SceneError(f"{path}: unreadable glTF ({type(exc).__name__}: {exc})") from exc
+    try:
+        parts = [p for p in load_mesh_parts(scene) if len(p.faces)] if scene.geometry else []
+    except InputError:
+        parts = []
     if not parts:
         raise SceneError(f"{path}: holds no triangles (empty mesh)")
     for part in parts:
         if not np.isfinite(part.vertices).all():
             raise SceneError(f"{path}: vertex positions contain NaN or infinite values")
-    return parts
+    if not sum(float(p.area) for p in parts) > 0:
+        raise SceneError(f"{path}: its triangles have zero total area (every one is degenerate)")
+    return source, parts
+
+
+def load_parts(path: Path) -> list[trimesh.Trimesh]:
+    """:func:`load_source`'s meshes."""
+    return load_source(path)[1]
 
 
 def bounds_of(parts: list[trimesh.Trimesh]) -> np.ndarray:

@@ -1,6 +1,5 @@
 # Validation first, then the scene sheet, wildcard constraints, input functions and targets.
 import os
-import re
 from pathlib import Path
 
 import pandas as pd
@@ -10,8 +9,10 @@ from snakemake.utils import validate
 
 import chord
 import chord.config as cc
+import chord.data_check
 import chord.demo as demo
 import chord.ply
+import chord.scene
 import chord.gpus
 import chord.peak_memory
 import chord.paths as P
@@ -46,6 +47,14 @@ except cc.ConfigError as exc:
 RESULTS = config["results"]
 DEMO_DIR = config["demo_dir"]
 SCENES = [DEBUG_SCENE] if DEBUG_SCENE else list(CONF.scenes)
+# the oracle teacher needs a scripted motion: one's own scene without one stops here
+_NO_MOTION = [
+    line
+    for s in SCENES
+    if (line := chord.data_check.motion_problem(CONF.scenes[s], CONF.guidance.backend, DEMO_DIR))
+]
+if _NO_MOTION:
+    raise WorkflowError("\n".join(_NO_MOTION))
 
 # A stage's code input is one file, the sha256 of the chord sources its result depends on
 # (written by rules/code.smk). It lives beside the demo scenes, outside any results root, so
@@ -80,20 +89,20 @@ def demo_frame_num(name):
 
 
 def scene_files(scene):
-    """scene.glb and obj_<i>.glb of a scene: from the demo registry, or what the folder holds."""
+    """What ingest reads of a scene: from the demo registry, or the folder's scene and object
+    files (.glb, or .gltf with the files it refers to)."""
     data = Path(CONF.scenes[scene].data)
     name = demo_name(scene)
     if name:
         return [str(data / f) for f in demo.demo_files(name) if f.endswith(".glb")]
-    found = sorted(data.glob("obj_*.glb"), key=lambda p: p.name)
-    return [str(p) for p in [data / "scene.glb", *found] if p.is_file()]
+    return [str(p) for p in chord.scene.data_files(data)]
 
 
 def object_roles(scene):
     ids = sorted(
         int(m[1])
         for f in scene_files(scene)
-        if (m := re.fullmatch(r"obj_(\d+)\.glb", Path(f).name))
+        if (m := chord.scene.OBJ_FILE.match(Path(f).name))
     )
     if not ids or ids != list(range(len(ids))):
         return {}  # ingest reports the problem with the file names
@@ -346,6 +355,11 @@ def preview_mem_mb(wildcards, attempt):
     return chord.peak_memory.preview_mem_mb(mem, ceiling_mb=tier.mem_mb, model=MODEL)
 
 
+def attempt_number(wildcards, attempt):
+    """The attempt of a training job (a resource): a retry after a bad input stops at once."""
+    return attempt
+
+
 def tier_resource(stage, key):
     """A training resource as a function of the attempt: tier, gpus (the tier's GPU count:
     the rules' gpu resource), mem_mb, cpus_per_gpu, runtime, gpu_model or slurm_partition
@@ -390,13 +404,18 @@ def trained_inputs(wildcards):
 
 
 def export_inputs(wildcards):
-    """trained_inputs plus the source GLB of every exported object (src_obj_<i>)."""
+    """trained_inputs plus the source glTF of every exported object (src_obj_<i>) and the
+    files those refer to (external)."""
     inputs = trained_inputs(wildcards)
     roles = object_roles(wildcards.scene)
+    external = []
     for f in scene_files(wildcards.scene):
-        obj = Path(f).stem
-        if roles.get(obj, "avoided") != "avoided":
-            inputs[f"src_{obj}"] = f
+        m = chord.scene.OBJ_FILE.match(Path(f).name)
+        if m is None:
+            external.append(f)
+        elif roles.get(f"obj_{m[1]}", "avoided") != "avoided":
+            inputs[f"src_obj_{m[1]}"] = f
+    inputs["external"] = [f for f in external if not chord.scene.is_scene_file(f)]
     return inputs
 
 

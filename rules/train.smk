@@ -3,7 +3,8 @@
 # After an out-of-memory exit the retry runs on the next leaner tier: one attempt per tier. The
 # retries belong to the scheduling Snakemake (a cluster job runs Snakemake again, with
 # workflow.remote_exec set): each retry is then a new job with the next tier's resources, not a
-# second try inside the first job's allocation.
+# second try inside the first job's allocation. A bad input (exit 2) is recorded and its retry
+# stops at once with the same message (the `attempt` resource tells the job it is a retry).
 
 
 rule train_coarse:
@@ -28,6 +29,7 @@ rule train_coarse:
         runtime=tier_resource("coarse", "runtime"),
         gpu_model=tier_resource("coarse", "gpu_model"),
         slurm_partition=tier_resource("coarse", "slurm_partition"),
+        attempt=attempt_number,
     params:
         method=lambda wc: train_params(wc.scene),
         checkpoints=lambda wc: str(P.checkpoints(RESULTS, wc.scene, "coarse")),
@@ -58,6 +60,7 @@ rule train_fine:
         runtime=tier_resource("fine", "runtime"),
         gpu_model=tier_resource("fine", "gpu_model"),
         slurm_partition=tier_resource("fine", "slurm_partition"),
+        attempt=attempt_number,
     params:
         method=lambda wc: train_params(wc.scene),
         checkpoints=lambda wc: str(P.checkpoints(RESULTS, wc.scene, "fine")),

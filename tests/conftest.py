@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import struct
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +32,30 @@ def write_scene(folder: Path, meshes: list[trimesh.Trimesh]) -> Path:
         trimesh.Scene(mesh).export(folder / f"obj_{i}.glb", file_type="glb")
     trimesh.Scene(meshes).export(folder / "scene.glb", file_type="glb")
     return folder
+
+
+def write_still_motion(folder: Path, objects=("obj_0",), frame_num: int = 21) -> Path:
+    """A scripted motion.json in which ``objects`` stand still: what the oracle teacher needs
+    to plan a training of one's own scene (a test about something else)."""
+    still = {
+        "deformation": {"kind": "none"},
+        "rigid": {
+            "pivot": [0.0, 0.0, 0.0],
+            "rotations": [[1.0, 0.0, 0.0, 0.0]] * frame_num,
+            "translations": [[0.0, 0.0, 0.0]] * frame_num,
+        },
+    }
+    doc = {
+        "format": "chord-scripted-motion/1",
+        "frame_num": frame_num,
+        "fps": 16,
+        "space": "world",
+        "up": [0.0, 1.0, 0.0],
+        "objects": {name: still for name in objects},
+    }
+    path = Path(folder) / "motion.json"
+    path.write_text(json.dumps(doc))
+    return path
 
 
 @pytest.fixture
@@ -80,3 +106,70 @@ def nan_mesh() -> trimesh.Trimesh:
     verts = mesh.vertices.copy()
     verts[0] = np.nan
     return trimesh.Trimesh(verts, mesh.faces, process=False)
+
+
+# --- the Khronos glTF validator ---------------------------------------------------------
+
+VALIDATOR_CACHE = Path.home() / ".cache" / "chord-gltf-validator"
+VALIDATE_JS = """
+const fs = require('fs');
+const validator = require(process.argv[2]);
+validator.validateBytes(new Uint8Array(fs.readFileSync(process.argv[3])), {maxIssues: 100})
+  .then((r) => console.log(JSON.stringify(r.issues)),
+        (e) => { console.error(String(e)); process.exit(2); });
+"""
+
+
+@pytest.fixture(scope="session")
+def gltf_validator() -> Path:
+    """The Khronos glTF validator (npm package gltf-validator): $CHORD_GLTF_VALIDATOR, else
+    tests/tools' (`npm ci` there), else installed once into ~/.cache/chord-gltf-validator with
+    npm; skipped without Node."""
+    if shutil.which("node") is None:
+        pytest.skip(
+            "Node.js is not installed: the Khronos glTF validator (npm gltf-validator) needs it"
+        )
+    tools = REPO / "tests" / "tools" / "node_modules" / "gltf-validator"
+    found = os.environ.get("CHORD_GLTF_VALIDATOR") or (str(tools) if tools.is_dir() else None)
+    module = Path(found) if found else VALIDATOR_CACHE / "node_modules" / "gltf-validator"
+    if not (module / "package.json").is_file() and not found:
+        if shutil.which("npm") is None:
+            pytest.skip("npm is not installed: cannot install the npm package gltf-validator")
+        try:
+            subprocess.run(
+                ["npm", "install", "--no-audit", "--no-fund", "--prefix", str(VALIDATOR_CACHE),
+                 "gltf-validator"],
+                check=True, capture_output=True, timeout=180,
+            )  # fmt: skip
+        except (subprocess.SubprocessError, OSError) as exc:
+            pytest.skip(f"could not install the npm package gltf-validator ({exc})")
+    if not (module / "package.json").is_file():
+        pytest.skip(f"gltf-validator not found at {module}")
+    return module
+
+
+def validate_glb(module: Path, path: Path, tmp_path: Path) -> dict:
+    """The validator's issue report of a GLB: numErrors, numWarnings, messages, ..."""
+    script = tmp_path / "validate.js"
+    script.write_text(VALIDATE_JS)
+    proc = subprocess.run(
+        ["node", str(script), str(module), str(path)], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def assert_npm_build_is_committed(folder: Path, bundle: Path, tmp_path: Path) -> None:
+    """`npm ci && npm run build` on a copy of the npm package ``folder`` (its package files
+    and src/) gives the committed ``bundle`` (in its dist/)."""
+    for name in ("package.json", "package-lock.json"):
+        shutil.copy(folder / name, tmp_path / name)
+    shutil.copytree(folder / "src", tmp_path / "src")
+    for cmd in (["npm", "ci", "--no-audit", "--no-fund"], ["npm", "run", "build"]):
+        proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout}\n{proc.stderr}"
+    where = bundle.relative_to(folder)
+    assert (tmp_path / where).read_bytes() == bundle.read_bytes(), (
+        f"{bundle} is not the build of {folder / 'src'}: run `npm ci && npm run build` in "
+        f"{folder.name} and commit {where}"
+    )

@@ -76,6 +76,27 @@ def stage_logging(log_path: str, history: str | os.PathLike | None = None) -> It
             history.unlink(missing_ok=True)
 
 
+#: beside a training's checkpoints: the bad input its last attempt stopped on
+INPUT_ERROR_RECORD = "input_error.txt"
+
+
+@contextlib.contextmanager
+def input_error_once(record: str | os.PathLike, attempt: int) -> Iterator[None]:
+    """A bad input is not worth another attempt: it is recorded, and a retry of the same run
+    (``attempt`` > 1; Snakemake retries a training once per memory tier) stops at once with
+    it. A first attempt (a new run, after a fix) starts afresh."""
+    record = Path(record)
+    if attempt > 1 and record.is_file():
+        raise InputError(f"not retried: {record.read_text().strip()}")
+    record.unlink(missing_ok=True)
+    try:
+        yield
+    except (InputError, FileNotFoundError) as exc:
+        record.parent.mkdir(parents=True, exist_ok=True)
+        record.write_text(f"{exc}\n")
+        raise
+
+
 def scene_spec(config: dict, scene: str) -> cfg.SceneSpec:
     """The typed spec of ``scene`` from the workflow config mapping."""
     return cfg.load(config).scenes[scene]

@@ -17,19 +17,28 @@ logger = logging.getLogger(__name__)
 def run(*, data: Path, out_json: Path, out_meshes: Path, method, scene: str) -> dict:
     """Read the scene folder ``data``; write ``out_json`` and ``out_meshes/obj_<i>.glb``.
 
-    Avoided objects are recorded but get no mesh. Returns the scene.json mapping.
+    Every file is read through :func:`chord.gltf_source.read` (compressed, quantised,
+    instanced or KTX2-textured glTF made plain); what cannot be read is an input error naming
+    the file, and what is read but not rendered (material extensions) a warning, in the log
+    and in scene.json. Avoided objects are recorded but get no mesh. Returns the scene.json
+    mapping.
     """
     data = Path(data)
     paths = sc.discover_objects(data, method.obj_num)
     roles = cfg.object_roles(method, len(paths))
-    scene_bounds = sc.bounds_of(sc.load_parts(data / "scene.glb"))
-    centre, scale = sc.normalisation(scene_bounds, data / "scene.glb")
+    scene_path = sc.scene_file(data)
+    scene_source, scene_parts = sc.load_source(scene_path)
+    centre, scale = sc.normalisation(sc.bounds_of(scene_parts), scene_path)
     logger.info("%s: %d objects, centre %s, scale %.6g", scene, len(paths), centre, scale)
+    warnings = list(scene_source.warnings)
 
-    objects, meshes = [], {}
+    objects, meshes, read = [], {}, {}
     for i, path in enumerate(paths):
         name = f"obj_{i}"
-        parts = sc.normalise_parts(sc.load_parts(path), centre, scale)
+        source, parts = sc.load_source(path)
+        parts = sc.normalise_parts(parts, centre, scale)
+        warnings.extend(source.warnings)
+        read[name] = {"extensions": list(source.decoded), "warnings": list(source.warnings)}
         bounds = sc.bounds_of(parts)
         info = sc.ObjectInfo(
             name=name,
@@ -48,6 +57,8 @@ def run(*, data: Path, out_json: Path, out_meshes: Path, method, scene: str) -> 
             "%s: %s, %d faces, s_obj %.4f", name, info.role, info.n_faces, info.scale_factor
         )
 
+    for message in warnings:
+        logger.warning("%s", message)
     static = objects[method.static_id]
     ground = method.ground_level if method.ground_level is not None else static.bounds[0][1]
     doc = {
@@ -58,8 +69,10 @@ def run(*, data: Path, out_json: Path, out_meshes: Path, method, scene: str) -> 
         "static_id": method.static_id,
         "ground_level": float(ground),
         "objects": [
-            o.to_json(f"meshes/{o.name}.glb" if o.name in meshes else None) for o in objects
+            {**o.to_json(f"meshes/{o.name}.glb" if o.name in meshes else None), **read[o.name]}
+            for o in objects
         ],
+        "warnings": warnings,
     }
     with atomic_dir(out_meshes) as tmp:
         for name, parts in meshes.items():

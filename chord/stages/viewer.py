@@ -16,7 +16,7 @@ import logging
 import re
 from pathlib import Path
 
-from chord import gltf
+from chord import gltf_io
 from chord.io import atomic_path
 
 logger = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ def run(*, glb: Path, out: Path, title: str, bundle: Path = BUNDLE) -> dict:
 
     Returns a summary: {"bytes": page size, "glb_bytes": GLB size, "animations": clip count}.
     """
-    doc, _ = gltf.read_glb(glb)  # InputError for a file that is no GLB
+    doc, _ = gltf_io.read_glb(glb)  # InputError for a file that is no GLB
     animations = len(doc.get("animations", []))
     if not animations:
         logger.warning("%s: no animation; the page shows the scene at rest", glb)

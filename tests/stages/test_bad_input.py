@@ -13,7 +13,14 @@ import trimesh
 import yaml
 
 from chord import cli
-from tests.conftest import box, empty_glb, nan_mesh, write_config, write_scene
+from tests.conftest import (
+    box,
+    empty_glb,
+    nan_mesh,
+    write_config,
+    write_scene,
+    write_still_motion,
+)
 from tests.workflow.test_scale import copy_workflow, snakemake
 
 
@@ -29,7 +36,9 @@ def results_files(folder):
 
 @pytest.fixture
 def project(tmp_path, toy_scene):
-    """A config whose single scene `toy` is the valid two-object toy scene."""
+    """A config whose single scene `toy` is the valid two-object toy scene (with a scripted
+    motion for the default oracle teacher)."""
+    write_still_motion(toy_scene)
     config = write_config(tmp_path / "proj", [{"scene": "toy", "data": toy_scene, "prompt": "p"}])
     return config, toy_scene
 
@@ -161,6 +170,7 @@ def write_bad_config(folder: Path, data: Path, case: BadConfig) -> Path:
     [pytest.param(case, id=name) for name, case in BAD_CONFIGS.items() if case.validate_says],
 )
 def test_config_bad_input_fails_validate(capsys, tmp_path, toy_scene, case):
+    write_still_motion(toy_scene)
     config = write_bad_config(tmp_path / "config", toy_scene, case)
     code, err = run_cli(capsys, "validate", "--config", str(config))
     assert code == 2, err
@@ -190,6 +200,7 @@ def snakemake_runs(tmp_path_factory) -> dict:
         root / "data" / "toy",
         [box([0.4, 0.8, 0.4], [0, 0.45, 0]), box([2.0, 0.1, 2.0], [0, 0, 0], (90, 90, 90, 255))],
     )
+    write_still_motion(data)
 
     def run(name: str):
         work = root / name

@@ -16,18 +16,14 @@ import pytest
 import torch
 from PIL import Image
 
-from chord import cameras, cli, demo, gaussians, gltf, media, paths, ply, runs, trained
+from chord import cameras, cli, demo, gaussians, gltf_io, media, paths, ply, runs, trained
 from chord import config as cc
 from chord.export import render_frames
 from chord.stages import aggregate, evaluate, reference
 from chord.stages import export as export_stage
 from chord.stages import train as train_stage
-from tests.unit.test_gltf import (  # noqa: F401
-    float32_tolerance,
-    gltf_validator,
-    skinned_vertices,
-    validate_glb,
-)
+from tests.conftest import validate_glb
+from tests.unit.test_gltf import float32_tolerance, skinned_vertices
 
 T, W, H = 5, 32, 16
 
@@ -133,7 +129,7 @@ def test_export_writes_videos_gif_and_ply_sequence(sway, exported):
 
 def test_exported_glb_follows_the_trained_motion(sway, exported):
     _, outs = exported
-    doc, blob = gltf.read_glb(outs["out_glb"])
+    doc, blob = gltf_io.read_glb(outs["out_glb"])
     names = [doc["nodes"][r]["name"] for r in doc["scenes"][0]["nodes"]]
     assert names == ["obj_0", "obj_1", "obj_2"]
     _, scene, _ = trained.load_trained(
@@ -145,11 +141,11 @@ def test_exported_glb_follows_the_trained_motion(sway, exported):
     for ch in anim["channels"]:  # one node per dynamic object (the demo GLBs place each once)
         n = ch["target"]["node"]
         obj = next(name for r, name in zip(doc["scenes"][0]["nodes"], names, strict=True)
-                   if n in gltf.world_matrices(doc, [r]))  # fmt: skip
+                   if n in gltf_io.world_matrices(doc, [r]))  # fmt: skip
         assert obj in ("obj_0", "obj_2")
-        M = gltf.world_matrices(doc, doc["scenes"][0]["nodes"])[n]
+        M = gltf_io.world_matrices(doc, doc["scenes"][0]["nodes"])[n]
         (prim,) = doc["meshes"][doc["nodes"][n]["mesh"]]["primitives"]
-        base = gltf.read_accessor(doc, blob, prim["attributes"]["POSITION"])
+        base = gltf_io.read_accessor(doc, blob, prim["attributes"]["POSITION"])
         to_n = lambda v, M=M: ((v @ M[:3, :3].T + M[:3, 3]) - c) * s  # noqa: E731
         with torch.no_grad():
             X, _ = scene.dynamic[obj].deform(
@@ -157,7 +153,7 @@ def test_exported_glb_follows_the_trained_motion(sway, exported):
             )
         assert len(prim["targets"]) == T - 1
         for k, target in enumerate(prim["targets"], start=1):
-            moved = base + gltf.read_accessor(doc, blob, target["POSITION"])
+            moved = base + gltf_io.read_accessor(doc, blob, target["POSITION"])
             np.testing.assert_allclose(to_n(moved), X[k].numpy(), atol=2e-5)
     sampler = anim["samplers"][0]
     assert sampler["interpolation"] == "STEP"
@@ -179,7 +175,7 @@ def test_glb_honours_exclude_objs(sway, tmp_path):
         out, doc=doc, scene=scene, sources=sway.sources, frames=3, fps=4, exclude_objs=["obj_2"]
     )
     assert summary == {"nodes": 1, "targets": 2, "frames": 3}
-    got, _ = gltf.read_glb(out)
+    got, _ = gltf_io.read_glb(out)
     assert [got["nodes"][r]["name"] for r in got["scenes"][0]["nodes"]] == ["obj_0", "obj_1"]
     with pytest.raises(ValueError, match=r"exclude_objs: \['obj_9'\] are not objects"):
         trained.write_glb(
@@ -264,7 +260,7 @@ def test_cli_render_and_export_glb(sway, capsys):
          "--exclude_objs", "obj_0", "--lst_frame", "4", "--static_id", "1"]
     )  # fmt: skip
     assert rc == 0
-    doc, _ = gltf.read_glb(sway.res / ex / "saved_meshes/iteration_2/dynamic_scene.glb")
+    doc, _ = gltf_io.read_glb(sway.res / ex / "saved_meshes/iteration_2/dynamic_scene.glb")
     assert [doc["nodes"][r]["name"] for r in doc["scenes"][0]["nodes"]] == ["obj_1", "obj_2"]
     (anim,) = doc["animations"]
     assert doc["accessors"][anim["samplers"][0]["input"]]["max"] == [pytest.approx(3 / 12)]
@@ -273,7 +269,7 @@ def test_cli_render_and_export_glb(sway, capsys):
          "--lst_frame", "4", "--skinned"]
     )  # fmt: skip
     assert rc == 0
-    doc, _ = gltf.read_glb(sway.res / ex / "saved_meshes/iteration_2/dynamic_scene_skinned.glb")
+    doc, _ = gltf_io.read_glb(sway.res / ex / "saved_meshes/iteration_2/dynamic_scene_skinned.glb")
     assert sorted(_skinned_nodes(doc)) == ["obj_0", "obj_2"] and len(doc["skins"]) == 2
     capsys.readouterr()
     for argv, message in (
@@ -308,7 +304,7 @@ def test_exclude_plane_needs_static_obj_glb(sway, tmp_path):
     out = runs.export_glb_run(
         sway.res / sway.s, mesh_source_path=data, exclude_plane=True, lst_frame=2
     )
-    doc, _ = gltf.read_glb(out)
+    doc, _ = gltf_io.read_glb(out)
     assert len(doc["scenes"][0]["nodes"]) == 3
 
 
@@ -327,11 +323,11 @@ def _skinned_nodes(doc: dict) -> dict[str, int]:
 
 def _source_vertices(path) -> np.ndarray:
     """World positions [n, 3] of the one mesh primitive of a source GLB."""
-    src, blob = gltf.read_glb(path)
-    world = gltf.world_matrices(src, src["scenes"][0]["nodes"])
+    src, blob = gltf_io.read_glb(path)
+    world = gltf_io.world_matrices(src, src["scenes"][0]["nodes"])
     ((n, M),) = [(n, M) for n, M in world.items() if "mesh" in src["nodes"][n]]
     (prim,) = src["meshes"][src["nodes"][n]["mesh"]]["primitives"]
-    v = gltf.read_accessor(src, blob, prim["attributes"]["POSITION"])
+    v = gltf_io.read_accessor(src, blob, prim["attributes"]["POSITION"])
     return v @ M[:3, :3].T + M[:3, 3]
 
 
@@ -350,7 +346,7 @@ def _normalisation(sway) -> tuple[np.ndarray, float]:
 def test_exported_skinned_glb_follows_the_trained_motion(sway, exported):
     """The glTF skinning formula evaluated from the file equals deform() at every key."""
     _, outs = exported
-    doc, blob = gltf.read_glb(outs["out_skinned_glb"])
+    doc, blob = gltf_io.read_glb(outs["out_skinned_glb"])
     roots = doc["scenes"][0]["nodes"]
     assert [doc["nodes"][r]["name"] for r in roots if "skin" not in doc["nodes"][r]] == [
         "obj_0",
@@ -405,20 +401,20 @@ def test_skinned_glb_keeps_morph_targets_for_a_second_layer(
         )
     assert "obj_2 has a second control-point layer" in caplog.text
     assert summary["skinned"] == 1 and summary["morphed"] == 1 and summary["targets"] == T - 1
-    got, blob = gltf.read_glb(out)
+    got, blob = gltf_io.read_glb(out)
     assert sorted(_skinned_nodes(got)) == ["obj_0"]
     (anim,) = got["animations"]
     (ch,) = [ch for ch in anim["channels"] if ch["target"]["path"] == "weights"]
     n = ch["target"]["node"]
-    M = gltf.world_matrices(got, got["scenes"][0]["nodes"])[n]
+    M = gltf_io.world_matrices(got, got["scenes"][0]["nodes"])[n]
     (prim,) = got["meshes"][got["nodes"][n]["mesh"]]["primitives"]
     assert "JOINTS_0" not in prim["attributes"] and len(prim["targets"]) == T - 1
     c, s = _normalisation(sway)
-    base = gltf.read_accessor(got, blob, prim["attributes"]["POSITION"])
+    base = gltf_io.read_accessor(got, blob, prim["attributes"]["POSITION"])
     to_w = lambda v: v @ M[:3, :3].T + M[:3, 3]  # noqa: E731
     X = _deformed_world(obj, to_w(base), c, s)
     for k, target in enumerate(prim["targets"], start=1):
-        moved = base + gltf.read_accessor(got, blob, target["POSITION"])
+        moved = base + gltf_io.read_accessor(got, blob, target["POSITION"])
         np.testing.assert_allclose(to_w(moved), X[k], atol=2e-5)
     report = validate_glb(gltf_validator, out, tmp_path)
     assert report["numErrors"] == 0 and report["numWarnings"] == 0, report["messages"]

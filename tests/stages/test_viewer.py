@@ -21,10 +21,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from chord import gltf, sources
+from chord import gltf, gltf_io, sources
 from chord.errors import InputError
 from chord.stages import viewer
-from tests.conftest import REPO, box, write_scene
+from tests.conftest import REPO, assert_npm_build_is_committed, box, write_scene
 
 VIEWER_DIR = REPO / "chord" / "viewer"
 FRAMES, FPS = 5, 2.0  # keys at 0, 0.5, ..., 2.0 s; the clip lasts 2 s
@@ -79,30 +79,30 @@ def skinned_glb(path: Path) -> Path:
     """The same block skinned to one joint whose translation (right by 2·STEP_x per second)
     and rotation are LINEAR channels, as the skinned export's (a joint in the scene, an
     identity inverse bind matrix)."""
-    b = gltf.GltfBuilder()
+    b = gltf_io.GltfBuilder()
     mesh = box([0.4, 0.8, 0.4], [0, 0.45, 0])
     n = len(mesh.vertices)
     attributes = {
         "POSITION": b.add_accessor(
-            mesh.vertices.astype(np.float32), "VEC3", target=gltf.ARRAY_BUFFER
+            mesh.vertices.astype(np.float32), "VEC3", target=gltf_io.ARRAY_BUFFER
         ),
         "JOINTS_0": b.add_accessor(
             np.zeros((n, 4), np.uint8),
             "VEC4",
-            target=gltf.ARRAY_BUFFER,
+            target=gltf_io.ARRAY_BUFFER,
             component=5121,
             bounds=False,
         ),
         "WEIGHTS_0": b.add_accessor(
             np.tile(np.float32([1, 0, 0, 0]), (n, 1)),
             "VEC4",
-            target=gltf.ARRAY_BUFFER,
+            target=gltf_io.ARRAY_BUFFER,
             bounds=False,
         ),
     }
     faces = mesh.faces.astype(np.uint16).reshape(-1)
     indices = b.add_accessor(
-        faces, "SCALAR", target=gltf.ELEMENT_ARRAY_BUFFER, component=5123, bounds=False
+        faces, "SCALAR", target=gltf_io.ELEMENT_ARRAY_BUFFER, component=5123, bounds=False
     )
     colour = {"baseColorFactor": [0.8, 0.3, 0.1, 1.0], "metallicFactor": 0.0}
     material = b.add("materials", {"pbrMetallicRoughness": colour})
@@ -183,7 +183,7 @@ def test_bad_inputs_name_the_file(tmp_path):
     with pytest.raises(InputError, match="not a GLB file"):
         viewer.run(glb=not_glb, out=tmp_path / "viewer.html", title="x")
     glb = tmp_path / "empty.glb"
-    gltf.write_glb(glb, {"asset": {"version": "2.0"}}, b"")
+    gltf_io.write_glb(glb, {"asset": {"version": "2.0"}}, b"")
     with pytest.raises(FileNotFoundError, match="npm ci && npm run build"):
         viewer.run(glb=glb, out=tmp_path / "viewer.html", title="x", bundle=tmp_path / "no.js")
     assert not (tmp_path / "viewer.html").exists()
@@ -206,17 +206,7 @@ def test_the_bundle_leaves_room_for_a_scene():
 )
 def test_the_committed_bundle_is_the_build_of_the_source(tmp_path):
     """`npm ci && npm run build` on a copy of chord/viewer gives the committed dist/viewer.js."""
-    for name in ("package.json", "package-lock.json"):
-        shutil.copy(VIEWER_DIR / name, tmp_path / name)
-    shutil.copytree(VIEWER_DIR / "src", tmp_path / "src")
-    for cmd in (["npm", "ci", "--no-audit", "--no-fund"], ["npm", "run", "build"]):
-        proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout}\n{proc.stderr}"
-    built = (tmp_path / "dist" / "viewer.js").read_bytes()
-    assert built == viewer.BUNDLE.read_bytes(), (
-        "chord/viewer/dist/viewer.js is not the build of chord/viewer/src: "
-        "run `npm ci && npm run build` in chord/viewer and commit dist/viewer.js"
-    )
+    assert_npm_build_is_committed(VIEWER_DIR, viewer.BUNDLE, tmp_path)
 
 
 # -- the page in Chromium ---------------------------------------------------------------------

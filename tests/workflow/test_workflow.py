@@ -18,8 +18,7 @@ from PIL import Image
 
 from chord import media
 from chord.guidance import text
-from tests.conftest import REPO
-from tests.unit.test_gltf import gltf_validator, validate_glb  # noqa: F401
+from tests.conftest import REPO, validate_glb
 
 pytestmark = pytest.mark.slow
 
@@ -258,7 +257,7 @@ def test_demo_exports_both_glbs_and_videos_at_the_export_size(
 ):
     """The demo's export: videos at its export_size (2x the SDS size), the morph-target GLB and
     the skinned GLB, both clean under the Khronos validator."""
-    from chord import gltf
+    from chord import gltf_io
 
     conf = yaml.safe_load((demo_run / "config/config.yaml").read_text())
     method = {**conf["method"], **conf["presets"]["cpu_demo"]}
@@ -271,7 +270,7 @@ def test_demo_exports_both_glbs_and_videos_at_the_export_size(
         for name in ("dynamic_scene.glb", "dynamic_scene_skinned.glb"):
             report = validate_glb(gltf_validator, export / name, tmp_path)
             assert report["numErrors"] == 0, (scene, name, report["messages"])
-        doc, _ = gltf.read_glb(export / "dynamic_scene_skinned.glb")
+        doc, _ = gltf_io.read_glb(export / "dynamic_scene_skinned.glb")
         assert doc.get("skins") and {
             c["target"]["path"] for c in doc["animations"][0]["channels"]
         } >= {

@@ -5,10 +5,11 @@ from pathlib import Path
 
 from chord import config as cc
 from chord.stages import train
-from chord.stages.adapter import stage_logging
+from chord.stages.adapter import INPUT_ERROR_RECORD, input_error_once, stage_logging
 
 # The log of every attempt (a retry on the next tier, a requeued job) until one completes.
-with stage_logging(snakemake.log[0], history=Path(snakemake.params.checkpoints) / "train.log"):
+ckpt = Path(snakemake.params.checkpoints)
+with stage_logging(snakemake.log[0], history=ckpt / "train.log"), input_error_once(ckpt / INPUT_ERROR_RECORD, snakemake.resources.attempt):
     inp = snakemake.input
     keyed = lambda prefix: {k[len(prefix) :]: Path(v) for k, v in inp.items() if k.startswith(prefix)}
     train.run(
