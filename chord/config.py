@@ -489,13 +489,26 @@ def training_hash(method: Any, guidance: Any, world_size: int = 1) -> str:
     and hand-off with its single-GPU tiers."""
     values = {k: v for k, v in dataclasses.asdict(method).items() if k not in VIEW_KEYS}
     values["batch_size"] = method.batch_size * int(world_size)
-    values["guidance"] = {
+    values["guidance"] = teacher_values(method, guidance)
+    return values_hash(values)
+
+
+def teacher_values(method: Any, guidance: Any) -> dict:
+    """The guidance values that change a training's teacher: which teacher and its weights;
+    the oracle's latent pooling and gain; the Wan teacher's Tiny VAE (its weights and whether
+    its outputs are normalised) where the method encodes with it. The non-finite-step policy
+    (``max_nonfinite_steps``, ``nonfinite_fallback``) is how a run recovers, not what it
+    distils."""
+    values = {
         "backend": guidance.backend,
         "ckpt_dir": guidance.ckpt_dir,
         "oracle_pool": guidance.oracle_pool,
         "oracle_gain": guidance.oracle_gain,
     }
-    return values_hash(values)
+    if guidance.backend == "wan" and method.use_tiny_vae:
+        values["tiny_vae_path"] = guidance.tiny_vae_path
+        values["tiny_vae_normalize"] = guidance.tiny_vae_normalize
+    return values
 
 
 def final_stage(method: Any) -> str:
