@@ -108,3 +108,15 @@ def test_torchrun_on_cuda_selects_the_local_gpu_before_starting_nccl(monkeypatch
     scene, mesh = tiny_scene()  # a scene elsewhere than the group's GPU is refused up front
     with pytest.raises(ValueError, match="its process group on cuda:2"):
         make_trainer(method(batch_size=1), scene, mesh, group=group)
+
+
+def test_group_check_itself_rejects_a_tensor_on_another_device():
+    """Group's own check, not NCCL's: a collective of a group on cuda:0 refuses a CPU tensor,
+    and a CPU group a tensor on another device, before torch.distributed is called."""
+    group = Group(rank=0, world_size=2, device="cuda:0")
+    with pytest.raises(RuntimeError, match="loss: a tensor on cpu handed to a collective of the "
+                                           "process group on cuda:0"):  # fmt: skip
+        group.all_reduce(torch.zeros(3), "loss")
+    with pytest.raises(RuntimeError, match="seed: a tensor on meta handed to a collective"):
+        Group(rank=1, world_size=2).broadcast(torch.zeros(1, device="meta"), "seed")
+    assert Group(device="cuda:0").all_reduce(torch.ones(1), "alone").item() == 1  # world of one

@@ -257,6 +257,45 @@ def test_import_forms_on_a_fake_package(tmp_path):
     }
 
 
+def test_imports_in_except_finally_else_and_match_blocks_are_sources(tmp_path):
+    """The walker's docstring claims every block an import can sit in: here each import is
+    the only statement of an ``except`` handler, a ``finally``, a loop's ``else`` or a
+    ``match`` case."""
+    pkg = write_package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "in_except.py": "",
+            "in_finally.py": "",
+            "in_else.py": "",
+            "in_case.py": "",
+            "in_default.py": "",
+            "stages/__init__.py": "",
+            "stages/ingest.py": """
+                def run(kind):
+                    try:
+                        pass
+                    except ValueError:
+                        from chord import in_except
+                    finally:
+                        import chord.in_finally
+                    for _ in ():
+                        pass
+                    else:
+                        from chord import in_else
+                    match kind:
+                        case "a":
+                            from chord import in_case
+                        case _:
+                            import chord.in_default
+            """,
+        },
+    )
+    found = cs.closure(["chord.stages.ingest"], root=pkg, exempt=[])
+    names = {f.name for f in found}
+    assert {"in_except.py", "in_finally.py", "in_else.py", "in_case.py", "in_default.py"} <= names
+
+
 def test_digest_follows_names_and_contents_not_the_location(tmp_path):
     files = sources("aggregate")
     copy = tmp_path / "elsewhere" / "chord"
