@@ -24,8 +24,7 @@ import trimesh
 
 from chord import control_points, demo, gaussians, gltf_io, ply, runs, trained
 from chord import scene as sc
-from chord.motion import build_scene
-from chord.motion.model import DynamicObject, MotionScene
+from chord.motion.model import DynamicObject, MotionScene, build_scene
 from chord.render import splat_tensors
 
 if __package__:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from chord import config as cc
-from chord import gpus, peak_memory, runtime, tiers
+from chord import gpus, job_size, peak_memory, runtime, tiers
 from chord.errors import InputError
 
 logger = logging.getLogger(__name__)
@@ -589,14 +589,14 @@ def run(conf: cc.Config, env: Mapping[str, str]) -> list:
             checks.append(Check("scene", FAIL, f"scene {name}: {exc}"))
             continue
         objects = [o for o, r in roles.items() if r != "avoided"]
-        imported = tiers.imported_counts(spec.gaussians, objects)
-        n, dyn = tiers.gaussian_counts(spec.method, roles, imported)
+        imported = job_size.imported_counts(spec.gaussians, objects)
+        n, dyn = job_size.gaussian_counts(spec.method, roles, imported)
         dynamic = [o for o, r in roles.items() if r == "dynamic"]
         disk_need += checkpoint_bytes(spec.method, control_points(spec.method, dynamic))
         disk_need += export_bytes(spec.method, n, bool(imported))
         if not wan or n <= 0:
             continue
-        fits = tiers.scene_fits(
+        fits = job_size.scene_fits(
             spec.method, conf.memory, roles, node, backend="wan", label=f"scene {name}", model=model
         )
         try:
@@ -608,7 +608,7 @@ def run(conf: cc.Config, env: Mapping[str, str]) -> list:
             continue
         tier = choice.tier
         choices.setdefault(choice.describe(), []).append(name)
-        e = tiers.estimate(spec.method, conf.memory, tier_table[tier], n, dyn, model)
+        e = job_size.estimate(spec.method, conf.memory, tier_table[tier], n, dyn, model)
         key = (tier, e["reserved_bytes"], e["host_bytes"])
         groups.setdefault(key, (e, []))[1].append(name)
     if not wan:
@@ -656,7 +656,7 @@ def preflight(
     checks += [check_wan_folder(guidance), check_tiny_vae(guidance, [method])]
     if wan:
         model = peak_memory.model_for(guidance.ckpt_dir)
-        e = tiers.estimate(method, memory, None, gaussians, dynamic_gaussians, model)
+        e = job_size.estimate(method, memory, None, gaussians, dynamic_gaussians, model)
         host = host_bytes(env)
         if host_mem_gb is not None:
             host = min(host or host_mem_gb * GiB, int(host_mem_gb * GiB))

@@ -37,7 +37,7 @@ def render_frames(
 
     Args:
         frames: means [F, N, 3], quats [F, N, 4], constant scales [N, 3], opacities [N],
-            sh [N, K, 3] and sh_degree (:meth:`chord.motion.MotionScene.frame_gaussians`).
+            sh [N, K, 3] and sh_degree (:meth:`chord.motion.model.MotionScene.frame_gaussians`).
         viewmats: world-to-camera [F, 4, 4] (one per frame) or [4, 4] (the same for all).
         K: intrinsics [3, 3].
         background: RGB in [0, 1].

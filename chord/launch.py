@@ -15,7 +15,7 @@ ranks:
   be waiting in a collective for the rank that failed) and the job raises the failing rank's
   exception, of its own type, with that rank's traceback as its cause and in the log. An
   out-of-memory error in any rank wins over the errors it causes in the others, so the
-  training's out-of-memory record (:func:`chord.tiers.out_of_memory_record`) sees it and the
+  training's out-of-memory record (:func:`chord.out_of_memory.recorded`) sees it and the
   retry escalates; then a bad input (exit status 2), then any other error (first reported),
   then an interruption (SIGTERM: :class:`chord.train.Interrupted`), then a rank that died
   without a word (a signal; the host's out-of-memory killer, say);
@@ -246,7 +246,7 @@ def _unpickle(blob: bytes | None) -> BaseException | None:
 
 def _kind(exc: BaseException) -> str:
     from chord.errors import InputError
-    from chord.tiers import is_out_of_memory
+    from chord.out_of_memory import is_out_of_memory
     from chord.train import Interrupted
 
     if is_out_of_memory(exc):

@@ -536,7 +536,7 @@ def preview_estimate(
 def preview_mem_mb(flags, *, ceiling_mb: int, model: str | ModelShape = "A14B") -> int:
     """``mem_mb`` of the teacher preview's job: :func:`preview_host_bytes` with a 10% margin,
     the tier's host RAM (``ceiling_mb``) the ceiling, as a training job asks
-    (:func:`chord.tiers.job_request`)."""
+    (:func:`chord.job_size.job_request`)."""
     host = preview_host_bytes(flags, model=model)
     return min(int(ceiling_mb), int(math.ceil(host * 1.1 / MiB)))
 

@@ -6,27 +6,21 @@ Memory flags (:class:`chord.config.MemoryConfig`) change memory and time, never 
 they are Snakemake resources of the training rules (computed from ``attempt``), not params. A
 tier's ``size`` (the ``lowres`` tiers) does change results: :func:`apply` puts it into the
 method, so it enters the training's configuration hash and checkpoint folder. ``tier: auto``
-checks each candidate against the peak-memory model (:mod:`chord.peak_memory`,
-:class:`ModelFits`) before a job starts. Nothing here imports Snakemake or torch;
-``rules/common.smk`` and the training stage call these functions.
+checks each candidate against a predicate, the peak-memory model's
+(:class:`chord.job_size.ModelFits`), before a job starts. Nothing here imports Snakemake or
+torch; ``rules/common.smk`` and the training stage call these functions.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import functools
 import logging
 import math
-import sys
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
 from chord import config as cc
-from chord import gpus, peak_memory
-from chord.errors import InputError
+from chord import gpus
 
 logger = logging.getLogger(__name__)
 
@@ -42,8 +36,6 @@ TIER_KEYS = (
     "gpu_model",
     "slurm_partition",
 )
-# Written next to a stage's checkpoints: one tier name per line that ran out of GPU memory.
-OOM_RECORD = "out_of_memory.txt"
 # What lowers a training's peak GPU memory without a leaner tier.
 REMEDIES = (
     "To lower the peak: method.use_tiny_vae: true, or a lower method.size, frame_num or batch_size"
@@ -160,10 +152,10 @@ def choose(
     A tier fits a node when the node has its ``gpus`` GPUs, when the node's smallest GPU is
     one of its ``gpu_mem_gb`` label (:func:`chord.gpus.matches`: the reported total in 10^9
     bytes is at least the label, so a 24564 MiB RTX 4090 runs a 24 GB tier), and when ``fits``
-    (a predicate, usually a :class:`ModelFits`: the peak-memory model against the card's real
-    bytes) accepts it. ``None`` for the node means no GPU (a CPU run, where the memory flags do
-    not matter): the first tier, without asking ``fits``. A GPU smaller than every tier gets
-    the leanest one.
+    (a predicate, usually a :class:`chord.job_size.ModelFits`: the peak-memory model against
+    the card's real bytes) accepts it. ``None`` for the node means no GPU (a CPU run, where the
+    memory flags do not matter): the first tier, without asking ``fits``. A GPU smaller than
+    every tier gets the leanest one.
 
     It never picks a tier that changes the result by itself: a tier whose ``size`` is below
     ``method``'s (any tier with a ``size`` when ``method`` is None). When only such a tier fits
@@ -320,211 +312,14 @@ def per_gpu(method, tier: Tier, *, scene: str | None = None, start: str | None =
     return dataclasses.replace(method, batch_size=batch // n)
 
 
-def gaussian_counts(
-    method, roles: Mapping[str, str], imported: Mapping[str, int] | None = None
-) -> tuple[int, int]:
-    """(all, dynamic) Gaussians a scene trains with, known before its ``gaussians`` stage runs.
-
-    ``roles``: ``{obj: "static" | "dynamic" | "avoided"}`` (:func:`chord.config.object_roles`).
-    Each object that is not avoided starts with ``method.gs_init_nums[obj]``, else
-    ``method.gs_init_num``, surface Gaussians, or with the count of its imported PLY where
-    ``imported`` has one (the sheet's ``gaussians`` folder, :func:`imported_counts`).
-    """
-    imported = imported or {}
-    counts = {
-        obj: imported.get(obj, method.gs_init_nums.get(obj, method.gs_init_num))
-        for obj, role in roles.items()
-        if role != "avoided"
-    }
-    dynamic = sum(n for obj, n in counts.items() if roles[obj] == "dynamic")
-    return sum(counts.values()), dynamic
-
-
-def imported_counts(folder: Path | None, objects: Iterable[str]) -> dict[str, int]:
-    """``{obj: vertex count}`` of the fitted 3DGS PLYs under the sheet's ``gaussians`` folder
-    (read from the PLY headers; an object without one is left out: its stage reports it)."""
-    if folder is None:
-        return {}
-    from chord.ply import find_fitted_ply
-
-    counts = {}
-    for obj in objects:
-        try:
-            counts[obj] = ply_vertex_count(find_fitted_ply(Path(folder) / obj))
-        except (ValueError, OSError):
-            continue
-    return counts
-
-
-def ply_vertex_count(path: Path) -> int:
-    """The ``element vertex`` count in a PLY header (ValueError when there is none)."""
-    with open(path, "rb") as f:
-        for _ in range(200):
-            line = f.readline()
-            words = line.split()
-            if words[:2] == [b"element", b"vertex"] and len(words) == 3:
-                return int(words[2])
-            if not line or line.strip() == b"end_header":
-                break
-    raise InputError(f"{path}: no 'element vertex' in the PLY header")
-
-
-def memory_shape(
-    method, gaussians: int, dynamic_gaussians: int | None = None, gpus: int = 1
-) -> dict:
-    """The keyword arguments of :func:`chord.peak_memory.estimate` besides the flags: the method's
-    SDS size, frame_num, use_tiny_vae, the Gaussian counts, and on ``gpus`` GPUs (a multi-GPU
-    tier) the videos each holds, ``batch_size / gpus`` (rounded up where it does not divide:
-    :func:`per_gpu` reports that)."""
-    width, height = cc.parse_size(method.size, where="method: size")
-    return {
-        "width": width,
-        "height": height,
-        "frames": method.frame_num,
-        "batch": -(-method.batch_size // gpus),
-        "gpus": gpus,
-        "gaussians": gaussians,
-        "dynamic_gaussians": dynamic_gaussians,
-        "use_tiny_vae": method.use_tiny_vae,
-    }
-
-
-def estimate(
-    method,
-    mem,
-    tier: Tier | None,
-    gaussians: int,
-    dynamic_gaussians: int | None = None,
-    model: peak_memory.ModelShape = peak_memory.A14B,
-) -> dict:
-    """:func:`chord.peak_memory.estimate` of a training of ``method`` with the memory flags ``mem``
-    on ``tier`` (its flags and size applied, :func:`apply`; ``None``: as they are, e.g.
-    already applied, on one GPU), with the experts of ``model``
-    (:func:`chord.peak_memory.model_for`). On a multi-GPU tier the GPU figures are per GPU (its
-    ``batch_size / gpus`` videos) and the host RAM the job's (every rank holds an expert)."""
-    gpus = 1
-    if tier is not None:
-        method, mem = apply(method, mem, tier)
-        gpus = tier.gpus
-    return peak_memory.estimate(
-        mem, model=model, **memory_shape(method, gaussians, dynamic_gaussians, gpus)
-    )
-
-
-@dataclass(frozen=True)
-class ModelFits:
-    """The ``fits`` of :func:`auto` for one scene: whether the peak-memory model predicts that
-    a training of ``method`` with the memory flags ``mem`` on a tier fits a GPU of
-    ``gpu_gib`` GiB, the card's reported total (:func:`chord.peak_memory.fits`: reserved bytes
-    plus a CUDA context). On a multi-GPU tier, each of its GPUs with ``batch_size / gpus``
-    videos."""
-
-    method: Any
-    mem: Any  # MemoryConfig: the flags a tier leaves unset
-    gpu_gib: float
-    gaussians: int
-    dynamic_gaussians: int
-    label: str = ""
-    model: peak_memory.ModelShape = peak_memory.A14B
-
-    def __call__(self, tier: Tier) -> bool:
-        m, mem = apply(self.method, self.mem, tier)
-        shape = memory_shape(m, self.gaussians, self.dynamic_gaussians, tier.gpus)
-        return peak_memory.fits(mem, self.gpu_gib, model=self.model, **shape)
-
-    def describe(self, tier: Tier) -> str:
-        e = estimate(
-            self.method, self.mem, tier, self.gaussians, self.dynamic_gaussians, self.model
-        )
-        where = f"{self.label}, " if self.label else ""
-        return f"{where}tier {tier.name} predicted {peak_memory.describe(e)}"
-
-
-def scene_fits(
-    method,
-    mem,
-    roles: Mapping[str, str],
-    node: gpus.Node | None,
-    *,
-    backend: str,
-    fitted: Path | None = None,
-    label: str = "",
-    model: peak_memory.ModelShape = peak_memory.A14B,
-) -> ModelFits | None:
-    """The :class:`ModelFits` of a scene for ``tier: auto`` on ``node``'s smallest GPU (its
-    real bytes), or None where the model does not apply: no GPU, the oracle teacher (the model
-    is that of the Wan teacher), or no objects known (ingest reports that). ``fitted``: the
-    sheet's ``gaussians`` folder; ``model``: the experts' shapes
-    (:func:`chord.peak_memory.model_for` the Wan folder)."""
-    if node is None or backend != "wan":
-        return None
-    objects = [obj for obj, role in roles.items() if role != "avoided"]
-    n, dynamic = gaussian_counts(method, roles, imported_counts(fitted, objects))
-    if n <= 0:
-        return None
-    return ModelFits(method, mem, node.total_bytes / peak_memory.GiB, n, dynamic, label, model)
-
-
-#: Host RAM (MB) and CPUs of a training with the oracle teacher: no Wan weights (the demo's
-#: trainings measure ~0.5 GB max_rss in their benchmark files).
-ORACLE_HOST_MB = 2048
-ORACLE_CPUS = 1
-
-
-def job_request(
-    tier: Tier,
-    *,
-    backend: str,
-    method=None,
-    mem=None,
-    roles: Mapping[str, str] | None = None,
-    fitted: Path | None = None,
-    model: peak_memory.ModelShape = peak_memory.A14B,
-) -> dict:
-    """``{"mem_mb", "cpus_per_gpu"}`` a training job on ``tier`` asks the scheduler for: what
-    the training needs, with the tier's ``host_mem_gb`` and ``cpus_per_gpu`` as the ceiling.
-    The oracle teacher needs little (:data:`ORACLE_HOST_MB`, one CPU); the Wan teacher the
-    peak-memory model's host RAM (one expert, mmgp's staging on offload tiers) with a 10%
-    margin, where the scene's Gaussian counts are known (else the tier's value). On a
-    multi-GPU tier each rank holds all of that (the estimate's host RAM is the job's, every
-    rank's expert); ``cpus_per_gpu`` is per GPU already.
-
-    A Wan training the model says needs more than the ceiling is a ConfigError naming both
-    figures and the ``host_mem_gb`` that fits (a job capped below its need would be killed
-    for its memory hours in, or fail its preflight)."""
-    if backend == "oracle":
-        return {
-            "mem_mb": min(tier.mem_mb, ORACLE_HOST_MB * tier.gpus),
-            "cpus_per_gpu": min(tier.cpus_per_gpu, ORACLE_CPUS),
-        }
-    mem_mb = tier.mem_mb
-    if method is not None and mem is not None and roles:
-        objects = [obj for obj, role in roles.items() if role != "avoided"]
-        n, dynamic = gaussian_counts(method, roles, imported_counts(fitted, objects))
-        if n > 0:
-            margin = 1.1
-            host = estimate(method, mem, tier, n, dynamic, model)["host_bytes"]
-            mem_mb = int(math.ceil(host * margin / 2**20))
-            if mem_mb > tier.mem_mb:
-                ranks = f" ({tier.gpus} ranks, each with its expert)" if tier.gpus > 1 else ""
-                raise cc.ConfigError(
-                    f"tier {tier.name}: the memory model puts a training's host RAM at "
-                    f"{host / peak_memory.GiB:.1f} GiB{ranks}, {mem_mb} MB with the "
-                    f"{margin - 1:.0%} margin the job asks for, more than the tier's "
-                    f"host_mem_gb {tier.host_mem_gb:g} ({tier.mem_mb} MB); raise "
-                    f"tiers.{tier.name}.host_mem_gb to at least {math.ceil(mem_mb / 1024)}"
-                )
-    return {"mem_mb": mem_mb, "cpus_per_gpu": tier.cpus_per_gpu}
-
-
 def for_attempt(
     start: str, attempt: int, tiers: Mapping[str, Tier], out_of_memory: Iterable[str] = ()
 ) -> str:
     """The tier of attempt ``attempt`` (1-based) of a training that starts on ``start``.
 
     Attempt 1 runs on ``start``. A retry moves past every tier from ``start`` on that ran out of
-    memory (``out_of_memory``, see :func:`read_out_of_memory`), stopping at the leanest; a retry
-    after another failure (a preempted job, say) stays on its tier.
+    memory (``out_of_memory``, see :func:`chord.out_of_memory.read`), stopping at the leanest;
+    a retry after another failure (a preempted job, say) stays on its tier.
     """
     names = list(tiers)
     i = names.index(start)
@@ -558,181 +353,3 @@ def apply(method, mem, tier: Tier) -> tuple:
     if tier.flags:
         mem = dataclasses.replace(mem, **tier.flags)
     return method, mem
-
-
-def read_out_of_memory(path: Path) -> set[str]:
-    """Tier names recorded in ``path`` (missing file: none)."""
-    try:
-        return {line.strip() for line in Path(path).read_text().splitlines() if line.strip()}
-    except FileNotFoundError:
-        return set()
-
-
-def record_out_of_memory(path: Path, tier: str) -> None:
-    """Note that a training on ``tier`` ran out of GPU memory (read by the next attempt)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        f.write(f"{tier}\n")
-
-
-def is_out_of_memory(exc: BaseException) -> bool:
-    """torch's out-of-memory error (``torch.cuda.OutOfMemoryError``, since torch 2.5 also
-    ``torch.OutOfMemoryError``); torch is only consulted if already imported."""
-    torch = sys.modules.get("torch")
-    oom = getattr(getattr(torch, "cuda", None), "OutOfMemoryError", None)
-    return oom is not None and isinstance(exc, oom)
-
-
-@contextlib.contextmanager
-def out_of_memory_record(path: Path, tier: str, order: Sequence[str] = ()) -> Iterator[None]:
-    """Run a training on ``tier``: if it runs out of GPU memory, note ``tier`` in ``path`` (the
-    next attempt reads it) and re-raise; if it completes, remove the record. ``order``: the
-    tiers' escalation order; when ``tier`` is its last (nothing leaner to retry on) the error
-    logged names the tiers tried and what lowers the peak."""
-    try:
-        yield
-    except BaseException as exc:
-        if is_out_of_memory(exc):
-            record_out_of_memory(path, tier)
-            if order and tier == order[-1]:
-                tried = read_out_of_memory(path)
-                logger.error(
-                    "out of GPU memory on every tier tried (%s): %s is the leanest, no retry "
-                    "is left. %s",
-                    ", ".join(t for t in order if t in tried),
-                    tier,
-                    REMEDIES,
-                )
-        raise
-    Path(path).unlink(missing_ok=True)
-
-
-def inject_out_of_memory(tiers_spec: str, tier: str, rank: int = 0) -> None:
-    """Test hook: raise torch's out-of-memory error when ``tier`` is one of the comma-separated
-    names in ``tiers_spec`` (the train adapter passes ``$CHORD_TEST_OOM_TIERS``), in every
-    rank, or ``tier@r`` in rank ``r`` only (a multi-GPU tier). It lets a CPU test drive the
-    real exit-and-escalate path; unset, it does nothing."""
-    names = {t.strip() for t in tiers_spec.split(",") if t.strip()}
-    if tier in names or f"{tier}@{rank}" in names:
-        import torch
-
-        raise torch.cuda.OutOfMemoryError(
-            f"injected out-of-memory on tier {tier!r}, rank {rank} (test hook CHORD_TEST_OOM_TIERS)"
-        )
-
-
-def with_injected_out_of_memory(target: Callable, tiers_spec: str, tier: str) -> Callable:
-    """``target`` (a rank's training: called with ``group=``) with :func:`inject_out_of_memory`
-    in front, for that rank; picklable, so each rank of a multi-GPU tier runs the hook."""
-    return functools.partial(_inject_then_run, target, tiers_spec, tier)
-
-
-def _inject_then_run(target: Callable, tiers_spec: str, tier: str, /, **kwargs):
-    group = kwargs.get("group")
-    inject_out_of_memory(tiers_spec, tier, group.rank if group is not None else 0)
-    return target(**kwargs)
-
-
-def table(
-    tiers: Mapping[str, Tier],
-    *,
-    method,
-    memory,
-    gaussians: int,
-    dynamic_gaussians: int | None = None,
-    model: peak_memory.ModelShape = peak_memory.A14B,
-    gpus: int | None = None,
-) -> list[dict]:
-    """One row per tier (``gpus`` overrides each tier's GPU count): the
-    videos per GPU, the peak per GPU, what it needs with a CUDA context, whether that fits the
-    tier's declared ``gpu_mem_gb``, and the job's host RAM."""
-    rows = []
-    for tier in tiers.values():
-        if gpus is not None:
-            tier = dataclasses.replace(tier, gpus=gpus)
-        e = estimate(method, memory, tier, gaussians, dynamic_gaussians, model)
-        need = e["reserved_bytes"] / peak_memory.GiB + peak_memory.CUDA_CONTEXT_GIB
-        rows.append(
-            {
-                "tier": tier.name,
-                "gpus": tier.gpus,
-                "videos_per_gpu": e["batch"],
-                "size": f"{e['width']}x{e['height']}",
-                "allocated_gib": e["gpu_bytes"] / peak_memory.GiB,
-                "reserved_gib": e["reserved_bytes"] / peak_memory.GiB,
-                "needs_gib": need,
-                "gpu_mem_gb": tier.gpu_mem_gb,
-                "fits": need <= tier.gpu_mem_gb,
-                "host_gib": e["host_bytes"] / peak_memory.GiB,
-                "phase": e["phase"],
-                "divides": method.batch_size % tier.gpus == 0,
-            }
-        )
-    return rows
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m chord.tiers``: the memory model's peak per GPU for each tier of a config."""
-    import argparse
-
-    import yaml
-
-    p = argparse.ArgumentParser(
-        prog="python -m chord.tiers",
-        description="Predicted peak GPU memory (per GPU) and host RAM (per job) of each tier.",
-    )
-    p.add_argument("--config", default="config/config.yaml", help="its tiers and memory flags")
-    p.add_argument("--size", default="832*480")
-    p.add_argument("--frames", type=int, default=41)
-    p.add_argument("--batch", type=int, default=4, help="method.batch_size: videos per step")
-    p.add_argument("--gaussians", type=int, default=200_000, help="all objects' Gaussians")
-    p.add_argument("--dynamic", type=int, default=100_000, help="the dynamic objects' share")
-    p.add_argument("--wan-vae", action="store_true", help="encode with the Wan VAE, not Tiny")
-    p.add_argument("--gpus", type=int, default=None, help="every tier on this many GPUs")
-    p.add_argument("--ckpt-dir", default=None, help="Wan folder: its experts' shapes (A14B)")
-    args = p.parse_args(argv)
-    with open(args.config) as f:
-        conf = yaml.safe_load(f)
-    cc.validate_config(conf)
-    method = cc.method_from_mapping(
-        {
-            "size": args.size,
-            "frame_num": args.frames,
-            "batch_size": args.batch,
-            "use_tiny_vae": not args.wan_vae,
-        }
-    )
-    memory = cc.memory_from_mapping(conf.get("memory") or {})
-    rows = table(
-        parse(conf["tiers"]),
-        method=method,
-        memory=memory,
-        gaussians=args.gaussians,
-        dynamic_gaussians=args.dynamic,
-        model=peak_memory.model_for(args.ckpt_dir),
-        gpus=args.gpus,
-    )
-    print(
-        f"{args.size}, {args.frames} frames, batch_size {args.batch}, {args.gaussians} "
-        f"Gaussians ({args.dynamic} dynamic), {'Wan' if args.wan_vae else 'Tiny'} VAE"
-    )
-    head = (
-        f"{'tier':<12}{'gpus':>5}{'videos/GPU':>11}{'size':>9}{'allocated':>11}"
-        f"{'reserved':>10}{'needs':>8}{'declared':>10}  fits  {'host/job':>8}  phase"
-    )
-    print(head)
-    for r in rows:
-        fits = "yes" if r["fits"] else "no"
-        if not r["divides"]:
-            fits = "batch"  # batch_size is not a multiple of gpus: a ConfigError
-        print(
-            f"{r['tier']:<12}{r['gpus']:>5}{r['videos_per_gpu']:>11}{r['size']:>9}"
-            f"{r['allocated_gib']:>10.1f}G{r['reserved_gib']:>9.1f}G{r['needs_gib']:>7.1f}G"
-            f"{r['gpu_mem_gb']:>9.0f}G  {fits:<5} {r['host_gib']:>7.0f}G  {r['phase']}"
-        )
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -15,7 +15,8 @@ import torch
 from chord import config, gltf, ply, train
 from chord import scene as sc
 from chord.errors import InputError
-from chord.motion import build_scene, state
+from chord.motion import state
+from chord.motion.model import build_scene
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ def load_trained(
     frame_num: int | None = None,
     sh_degree: int = 3,
 ) -> tuple[dict, object, dict]:
-    """(scene.json mapping, :class:`~chord.motion.MotionScene` with the trained motion, the
+    """(scene.json mapping, :class:`~chord.motion.model.MotionScene` with the trained motion, the
     checkpoint dict) from the stage files of one scene and a training state. The motion's
     shape (frames, neighbours) comes from the state; ``frame_num`` only matters for a scene
     without dynamic objects (default: the method default)."""

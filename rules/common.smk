@@ -14,10 +14,11 @@ import chord.demo as demo
 import chord.ply
 import chord.scene
 import chord.gpus
+import chord.out_of_memory
 import chord.peak_memory
+import chord.job_size
 import chord.paths as P
 import chord.stages
-import chord.stages.condition
 import chord.tiers as ct
 
 validate(config, cc.CONFIG_SCHEMA)
@@ -232,9 +233,9 @@ CONDITION_MEM_MB = chord.peak_memory.condition_mem_mb(
 
 
 def condition_gpus(scene):
-    """The condition job's gpu resource (chord.stages.condition.gpus): 1 where the Wan
+    """The condition job's gpu resource (chord.job_size.condition_gpus): 1 where the Wan
     folder's UMT5 encodes on a GPU (method.t5_cpu false), else 0."""
-    return chord.stages.condition.gpus(CONF.guidance, CONF.scenes[scene].method)
+    return chord.job_size.condition_gpus(CONF.guidance, CONF.scenes[scene].method)
 
 
 def condition_gpu_kind(key):
@@ -269,7 +270,7 @@ def scene_tier(scene):
         node, fits = None, None
         if spec.tier == ct.AUTO:
             node = gpu_node()
-            fits = ct.scene_fits(
+            fits = chord.job_size.scene_fits(
                 spec.method,
                 CONF.memory,
                 object_roles(scene),
@@ -302,8 +303,8 @@ def train_tier(scene, stage, attempt):
     """The tier of a training attempt: the start tier, moved past tiers that ran out of memory."""
     oom = []
     if attempt > 1:
-        record = P.checkpoints(RESULTS, scene, stage) / ct.OOM_RECORD
-        oom = ct.read_out_of_memory(record)
+        record = P.checkpoints(RESULTS, scene, stage) / chord.out_of_memory.RECORD
+        oom = chord.out_of_memory.read(record)
     return TIERS[ct.for_attempt(scene_tier(scene), attempt, TIERS, oom)]
 
 
@@ -312,12 +313,12 @@ _JOB_REQUEST = {}
 
 def job_request(scene, tier):
     """mem_mb and cpus_per_gpu of a training job of scene on tier: what it needs, the tier's
-    values the ceiling (chord.tiers.job_request); a need over the tier's host_mem_gb stops the
+    values the ceiling (chord.job_size.job_request); a need over the tier's host_mem_gb stops the
     run, naming the scene. Cached: every attempt asks for each resource."""
     if (scene, tier.name) not in _JOB_REQUEST:
         spec = CONF.scenes[scene]
         try:
-            _JOB_REQUEST[scene, tier.name] = ct.job_request(
+            _JOB_REQUEST[scene, tier.name] = chord.job_size.job_request(
                 tier,
                 backend=CONF.guidance.backend,
                 method=ct.apply(spec.method, CONF.memory, tier)[0],
@@ -351,7 +352,7 @@ def preview_mem_mb(wildcards, attempt):
     else the memory model's (one Wan expert at a time, mmgp's staging on an enable_mmgp tier)
     with a 10% margin, the tier's host_mem_gb the ceiling."""
     if CONF.guidance.backend == "oracle":
-        return ct.ORACLE_HOST_MB
+        return chord.job_size.ORACLE_HOST_MB
     tier = train_tier(wildcards.scene, "coarse", attempt)
     _, mem = ct.apply(CONF.scenes[wildcards.scene].method, CONF.memory, tier)
     return chord.peak_memory.preview_mem_mb(mem, ceiling_mb=tier.mem_mb, model=MODEL)

@@ -8,20 +8,18 @@ texture, material extensions, lines, degenerate triangles)."""
 from __future__ import annotations
 
 import copy
-import os
 import shutil
 import stat
 import subprocess
 from pathlib import Path
 
 import numpy as np
-import pytest
 import trimesh
 from PIL import Image
 
 from chord import gltf_io
+from tests.conftest import REPO, unavailable
 
-REPO = Path(__file__).resolve().parents[1]
 TOOLS = REPO / "tests" / "tools"
 INSTALL = f"cd {TOOLS.relative_to(REPO)} && npm ci"
 CELL = 8  # texture cells of CELL x CELL texels, so every 4x4 UASTC block is one colour
@@ -32,10 +30,7 @@ def need_tool(path: Path, what: str) -> Path:
     .ci/run installs it)."""
     if path.exists():
         return path
-    message = f"{what} not installed ({path}): run `{INSTALL}`"
-    if os.environ.get("CHORD_CI"):
-        pytest.fail(message)
-    pytest.skip(message)
+    unavailable(f"{what} not installed ({path}): run `{INSTALL}`")
 
 
 def gltf_transform() -> Path:

@@ -1,17 +1,5 @@
 """CHORD's motion representation (METHOD §4–§7): control-point layers with Fenwick temporal
-tables, skinning, the optional second layer, the scene container and the state file."""
-
-from chord.motion.fenwick import progressive_reset, reset_enabled, table_size
-from chord.motion.layer import ControlPointLayer
-from chord.motion.model import DynamicObject, MotionScene, build_scene, plan_second_layer
-
-__all__ = [
-    "ControlPointLayer",
-    "DynamicObject",
-    "MotionScene",
-    "build_scene",
-    "plan_second_layer",
-    "progressive_reset",
-    "reset_enabled",
-    "table_size",
-]
+tables (``fenwick``, ``layer``), skinning, the optional second layer and the scene container
+(``model``), the state file (``state``) and scripted motions (``scripted``). Import the
+modules themselves: this package imports nothing, so reading a scripted motion (the DAG
+build, the demo) does not load torch."""

@@ -227,7 +227,7 @@ def render_video(
 ) -> Tensor:
     """Per-frame Gaussians from one camera: ``frames`` holds means [F, N, 3], quats
     [F, N, 4] and constant scales [N, 3], opacities [N], sh [N, K, 3] and sh_degree (as
-    :meth:`chord.motion.MotionScene.frame_gaussians` returns). Returns [F, 3, H, W]."""
+    :meth:`chord.motion.model.MotionScene.frame_gaussians` returns). Returns [F, 3, H, W]."""
     F = frames["means"].shape[0]
     dtype, device = frames["scales"].dtype, frames["means"].device
     viewmat, K, background = (x.to(device, dtype) for x in (viewmat, K, background))

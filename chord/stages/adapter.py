@@ -13,7 +13,7 @@ from pathlib import Path
 
 from chord import config as cfg
 from chord.errors import InputError
-from chord.tiers import is_out_of_memory
+from chord.out_of_memory import is_out_of_memory
 
 logger = logging.getLogger("chord")
 

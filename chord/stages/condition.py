@@ -20,17 +20,11 @@ import torch
 from chord.errors import InputError
 from chord.gpus import job_gpu
 from chord.guidance import text
+from chord.job_size import condition_gpus
 
 logger = logging.getLogger(__name__)
 
 TINY_SEED = 0
-
-
-def gpus(guidance, method) -> int:
-    """GPUs the condition job asks for and uses: 1 where the Wan folder's UMT5 encodes on a GPU
-    (``method.t5_cpu`` false, Wan's default), 0 with ``t5_cpu`` or the oracle demo's tiny
-    encoder (on the CPU)."""
-    return int(bool(guidance.ckpt_dir) and not method.t5_cpu)
 
 
 def text_encoder_for(guidance, device: str = "cpu"):
@@ -80,9 +74,9 @@ def run(
     it is and the GPU is used where one is visible and ``t5_cpu`` is false."""
     negative = text.resolve_negative(n_prompt)
     if env is None:
-        cuda = bool(gpus(guidance, method)) and torch.cuda.is_available()
+        cuda = bool(condition_gpus(guidance, method)) and torch.cuda.is_available()
         return _encode(out, prompt, n_prompt, negative, guidance, scene, cuda)
-    if not gpus(guidance, method):
+    if not condition_gpus(guidance, method):
         env["CUDA_VISIBLE_DEVICES"] = ""  # asked for no GPU: take none
         return _encode(out, prompt, n_prompt, negative, guidance, scene, cuda=False)
     with job_gpu(env):

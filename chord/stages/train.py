@@ -20,13 +20,13 @@ import numpy as np
 import torch
 import trimesh
 
-from chord import cameras, config, peak_memory, ply, rng, tiers, train
+from chord import cameras, config, job_size, out_of_memory, peak_memory, ply, rng, tiers, train
 from chord import scene as sc
 from chord.distributed import Group
 from chord.errors import InputError
 from chord.guidance import oracle
 from chord.guidance import text as text_cond
-from chord.motion import build_scene
+from chord.motion.model import build_scene
 from chord.render import describe_backend, resolve_backend
 
 logger = logging.getLogger(__name__)
@@ -157,7 +157,7 @@ def run_preflight(
     """:func:`chord.doctor.preflight` of this training, from its input files' headers."""
     from chord import doctor
 
-    counts = {name: tiers.ply_vertex_count(path) for name, path in inputs["plys"].items()}
+    counts = {name: job_size.ply_vertex_count(path) for name, path in inputs["plys"].items()}
     dynamic = list(inputs["voxels"])
     return doctor.preflight(
         method=method,
@@ -184,7 +184,7 @@ def log_memory_estimate(trainer: train.Trainer, method, guidance, tier: str | No
     scene = trainer.scene
     dynamic = sum(scene.slices[n].stop - scene.slices[n].start for n in scene.dynamic)
     model = peak_memory.model_for(guidance.ckpt_dir)
-    e = tiers.estimate(method, trainer.memory, None, int(scene.means.shape[0]), dynamic, model)
+    e = job_size.estimate(method, trainer.memory, None, int(scene.means.shape[0]), dynamic, model)
     on = f" on tier {tier}" if tier else ""
     logger.info("memory model%s (experts: %s): %s", on, model.describe(), peak_memory.describe(e))
     return e
@@ -369,7 +369,7 @@ def run(
     ``tier`` (its flags and size applied to the scene's method and the config's memory
     flags), on the tier's GPUs (:func:`chord.gpus.job_gpus` narrows ``env``'s
     CUDA_VISIBLE_DEVICES to them before CUDA starts), noting an out-of-memory exit for the
-    retry's tier (:func:`chord.tiers.out_of_memory_record`).
+    retry's tier (:func:`chord.out_of_memory.recorded`).
 
     On a multi-GPU tier (``gpus: N``) N ranks train, one process per GPU
     (:func:`chord.launch.launch`: NCCL on CUDA, gloo on a CPU), each :func:`run_stage` on
@@ -386,7 +386,7 @@ def run(
     chosen = table[tier]
     method, memory = tiers.apply(spec.method, conf.memory, chosen)
     method = tiers.per_gpu(method, chosen, scene=scene)  # the videos of each rank
-    record = Path(checkpoint_dir) / tiers.OOM_RECORD
+    record = Path(checkpoint_dir) / out_of_memory.RECORD
     oom = env.get("CHORD_TEST_OOM_TIERS", "")
     kwargs = {
         "inputs": {**inputs, "data_dir": spec.data},
@@ -404,12 +404,12 @@ def run(
     deadline = kwargs["deadline"] = slurm_deadline(env)
     with (
         gpus.job_gpus(env, chosen.gpus),
-        tiers.out_of_memory_record(record, chosen.name, order=order),
+        out_of_memory.recorded(record, chosen.name, order=order),
         time_limit(checkpoint_dir, chosen, env, deadline, scene=scene),
     ):
         cuda = torch.cuda.is_available()
         if chosen.gpus == 1:
-            tiers.inject_out_of_memory(oom, chosen.name)
+            out_of_memory.inject(oom, chosen.name)
             return run_stage(stage, device="cuda" if cuda else "cpu", env=env, **kwargs)
         if cuda and torch.cuda.device_count() < chosen.gpus:
             raise config.ConfigError(
@@ -427,7 +427,7 @@ def run(
             method.batch_size,
             spec.method.batch_size,
         )
-        target = tiers.with_injected_out_of_memory(run_stage, oom, chosen.name)
+        target = out_of_memory.with_injected(run_stage, oom, chosen.name)
         env = dict(env)
         return launch.launch(
             target, chosen.gpus, env=env, kwargs={"stage": stage, "env": env, **kwargs}

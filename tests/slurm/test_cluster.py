@@ -8,8 +8,6 @@ import pytest
 from tests.slurm.cluster import GPU_KINDS, GPUS
 from tests.slurm.conftest import tres, wait_until
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
-
 
 def test_jobs_get_a_gpu_of_the_kind_they_ask_for(slurm_cluster, tmp_path):
     # the GPU kinds asked for, and the devices they may get (gpu0 is big, gpu1 and gpu2 small)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 
 import pandas as pd
-import pytest
 import torch
 import yaml
 
@@ -24,8 +23,6 @@ from tests.slurm.conftest import (
     tres,
 )
 from tests.workflow.test_workflow import planned_jobs
-
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 SCENES = ("hop", "sway")
 

@@ -38,8 +38,6 @@ from tests.slurm.conftest import (
     write_ci_profile,
 )
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
-
 
 def coarse(scene: str) -> str:
     return f"results/{scene}/train/coarse.pt"

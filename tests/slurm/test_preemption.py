@@ -29,8 +29,6 @@ from tests.slurm.conftest import (
     wait_until,
 )
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
-
 LONG = {"iterations": 90, "save_interval": 1000}  # save points 1, 5 and 60 only
 AFTER = 15  # interrupt once this many iterations are logged (between save points 5 and 60)
 TARGET = "results/hop/train/coarse.pt"

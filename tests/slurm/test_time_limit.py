@@ -13,7 +13,6 @@ from __future__ import annotations
 import re
 import subprocess
 
-import pytest
 import torch
 import yaml
 
@@ -29,8 +28,6 @@ from tests.slurm.conftest import (
     snakemake_cmd,
     snakemake_env,
 )
-
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 TARGET = "results/hop/train/coarse.pt"
 # Long enough on this 2-core machine (~0.1 s per iteration) for about three one-minute runs

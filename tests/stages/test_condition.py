@@ -2,6 +2,7 @@ import pytest
 
 from chord import config as cc
 from chord.guidance import text, tiny_models
+from chord.job_size import condition_gpus
 from chord.stages import condition
 
 
@@ -65,10 +66,10 @@ def test_the_job_takes_a_free_gpu_for_the_wan_encoder_and_hides_cuda_otherwise(
     tmp_path, monkeypatch
 ):
     """With the Wan folder's UMT5 on a GPU (t5_cpu false) the job asks for one GPU
-    (condition.gpus, the rule's gpu resource) and, among several visible, takes a free one as a
-    training does (a lock per GPU), narrowing its CUDA_VISIBLE_DEVICES; with t5_cpu, or the
-    oracle's tiny encoder, it asks for none and empties CUDA_VISIBLE_DEVICES, so it never
-    lands on a GPU a training holds."""
+    (chord.job_size.condition_gpus, the rule's gpu resource) and, among several visible, takes a
+    free one as a training does (a lock per GPU), narrowing its CUDA_VISIBLE_DEVICES; with
+    t5_cpu, or the oracle's tiny encoder, it asks for none and empties CUDA_VISIBLE_DEVICES,
+    so it never lands on a GPU a training holds."""
     from chord import gpus
 
     monkeypatch.setattr(gpus, "default_lock_dir", lambda: tmp_path / "locks")
@@ -77,8 +78,8 @@ def test_the_job_takes_a_free_gpu_for_the_wan_encoder_and_hides_cuda_otherwise(
     oracle = cc.guidance_from_mapping({"backend": "oracle"})
     on_gpu = cc.method_from_mapping({"t5_cpu": False})
     on_cpu = cc.method_from_mapping({"t5_cpu": True})
-    assert condition.gpus(wan, on_gpu) == 1
-    assert condition.gpus(wan, on_cpu) == condition.gpus(oracle, on_gpu) == 0
+    assert condition_gpus(wan, on_gpu) == 1
+    assert condition_gpus(wan, on_cpu) == condition_gpus(oracle, on_gpu) == 0
 
     def encode(guidance, method, env):
         return condition.run(

@@ -12,7 +12,7 @@ import torch
 import yaml
 
 from chord import config as cc
-from chord import demo, tiers, train
+from chord import demo, out_of_memory, train
 from chord.stages import train as train_stage
 from tests.conftest import REPO
 from tests.stages.test_geometry_stages import train_inputs
@@ -146,10 +146,10 @@ def test_a_multi_gpu_tier_shares_the_configuration_of_one_gpu(hop, solo_and_duo)
 
 
 def test_out_of_memory_in_one_rank_is_recorded_for_the_retry(hop, tmp_path):
-    record = hop[0] / "oom" / "ckpt" / tiers.OOM_RECORD
+    record = hop[0] / "oom" / "ckpt" / out_of_memory.RECORD
     with pytest.raises(torch.cuda.OutOfMemoryError, match="rank 1"):
         run_on(hop, "duo", "oom", env={"CHORD_TEST_OOM_TIERS": "duo@1"})
-    assert tiers.read_out_of_memory(record) == {"duo"}
+    assert out_of_memory.read(record) == {"duo"}
 
 
 def test_a_batch_size_the_gpus_do_not_divide_is_a_config_error(hop, tmp_path):

@@ -24,7 +24,7 @@ from PIL import Image
 from chord import gltf, gltf_io, sources
 from chord.errors import InputError
 from chord.stages import viewer
-from tests.conftest import REPO, assert_npm_build_is_committed, box, write_scene
+from tests.conftest import REPO, assert_npm_build_is_committed, box, unavailable, write_scene
 
 VIEWER_DIR = REPO / "chord" / "viewer"
 FRAMES, FPS = 5, 2.0  # keys at 0, 0.5, ..., 2.0 s; the clip lasts 2 s
@@ -42,10 +42,13 @@ def chromium() -> str | None:
 
 
 CHROMIUM = chromium()
-needs_chromium = pytest.mark.skipif(
-    CHROMIUM is None,
-    reason="no Chromium: `apt-get install chromium` (Debian; .ci/run installs it)",
-)
+needs_chromium = pytest.mark.usefixtures("chromium_installed")
+
+
+@pytest.fixture(scope="session")
+def chromium_installed():
+    if CHROMIUM is None:
+        unavailable("no Chromium: `apt-get install chromium` (Debian)")
 
 
 @pytest.fixture(scope="module")

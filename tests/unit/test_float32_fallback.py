@@ -56,7 +56,7 @@ def test_float32_fallback_is_refused_where_the_job_host_ram_cannot_hold_the_floa
     tmp_path, caplog
 ):
     """A Wan job asks for the memory model's host RAM of one bf16 expert plus 10%
-    (chord.tiers.job_request); a switch of expert after the fallback loads the next one in
+    (chord.job_size.job_request); a switch of expert after the fallback loads the next one in
     float32, twice that. With that RAM (and a GPU that fits) the fallback is refused, the log
     names both figures, and training goes on at the guidance's precision; with enough RAM it
     is taken."""

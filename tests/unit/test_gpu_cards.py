@@ -13,7 +13,7 @@ import pytest
 import torch
 import yaml
 
-from chord import cli, gpus, peak_memory, tiers
+from chord import cli, gpus, job_size, peak_memory, tiers
 from chord import config as cc
 from tests.conftest import REPO
 from tests.gpu_cards import NodeRow, install_fake_nvidia_smi, nodes
@@ -84,7 +84,7 @@ def pick(table: dict, node: gpus.Node, **kw) -> str:
     """tiers.auto for a scene of the shipped config's method, with the A14B memory model."""
     method = cc.method_from_mapping(CONFIG["method"])
     memory = cc.memory_from_mapping(CONFIG["memory"])
-    fits = tiers.scene_fits(method, memory, ROLES, node, backend="wan", label="scene s")
+    fits = job_size.scene_fits(method, memory, ROLES, node, backend="wan", label="scene s")
     return tiers.auto(tiers.parse(table), node, fits, method=method, **kw)
 
 
@@ -125,7 +125,7 @@ def test_a_tier_is_skipped_by_the_memory_model_with_its_estimate(on_node, caplog
     node = on_node(next(r for r in NODES if r.node == "h100_80gb"))
     method = cc.method_from_mapping({**CONFIG["method"], "frame_num": 81})
     memory = cc.memory_from_mapping(CONFIG["memory"])
-    fits = tiers.scene_fits(method, memory, ROLES, node, backend="wan", label="scene s")
+    fits = job_size.scene_fits(method, memory, ROLES, node, backend="wan", label="scene s")
     table = tiers.parse(SHIPPED)
     with caplog.at_level(logging.INFO, logger="chord.tiers"):
         tier = tiers.auto(table, node, fits, method=method)

@@ -285,7 +285,7 @@ def test_plan_second_layer_on_a_box():
 
 
 def state_free_plan(mesh, means, method):
-    from chord.motion import plan_second_layer
+    from chord.motion.model import plan_second_layer
 
     return plan_second_layer(
         mesh, means, mem_init_voxel_size=0.02, first_layer_count=20, method=method

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from chord import config as cc
-from chord import gpus, peak_memory, tiers
+from chord import gpus, job_size, peak_memory, tiers
 from tests.conftest import REPO
 
 MEM = cc.memory_from_mapping({})
@@ -98,7 +98,7 @@ def test_every_tier_a_scene_may_run_on_must_divide_its_batch_at_dag_build():
 def test_the_model_predicts_per_gpu_with_the_gpus_share_of_the_batch():
     t = tiers.parse(SITE)
     m = documented()
-    e = tiers.estimate(m, MEM, t["quad24"], 200_000, 100_000)
+    e = job_size.estimate(m, MEM, t["quad24"], 200_000, 100_000)
     _, mem = tiers.apply(m, MEM, t["quad24"])
     one = peak_memory.estimate(
         mem, width=832, height=480, frames=41, batch=1, gaussians=200_000, dynamic_gaussians=100_000
@@ -106,14 +106,14 @@ def test_the_model_predicts_per_gpu_with_the_gpus_share_of_the_batch():
     assert (e["batch"], e["gpus"]) == (1, 4)
     assert e["gpu_bytes"] == one["gpu_bytes"]  # each GPU: one video's peak
     assert e["host_bytes"] == 4 * one["host_bytes"]  # four processes, each with its expert
-    single = tiers.estimate(m, MEM, t["offload"], 200_000, 100_000)
+    single = job_size.estimate(m, MEM, t["offload"], 200_000, 100_000)
     assert single["batch"] == 4 and e["gpu_bytes"] < single["gpu_bytes"]  # fewer B-sized terms
     text = peak_memory.describe(e)
     assert "per GPU (1 video(s) on each of 4)" in text and "(4 ranks)" in text
     # without mmgp the expert alone (26.6 GiB in bf16) overflows 24 GB, whatever the batch
     lean = {k: v for k, v in OFFLOAD.items() if k != "enable_mmgp"}
     quad_plain = tiers.Tier("q", 24, gpus=4, flags=lean)
-    fits = tiers.scene_fits(m, MEM, ROLES, node(24, 4), backend="wan")
+    fits = job_size.scene_fits(m, MEM, ROLES, node(24, 4), backend="wan")
     assert fits(t["quad24"]) and not fits(quad_plain)
 
 
@@ -123,14 +123,14 @@ def test_auto_picks_a_multi_gpu_tier_that_fits():
     # a multi-GPU tier where the node has its GPUs; with fewer, the next tier that fits
     cases = [((80, 1), "full"), ((48, 2), "duo48"), ((24, 4), "quad24"), ((24, 2), "offload")]
     for (gib, count), expected in cases:
-        fits = tiers.scene_fits(m, MEM, ROLES, node(gib, count), backend="wan")
+        fits = job_size.scene_fits(m, MEM, ROLES, node(gib, count), backend="wan")
         assert tiers.auto(t, node(gib, count), fits, method=m) == expected
         assert tiers.start("auto", t, node(gib, count), fits, method=m).tier == expected
     choice = tiers.choose(t, node(24, 2), fits, method=m)
     assert ("quad24", "needs 4 GPUs, the node has 2") in choice.skipped
     # batch_size 2 on the 24 GB site: quad24 would split it 4 ways, an error before any job
     two = documented(batch_size=2)
-    fits = tiers.scene_fits(two, MEM, ROLES, node(24, 4), backend="wan")
+    fits = job_size.scene_fits(two, MEM, ROLES, node(24, 4), backend="wan")
     with pytest.raises(cc.ConfigError, match="batch_size 2 is not a multiple of 4"):
         tiers.start("auto", t, node(24, 4), fits, method=two)
 
@@ -138,13 +138,13 @@ def test_auto_picks_a_multi_gpu_tier_that_fits():
 def test_a_multi_gpu_job_asks_for_every_ranks_host_ram():
     t = tiers.parse(SITE)
     m = documented()
-    quad = tiers.job_request(t["quad24"], backend="wan", method=m, mem=MEM, roles=ROLES)
-    one = tiers.job_request(t["offload"], backend="wan", method=m, mem=MEM, roles=ROLES)
+    quad = job_size.job_request(t["quad24"], backend="wan", method=m, mem=MEM, roles=ROLES)
+    one = job_size.job_request(t["offload"], backend="wan", method=m, mem=MEM, roles=ROLES)
     assert one["mem_mb"] < quad["mem_mb"] <= t["quad24"].mem_mb
     assert quad["mem_mb"] == pytest.approx(4 * one["mem_mb"], rel=0.01)  # 4 x ~46 GiB
     assert quad["cpus_per_gpu"] == one["cpus_per_gpu"] == 8  # per GPU already
-    oracle = tiers.job_request(t["quad24"], backend="oracle")
-    assert oracle["mem_mb"] == 4 * tiers.ORACLE_HOST_MB and oracle["cpus_per_gpu"] == 1
+    oracle = job_size.job_request(t["quad24"], backend="oracle")
+    assert oracle["mem_mb"] == 4 * job_size.ORACLE_HOST_MB and oracle["cpus_per_gpu"] == 1
 
 
 def test_the_shipped_config_trains_on_one_gpu_and_its_commented_example_fits_24_gb():
@@ -171,12 +171,12 @@ def test_the_shipped_config_trains_on_one_gpu_and_its_commented_example_fits_24_
         "checkpoint_tiny_vae": True,
     }
     m = documented()
-    fits = tiers.scene_fits(m, MEM, ROLES, node(24, 4), backend="wan")
+    fits = job_size.scene_fits(m, MEM, ROLES, node(24, 4), backend="wan")
     assert tiers.start("auto", t, node(24, 4), fits, method=m).tier == "quad24"
-    e = tiers.estimate(m, MEM, t["quad24"], 200_000, 100_000)
+    e = job_size.estimate(m, MEM, t["quad24"], 200_000, 100_000)
     need = e["reserved_bytes"] / peak_memory.GiB + peak_memory.CUDA_CONTEXT_GIB
     assert 19 < need < 22  # the README's 20.4 GiB
-    request = tiers.job_request(t["quad24"], backend="wan", method=m, mem=MEM, roles=ROLES)
+    request = job_size.job_request(t["quad24"], backend="wan", method=m, mem=MEM, roles=ROLES)
     assert request["mem_mb"] < t["quad24"].mem_mb  # host_mem_gb covers the four ranks
 
 
@@ -213,11 +213,11 @@ def test_the_tier_table_command_prints_the_peak_per_gpu(tmp_path, capsys):
     conf["tiers"] = SITE
     path = tmp_path / "site.yaml"
     path.write_text(yaml.safe_dump(conf, sort_keys=False))
-    assert tiers.main(["--config", str(path)]) == 0
+    assert job_size.main(["--config", str(path)]) == 0
     rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[2:]}
     assert rows["quad24"][1:3] == ["4", "1"]  # gpus, videos per GPU
     assert rows["duo48"][1:3] == ["2", "2"] and rows["full"][1:3] == ["1", "4"]
     assert rows["quad24"][6:9] == ["8.4G", "24G", "yes"] and rows["quad24"][9] == "184G"
-    tiers.main(["--config", str(path), "--batch", "2"])
+    job_size.main(["--config", str(path), "--batch", "2"])
     rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[2:]}
     assert rows["quad24"][8] == "batch"  # 2 videos do not split over 4 GPUs

@@ -208,7 +208,7 @@ def test_the_model_takes_the_experts_shapes_from_the_wan_folder(tmp_path, caplog
     import torch
 
     from chord import config as cc
-    from chord import tiers
+    from chord import job_size
     from chord.guidance import tiny_models
     from chord.stages import train as train_stage
 
@@ -239,7 +239,7 @@ def test_the_model_takes_the_experts_shapes_from_the_wan_folder(tmp_path, caplog
     with caplog.at_level("INFO", logger="chord.stages.train"):
         mem = cc.memory_from_mapping({})
         e = train_stage.log_memory_estimate(SimpleNamespace(scene=scene, memory=mem), m, wan, None)
-    assert e == tiers.estimate(m, mem, None, 300, 300, shape)
+    assert e == job_size.estimate(m, mem, None, 300, 300, shape)
     assert "experts: 1 layers x 16," in caplog.text and "dit_weights 26.6" not in caplog.text
 
 

@@ -99,7 +99,7 @@ def test_train_depends_on_what_the_old_table_left_out(by_stage):
         "to_rotmat",  # quaternions
         "solid_voxels",  # the second layer's voxels
         "training_hash",  # the config
-        "out_of_memory_record",  # the memory tiers
+        "recorded",  # the out-of-memory record
     ]
     for name, path in defined_in(names).items():
         assert path in by_stage["train"], name

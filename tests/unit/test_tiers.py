@@ -8,7 +8,7 @@ import torch
 import yaml
 
 from chord import config as cc
-from chord import gpus, tiers
+from chord import gpus, job_size, out_of_memory, tiers
 from chord.stages import adapter
 from tests.conftest import REPO
 
@@ -112,18 +112,18 @@ def test_tier_flags_left_out_keep_the_memory_sections_value(default_tiers):
 
 
 def test_out_of_memory_record_notes_the_tier_and_clears_on_success(tmp_path):
-    record = tmp_path / "ckpt" / tiers.OOM_RECORD
+    record = tmp_path / "ckpt" / out_of_memory.RECORD
     with pytest.raises(torch.OutOfMemoryError):
-        with tiers.out_of_memory_record(record, "full"):
-            tiers.inject_out_of_memory("full, split", "full")
+        with out_of_memory.recorded(record, "full"):
+            out_of_memory.inject("full, split", "full")
     with pytest.raises(RuntimeError):  # any other error leaves no record
-        with tiers.out_of_memory_record(record, "split"):
+        with out_of_memory.recorded(record, "split"):
             raise RuntimeError("not memory")
-    assert tiers.read_out_of_memory(record) == {"full"}
-    with tiers.out_of_memory_record(record, "split"):
-        tiers.inject_out_of_memory("full", "split")  # not listed: no error
+    assert out_of_memory.read(record) == {"full"}
+    with out_of_memory.recorded(record, "split"):
+        out_of_memory.inject("full", "split")  # not listed: no error
     assert not record.exists()
-    assert tiers.read_out_of_memory(record) == set()
+    assert out_of_memory.read(record) == set()
 
 
 def test_out_of_memory_exits_with_its_own_status(tmp_path, capsys):
@@ -277,10 +277,10 @@ def test_gaussian_counts_before_the_gaussians_stage():
     )
     roles = cc.object_roles(m, 4)
     assert roles == {"obj_0": "dynamic", "obj_1": "static", "obj_2": "dynamic", "obj_3": "avoided"}
-    assert tiers.gaussian_counts(m, roles) == (50 + 1000 + 1000, 50 + 1000)
-    assert tiers.gaussian_counts(m, roles, {"obj_2": 300}) == (50 + 1000 + 300, 50 + 300)
-    assert tiers.gaussian_counts(m, {"obj_0": "static"}) == (50, 0)
-    assert tiers.gaussian_counts(m, {}) == (0, 0)
+    assert job_size.gaussian_counts(m, roles) == (50 + 1000 + 1000, 50 + 1000)
+    assert job_size.gaussian_counts(m, roles, {"obj_2": 300}) == (50 + 1000 + 300, 50 + 300)
+    assert job_size.gaussian_counts(m, {"obj_0": "static"}) == (50, 0)
+    assert job_size.gaussian_counts(m, {}) == (0, 0)
 
 
 def test_imported_counts_read_the_fitted_ply_headers(tmp_path):
@@ -288,14 +288,14 @@ def test_imported_counts_read_the_fitted_ply_headers(tmp_path):
     ply.parent.mkdir(parents=True)
     header = "ply\nformat binary_little_endian 1.0\nelement vertex 123456\nproperty float x\n"
     ply.write_bytes((header + "end_header\n").encode() + b"\0" * 12)
-    assert tiers.ply_vertex_count(ply) == 123456
-    counts = tiers.imported_counts(tmp_path / "fitted", ["obj_0", "obj_1"])
+    assert job_size.ply_vertex_count(ply) == 123456
+    counts = job_size.imported_counts(tmp_path / "fitted", ["obj_0", "obj_1"])
     assert counts == {"obj_1": 123456}  # obj_0 has none: its gaussians stage reports it
-    assert tiers.imported_counts(None, ["obj_0"]) == {}
+    assert job_size.imported_counts(None, ["obj_0"]) == {}
     bad = tmp_path / "bad.ply"
     bad.write_bytes(b"ply\nend_header\n")
     with pytest.raises(ValueError, match="element vertex"):
-        tiers.ply_vertex_count(bad)
+        job_size.ply_vertex_count(bad)
 
 
 def test_memory_shape_and_flags_follow_the_tier(default_tiers):
@@ -305,7 +305,7 @@ def test_memory_shape_and_flags_follow_the_tier(default_tiers):
     mem = cc.memory_from_mapping({})
     lowres, lean = tiers.apply(m, mem, default_tiers["lowres"])
     assert lean.enable_mmgp is True and lean.split_render_chunk_size == 21
-    shape = tiers.memory_shape(lowres, 200, 100)
+    shape = job_size.memory_shape(lowres, 200, 100)
     assert shape == {
         "width": 576,
         "height": 320,
@@ -316,9 +316,9 @@ def test_memory_shape_and_flags_follow_the_tier(default_tiers):
         "dynamic_gaussians": 100,
         "use_tiny_vae": m.use_tiny_vae,
     }
-    e = tiers.estimate(m, mem, default_tiers["lowres"], 200, 100)
+    e = job_size.estimate(m, mem, default_tiers["lowres"], 200, 100)
     assert e == peak_memory.estimate(lean, **shape)
-    assert tiers.estimate(lowres, lean, None, 200, 100) == e  # already applied
+    assert job_size.estimate(lowres, lean, None, 200, 100) == e  # already applied
 
 
 def documented(**values):
@@ -335,7 +335,7 @@ def test_the_model_agrees_with_the_default_tiers_at_the_documented_shapes(
     predicted to fit its GPU class, so the model changes nothing there."""
     m = documented()
     roles = {"obj_0": "dynamic", "obj_1": "static"}
-    fits = tiers.scene_fits(m, MEM, roles, card(gpu), backend="wan", label="scene s")
+    fits = job_size.scene_fits(m, MEM, roles, card(gpu), backend="wan", label="scene s")
     assert (fits.gaussians, fits.dynamic_gaussians) == (200_000, 100_000)
     with caplog.at_level("INFO", logger="chord.tiers"):
         assert tiers.auto(default_tiers, card(gpu), fits) == expected
@@ -356,7 +356,7 @@ def test_the_model_rejects_tiers_whose_declared_memory_is_optimistic(default_tie
     for gpu, skipped, expected in ((80, "full", "split"), (48, "split", "offload")):
         caplog.clear()
         with caplog.at_level("INFO", logger="chord.tiers"):
-            fits = tiers.scene_fits(dense, MEM, roles, card(gpu), backend="wan")
+            fits = job_size.scene_fits(dense, MEM, roles, card(gpu), backend="wan")
             assert tiers.auto(default_tiers, card(gpu), fits) == expected
         [record] = caplog.records
         assert record.levelname == "INFO"  # a skip to a tier of the same size: no warning
@@ -366,11 +366,11 @@ def test_the_model_rejects_tiers_whose_declared_memory_is_optimistic(default_tie
     caplog.clear()
     wan_vae = documented(use_tiny_vae=False)
     with caplog.at_level("WARNING", logger="chord.tiers"):
-        fits48 = tiers.scene_fits(wan_vae, MEM, roles, card(48), backend="wan")
+        fits48 = job_size.scene_fits(wan_vae, MEM, roles, card(48), backend="wan")
         assert tiers.auto(default_tiers, card(48), fits48) == "split"
     assert "no tier fits 1 x a 48 GiB GPU" in caplog.text and "starting on split" in caplog.text
     caplog.clear()
-    fits80 = tiers.scene_fits(wan_vae, MEM, roles, card(80), backend="wan", label="scene s")
+    fits80 = job_size.scene_fits(wan_vae, MEM, roles, card(80), backend="wan", label="scene s")
     with pytest.raises(cc.ConfigError) as err:
         tiers.auto(default_tiers, card(80), fits80, method=wan_vae)
     msg = str(err.value)
@@ -390,12 +390,12 @@ def test_scene_fits_applies_to_the_wan_teacher_on_a_gpu_only():
     m = documented()
     roles = {"obj_0": "dynamic", "obj_1": "static"}
     assert (
-        tiers.scene_fits(m, MEM, roles, card(48), backend="oracle") is None
+        job_size.scene_fits(m, MEM, roles, card(48), backend="oracle") is None
     )  # no Wan weights resident
-    assert tiers.scene_fits(m, MEM, roles, card(None), backend="wan") is None  # a CPU run
-    assert tiers.scene_fits(m, MEM, {}, card(48), backend="wan") is None  # objects not known yet
+    assert job_size.scene_fits(m, MEM, roles, card(None), backend="wan") is None  # a CPU run
+    assert job_size.scene_fits(m, MEM, {}, card(48), backend="wan") is None  # objects not known yet
     assert (
-        tiers.scene_fits(m, MEM, roles, card(48), backend="wan", label="scene s")
+        job_size.scene_fits(m, MEM, roles, card(48), backend="wan", label="scene s")
         .describe(tiers.Tier("t", 48))
         .startswith("scene s, tier t predicted 832x480: peak")
     )
@@ -416,7 +416,7 @@ def test_training_logs_the_model_estimate_of_its_tier(caplog):
     wan = cc.guidance_from_mapping({"backend": "wan"})
     with caplog.at_level("INFO", logger="chord.stages.train"):
         e = train_stage.log_memory_estimate(trainer, m, wan, "split")
-    assert e == tiers.estimate(m, MEM, None, 300, 100)
+    assert e == job_size.estimate(m, MEM, None, 300, 100)
     assert "memory model on tier split (experts: 40 layers x 5120 (A14B)" in caplog.text
     assert "): 832x480: peak" in caplog.text
     oracle = cc.guidance_from_mapping({"backend": "oracle"})
@@ -436,22 +436,22 @@ def test_a_job_needing_more_host_ram_than_its_tier_allows_is_an_error_naming_bot
     shipped = yaml.safe_load((REPO / "config/config.yaml").read_text())["tiers"]
     split = tiers.parse(shipped)["split"]
     duo = dataclasses.replace(split, gpus=2)
-    host = tiers.estimate(m, MEM, duo, 200_000, 100_000)["host_bytes"]
+    host = job_size.estimate(m, MEM, duo, 200_000, 100_000)["host_bytes"]
     need_mb = math.ceil(host * 1.1 / 2**20)  # the request: the model's need and a 10% margin
     assert duo.host_mem_gb == 64 and need_mb > duo.mem_mb
     with pytest.raises(cc.ConfigError) as err:
-        tiers.job_request(duo, backend="wan", method=m, mem=MEM, roles=roles)
+        job_size.job_request(duo, backend="wan", method=m, mem=MEM, roles=roles)
     msg = str(err.value)
     assert f"tier split: the memory model puts a training's host RAM at {host / 2**30:.1f}" in msg
     assert f"{need_mb} MB" in msg and "host_mem_gb 64 (65536 MB)" in msg
     fits = math.ceil(need_mb / 1024)
     assert f"raise tiers.split.host_mem_gb to at least {fits}" in msg
     enough = dataclasses.replace(duo, host_mem_gb=fits)
-    request = tiers.job_request(enough, backend="wan", method=m, mem=MEM, roles=roles)
+    request = job_size.job_request(enough, backend="wan", method=m, mem=MEM, roles=roles)
     assert request["mem_mb"] == need_mb <= enough.mem_mb
     # the oracle's nominal need stays capped by the tier: no model, no error
     small = dataclasses.replace(duo, host_mem_gb=1)
-    assert tiers.job_request(small, backend="oracle")["mem_mb"] == small.mem_mb
+    assert job_size.job_request(small, backend="oracle")["mem_mb"] == small.mem_mb
 
 
 def test_the_shipped_tiers_hold_the_shipped_methods_training_with_the_wan_teacher(
@@ -463,5 +463,5 @@ def test_the_shipped_tiers_hold_the_shipped_methods_training_with_the_wan_teache
     m = cc.method_from_mapping(conf["method"])
     roles = {"obj_0": "dynamic", "obj_1": "static"}
     for tier in default_tiers.values():
-        request = tiers.job_request(tier, backend="wan", method=m, mem=MEM, roles=roles)
+        request = job_size.job_request(tier, backend="wan", method=m, mem=MEM, roles=roles)
         assert request["mem_mb"] <= tier.mem_mb

@@ -15,8 +15,6 @@ from chord.guidance import text, tiny_models
 from tests.conftest import REPO
 from tests.workflow.test_scale import TINY, copy_workflow, extra_config, snakemake, write_sheet
 
-pytestmark = pytest.mark.slow
-
 TARGET = "results/hop/condition/text.safetensors"
 # a site profile's CPU partition for the stages that ask for no GPU
 CPU_PARTITION = ["--default-resources", "slurm_partition=cpu"]

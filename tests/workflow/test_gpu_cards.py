@@ -15,8 +15,6 @@ from tests.unit.test_gpu_cards import CONFIG, LOWRES, MULTI, write_a14b_configs
 from tests.workflow.test_multi_gpu import training_resources
 from tests.workflow.test_scale import copy_workflow, snakemake
 
-pytestmark = pytest.mark.slow
-
 NODES = nodes()
 # every node on the shipped tiers; on the README's multi-GPU tiers, the nodes they are for and
 # one single-GPU node of each size (the multi-GPU tier skipped: too few GPUs)

@@ -11,8 +11,6 @@ from tests.conftest import REPO
 from tests.workflow.test_multi_gpu import training_resources
 from tests.workflow.test_scale import snakemake, wan_workdir, write_sheet
 
-pytestmark = pytest.mark.slow
-
 TARGET = "results/hop/train/coarse.pt"
 ROOM = ["--resources", "gpu=8"]  # the local gpu resource is capped at this machine's count
 

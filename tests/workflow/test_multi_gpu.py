@@ -10,11 +10,9 @@ import re
 import pytest
 import yaml
 
-from chord.tiers import ORACLE_HOST_MB
+from chord.job_size import ORACLE_HOST_MB
 from tests.conftest import REPO
 from tests.workflow.test_scale import TINY, copy_workflow, extra_config, snakemake, write_sheet
-
-pytestmark = pytest.mark.slow
 
 TIERS = {
     "full": {"gpu_mem_gb": 80, "host_mem_gb": 64, "runtime_h": 12},

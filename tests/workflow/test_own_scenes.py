@@ -19,8 +19,6 @@ from tests import gltf_corpus as corpus
 from tests.conftest import REPO, SHARED_DATA
 from tests.workflow.test_scale import copy_workflow, snakemake
 
-pytestmark = pytest.mark.slow
-
 PROMPT = "a rubber duck bobs on a textured box"
 
 

@@ -13,8 +13,6 @@ from chord import tiers as ct
 from tests.conftest import REPO
 from tests.workflow.test_scale import snakemake, wan_workdir
 
-pytestmark = pytest.mark.slow
-
 
 def resources(stdout: str, rule: str) -> dict[str, str]:
     lines = stdout.splitlines()

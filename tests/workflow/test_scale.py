@@ -21,8 +21,6 @@ import yaml
 from tests.conftest import REPO
 from tests.workflow.test_workflow import planned_jobs
 
-pytestmark = pytest.mark.slow
-
 # Small enough for a CPU: few Gaussians, 2 iterations of one 64x32 video.
 TINY = {
     "gs_init_num": 500,

@@ -12,13 +12,9 @@ import os
 import re
 from pathlib import Path
 
-import pytest
-
 from chord import sources as cs
 from tests.workflow.test_scale import finished, snakemake  # noqa: F401 (a shared fixture)
 from tests.workflow.test_workflow import planned_jobs
-
-pytestmark = pytest.mark.slow
 
 COMMENT = {".py": "\n# edited\n", ".yaml": "\n# edited\n", ".yml": "\n# edited\n"}
 

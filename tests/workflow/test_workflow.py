@@ -20,8 +20,6 @@ from chord import media
 from chord.guidance import text
 from tests.conftest import REPO, validate_glb
 
-pytestmark = pytest.mark.slow
-
 
 def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
     cmd = [
