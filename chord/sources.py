@@ -43,7 +43,8 @@ EXEMPT = {
     "chord.peak_memory": "the peak-memory estimate: it picks a tier, whose size is a param",
     "chord.gpus": "which GPU a job takes and how many run at once, not what they compute",
     "chord.runtime": "allocator settings and cache emptying: memory and speed, not values",
-    "chord.doctor": "preflight checks: a training passes them or stops, they change nothing",
+    "chord.preflight": "preflight checks: a training passes them or stops, they change nothing",
+    "chord.machine": "the host RAM and GPU memory this process may use: memory, not values",
     "chord.errors": "the bad-input exception type: how a failure is reported, not a result",
     "chord.sources": "this module: a change that matters changes the files it lists",
 }

@@ -74,7 +74,7 @@ class Trainer:
     surface_voxel_size: dict = field(default_factory=dict)  # obj -> mem_init_voxel_size
     backend: str = "auto"  # render_backend: resolved once, for this device (recorded in state)
     gpu_memory_bytes: int | None = None  # the device's memory (read on CUDA when None)
-    # the job's host RAM limit (chord.doctor.host_bytes, read on CUDA when None): where the
+    # the job's host RAM limit (chord.machine.host_bytes, read on CUDA when None): where the
     # float32 fallback's experts are loaded; a CPU's experts are float32 already
     host_memory_bytes: int | None = None
 
@@ -91,9 +91,9 @@ class Trainer:
         if self.gpu_memory_bytes is None and self.device.type == "cuda":
             self.gpu_memory_bytes = torch.cuda.get_device_properties(self.device).total_memory
         if self.host_memory_bytes is None and self.device.type == "cuda":
-            from chord import doctor
+            from chord import machine
 
-            self.host_memory_bytes = doctor.host_bytes()
+            self.host_memory_bytes = machine.host_bytes()
         self.frames = torch.arange(m.frame_num, device=self.device)
         self.K = cameras.intrinsics(self.width, self.height, m.fovy).to(self.device)
         self.sds_scale, self.temporal_scale = rfsds.resolution_scales(self.width, self.height)

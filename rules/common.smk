@@ -9,16 +9,15 @@ from snakemake.utils import validate
 
 import chord
 import chord.config as cc
-import chord.data_check
 import chord.demo as demo
 import chord.ply
-import chord.scene
 import chord.gpus
 import chord.out_of_memory
 import chord.peak_memory
 import chord.job_size
 import chord.paths as P
-import chord.stages
+import chord.plan
+import chord.sources
 import chord.tiers as ct
 
 validate(config, cc.CONFIG_SCHEMA)
@@ -52,7 +51,7 @@ SCENES = [DEBUG_SCENE] if DEBUG_SCENE else list(CONF.scenes)
 # (written by rules/code.smk). It lives beside the demo scenes, outside any results root, so
 # production and debug runs share it: one code change is a change for both.
 CODE_ROOT = "resources"
-_CODE = {}  # stage -> its sources, found once per run (chord.stages.sources_by_stage)
+_CODE = {}  # stage -> its sources, found once per run (chord.sources.sources_by_stage)
 
 
 # The sheet's id pattern, not the list of ids: a 1000-name alternation in every output pattern
@@ -62,46 +61,45 @@ wildcard_constraints:
     obj=r"obj_\d+",
 
 
-def demo_name(scene):
-    """The demo scene a sheet row points at (data = <demo_dir>/<name>), else None."""
-    data = Path(CONF.scenes[scene].data)
-    if data.parent == Path(DEMO_DIR) and data.name in demo.DEMO_SCENES:
-        return data.name
-    return None
+_PLANS = {}
+
+
+def plan(scene):
+    """A scene's plan (chord.plan.scene): its files, objects by role, training stages and each
+    stage's inputs and outputs, made once per run."""
+    if scene not in _PLANS:
+        try:
+            _PLANS[scene] = chord.plan.scene(CONF, scene)
+        except cc.ConfigError as exc:
+            raise WorkflowError(str(exc))
+    return _PLANS[scene]
+
+
+def planned(stage):
+    """The input function of a stage's rule: its plan's inputs as Snakemake's named inputs
+    (chord.plan.named; the adapter reads them back with chord.plan.record)."""
+
+    def inputs(wildcards):
+        try:
+            return chord.plan.named(getattr(plan(wildcards.scene), f"{stage}_inputs")())
+        except cc.ConfigError as exc:
+            raise WorkflowError(str(exc))
+
+    return inputs
+
+
+def object_roles(scene):
+    return plan(scene).roles
 
 
 def demo_frame_num(name):
     """The frame count of a demo scene's motion.json: that of the sheet rows using it."""
-    counts = {CONF.scenes[s].method.frame_num for s in SCENES if demo_name(s) == name}
+    counts = {CONF.scenes[s].method.frame_num for s in SCENES if plan(s).demo == name}
     if len(counts) > 1:
         raise WorkflowError(
             f"scenes using demo {name} ask for different frame_num: {counts}"
         )
     return counts.pop() if counts else demo.DEFAULT_FRAME_NUM
-
-
-def scene_files(scene):
-    """What ingest reads of a scene: from the demo registry, or the folder's scene and object
-    files (.glb, or .gltf with the files it refers to)."""
-    data = Path(CONF.scenes[scene].data)
-    name = demo_name(scene)
-    if name:
-        return [str(data / f) for f in demo.demo_files(name) if f.endswith(".glb")]
-    return [str(p) for p in chord.scene.data_files(data)]
-
-
-def object_roles(scene):
-    ids = sorted(
-        int(m[1])
-        for f in scene_files(scene)
-        if (m := chord.scene.OBJ_FILE.match(Path(f).name))
-    )
-    if not ids or ids != list(range(len(ids))):
-        return {}  # ingest reports the problem with the file names
-    try:
-        return cc.object_roles(CONF.scenes[scene].method, len(ids))
-    except cc.ConfigError as exc:
-        raise WorkflowError(f"scene {scene}: {exc}")
 
 
 def stage_params(scene, stage):
@@ -122,30 +120,19 @@ def condition_params(scene):
 def code_sources(wildcards):
     """The chord files a stage's result depends on: its module's imports, transitively."""
     if not _CODE:
-        _CODE.update(chord.stages.sources_by_stage())
+        _CODE.update(chord.sources.sources_by_stage())
     return [str(p) for p in _CODE[wildcards.stage]]
 
 
 def code_sha(wildcards):
     """The sha256 of those files' names and contents (a param: content changed under an
     older mtime, as from a restored copy, re-runs the stage too)."""
-    return chord.stages.digest(code_sources(wildcards))
+    return chord.sources.digest(code_sources(wildcards))
 
 
 def code(stage):
     """A stage's code input: its digest file."""
     return str(P.code_digest(CODE_ROOT, stage))
-
-
-def ingest_inputs(wildcards):
-    return {"data": scene_files(wildcards.scene), "code": code("ingest")}
-
-
-def geometry_inputs(wildcards):
-    return {
-        "scene_json": str(P.scene_json(RESULTS, wildcards.scene)),
-        "meshes": str(P.meshes_dir(RESULTS, wildcards.scene)),
-    }
 
 
 def fitted_ply(wildcards):
@@ -158,45 +145,11 @@ def fitted_ply(wildcards):
         return []  # the stage reports what is missing
 
 
-def scene_plys(wildcards):
-    """Every non-avoided object's Gaussians of a scene."""
-    return {
-        obj: str(P.gaussians_ply(RESULTS, wildcards.scene, obj))
-        for obj, role in object_roles(wildcards.scene).items()
-        if role != "avoided"
-    }
-
-
-def oracle_motion(scene):
-    """The scripted motion.json the oracle teacher distils. Asked only by the jobs that train or
-    preview, so a scene without one still builds its geometry; those jobs stop the DAG build
-    naming the sheet row and the remedy."""
-    spec = CONF.scenes[scene]
-    problem = chord.data_check.motion_problem(spec, CONF.guidance.backend, DEMO_DIR)
-    if problem:
-        raise WorkflowError(problem)
-    return str(Path(spec.data) / "motion.json")
-
-
 def train_inputs(wildcards):
-    """Everything a scene's training reads: scene.json, every Gaussian set, the dynamic
-    objects' voxels, the text embeddings, and the oracle's motion.json when it applies.
-    """
-    scene = wildcards.scene
-    check_job_requests(scene)  # a request over its tier's host RAM stops the DAG build
-    roles = object_roles(scene)
-    inputs = {
-        "scene_json": str(P.scene_json(RESULTS, scene)),
-        "text": str(P.text_condition(RESULTS, scene)),
-    }
-    for obj, role in roles.items():
-        if role != "avoided":
-            inputs[f"ply_{obj}"] = str(P.gaussians_ply(RESULTS, scene, obj))
-        if role == "dynamic":
-            inputs[f"vox_{obj}"] = str(P.voxels_npz(RESULTS, scene, obj))
-    if CONF.guidance.backend == "oracle":
-        inputs["motion"] = oracle_motion(scene)
-    return inputs
+    """The plan's training inputs; a job request over its tier's host RAM stops the DAG build
+    first."""
+    check_job_requests(wildcards.scene)
+    return planned("train")(wildcards)
 
 
 def train_params(scene):
@@ -378,92 +331,9 @@ def tier_resource(stage, key):
     return resource
 
 
-def final_state(scene):
-    """The training state a scene's result is: fine.pt with a second layer, else coarse.pt."""
-    return str(P.train_state(RESULTS, scene, cc.final_stage(CONF.scenes[scene].method)))
-
-
-def loss_logs(scene):
-    """{training stage: loss log} of a scene, in run order."""
-    final = cc.final_stage(CONF.scenes[scene].method)
-    stages = ["coarse", "fine"] if final == "fine" else ["coarse"]
-    return {st: str(P.train_losses(RESULTS, scene, st)) for st in stages}
-
-
-def trained_inputs(wildcards):
-    """What export and evaluate read: scene.json, the Gaussians, the dynamic objects'
-    voxels and the final training state."""
-    scene = wildcards.scene
-    inputs = {
-        "scene_json": str(P.scene_json(RESULTS, scene)),
-        "state": final_state(scene),
-    }
-    for obj, role in object_roles(scene).items():
-        if role != "avoided":
-            inputs[f"ply_{obj}"] = str(P.gaussians_ply(RESULTS, scene, obj))
-        if role == "dynamic":
-            inputs[f"vox_{obj}"] = str(P.voxels_npz(RESULTS, scene, obj))
-    return inputs
-
-
-def export_inputs(wildcards):
-    """trained_inputs plus the source glTF of every exported object (src_obj_<i>) and the
-    files those refer to (external)."""
-    inputs = trained_inputs(wildcards)
-    roles = object_roles(wildcards.scene)
-    external = []
-    for f in scene_files(wildcards.scene):
-        m = chord.scene.OBJ_FILE.match(Path(f).name)
-        if m is None:
-            external.append(f)
-        elif roles.get(f"obj_{m[1]}", "avoided") != "avoided":
-            inputs[f"src_obj_{m[1]}"] = f
-    inputs["external"] = [f for f in external if not chord.scene.is_scene_file(f)]
-    return inputs
-
-
-def scripted_motion(scene):
-    """The scene's scripted ground-truth motion.json, or None when it has none."""
-    path = Path(CONF.scenes[scene].data) / "motion.json"
-    return str(path) if demo_name(scene) or path.is_file() else None
-
-
-def evaluate_inputs(wildcards):
-    """trained_inputs plus ref.png, the loss logs (losses_<stage>) and motion.json if any."""
-    scene = wildcards.scene
-    inputs = trained_inputs(wildcards)
-    inputs["ref"] = str(P.reference_png(RESULTS, scene))
-    for stage, path in loss_logs(scene).items():
-        inputs[f"losses_{stage}"] = path
-    motion = scripted_motion(scene)
-    if motion:
-        inputs["motion"] = motion
-    return inputs
-
-
 def aggregate_inputs(wildcards):
-    """Every scene's metrics.json (metrics_<scene>) and loss logs (losses_<scene>_<stage>)."""
-    inputs = {f"metrics_{s}": str(P.metrics_json(RESULTS, s)) for s in SCENES}
-    for s in SCENES:
-        for stage, path in loss_logs(s).items():
-            inputs[f"losses_{s}_{stage}"] = path
-    return inputs
-
-
-def preview_inputs(wildcards):
-    """What the teacher preview reads: scene.json, every Gaussian set, the reference render,
-    the text embeddings, and the oracle's motion.json when it applies."""
-    scene = wildcards.scene
-    inputs = {
-        "scene_json": str(P.scene_json(RESULTS, scene)),
-        "ref": str(P.reference_png(RESULTS, scene)),
-        "text": str(P.text_condition(RESULTS, scene)),
-    }
-    for obj in scene_plys(wildcards):
-        inputs[f"ply_{obj}"] = str(P.gaussians_ply(RESULTS, scene, obj))
-    if CONF.guidance.backend == "oracle":
-        inputs["motion"] = oracle_motion(scene)
-    return inputs
+    """Every scene's metrics.json and loss logs."""
+    return chord.plan.named(chord.plan.aggregate_inputs({s: plan(s) for s in SCENES}))
 
 
 def preview_params(scene):
@@ -480,33 +350,4 @@ def debug_inputs(wildcards):
 
 
 def all_targets():
-    targets = []
-    for scene in SCENES:
-        stage = "fine" if CONF.scenes[scene].method.add_cp_objs else "coarse"
-        targets.append(str(P.train_state(RESULTS, scene, stage)))
-        targets.append(str(P.scene_json(RESULTS, scene)))
-        targets.append(str(P.reference_png(RESULTS, scene)))
-        targets.append(str(P.text_condition(RESULTS, scene)))
-        for obj, role in object_roles(scene).items():
-            if role != "avoided":
-                targets.append(str(P.gaussians_ply(RESULTS, scene, obj)))
-            if role == "dynamic":
-                targets.append(str(P.voxels_npz(RESULTS, scene, obj)))
-        targets += [
-            str(P.ref_view_mp4(RESULTS, scene)),
-            str(P.orbit_mp4(RESULTS, scene)),
-            *[str(P.fixed_view_mp4(RESULTS, scene, v)) for v in P.FIXED_VIEWS],
-            str(P.preview_gif(RESULTS, scene)),
-            str(P.dynamic_glb(RESULTS, scene)),
-            str(P.dynamic_skinned_glb(RESULTS, scene)),
-            str(P.viewer_html(RESULTS, scene)),
-            str(P.ply_sequence_dir(RESULTS, scene)),
-            str(P.metrics_json(RESULTS, scene)),
-        ]
-    if SCENES:
-        targets += [
-            str(P.metrics_tsv(RESULTS)),
-            str(P.metrics_png(RESULTS)),
-            str(P.losses_png(RESULTS)),
-        ]
-    return targets
+    return chord.plan.all_targets({s: plan(s) for s in SCENES}, RESULTS)

@@ -1,6 +1,6 @@
 rule evaluate:
     input:
-        unpack(evaluate_inputs),
+        unpack(planned("evaluate")),
         code=code("evaluate"),
     output:
         metrics=report(

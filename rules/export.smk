@@ -1,6 +1,6 @@
 rule export:
     input:
-        unpack(export_inputs),
+        unpack(planned("export")),
         code=code("export"),
     output:
         ref_view=report(

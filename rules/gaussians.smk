@@ -1,6 +1,6 @@
 rule gaussians:
     input:
-        unpack(geometry_inputs),
+        unpack(planned("geometry")),
         fitted=fitted_ply,
         code=code("gaussians"),
     output:

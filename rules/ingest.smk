@@ -1,6 +1,7 @@
 rule ingest:
     input:
-        unpack(ingest_inputs),
+        unpack(planned("ingest")),
+        code=code("ingest"),
     output:
         json=P.scene_json(RESULTS, "{scene}"),
         meshes=directory(P.meshes_dir(RESULTS, "{scene}")),

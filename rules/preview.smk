@@ -4,7 +4,7 @@
 
 rule teacher_preview:
     input:
-        unpack(preview_inputs),
+        unpack(planned("preview")),
         code=code("preview"),
     output:
         mp4=report(

@@ -1,7 +1,6 @@
 rule reference:
     input:
-        unpack(scene_plys),
-        scene_json=P.scene_json(RESULTS, "{scene}"),
+        unpack(planned("reference")),
         code=code("reference"),
     output:
         png=P.reference_png(RESULTS, "{scene}"),

@@ -1,6 +1,6 @@
 rule voxelize:
     input:
-        unpack(geometry_inputs),
+        unpack(planned("geometry")),
         gaussians=P.gaussians_ply(RESULTS, "{scene}", "{obj}"),
         code=code("voxelize"),
     output:

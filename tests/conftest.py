@@ -19,9 +19,13 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 
 
 # The suite's tiers follow its folders, so a new test file cannot miss its marker:
-# `pytest -m "not slow"` (unit and stage tests) is the developer's loop; workflow runs and
-# the Slurm cluster are slow.
-FOLDER_MARKERS = {"workflow": ("slow",), "slurm": ("slow", "slurm")}
+# `pytest -m "not slow"` (unit and stage tests) is the developer's loop; tests that start
+# processes (ranks, torchrun, signals), workflow runs and the Slurm cluster are slow.
+FOLDER_MARKERS = {
+    "processes": ("slow", "processes"),
+    "workflow": ("slow",),
+    "slurm": ("slow", "slurm"),
+}
 
 
 def pytest_collection_modifyitems(config, items):

@@ -154,12 +154,12 @@ def describe_device(device) -> str:
 def run_preflight(
     inputs, method, memory, guidance, device, render_backend, tier, checkpoint_dir, env
 ):
-    """:func:`chord.doctor.preflight` of this training, from its input files' headers."""
-    from chord import doctor
+    """:func:`chord.preflight.preflight` of this training, from its input files' headers."""
+    from chord import preflight
 
     counts = {name: job_size.ply_vertex_count(path) for name, path in inputs["plys"].items()}
     dynamic = list(inputs["voxels"])
-    return doctor.preflight(
+    return preflight.preflight(
         method=method,
         memory=memory,
         guidance=guidance,
@@ -169,7 +169,7 @@ def run_preflight(
         host_mem_gb=None,
         gaussians=sum(counts.values()),
         dynamic_gaussians=sum(counts[n] for n in dynamic),
-        control_point_count=doctor.control_points(method, dynamic),
+        control_point_count=preflight.control_points(method, dynamic),
         checkpoint_dir=Path(checkpoint_dir),
         env=env,
     )
@@ -234,7 +234,7 @@ def run_stage(
     records that size and ``tier``. The fine
     stage continues the coarse hand-off at the size it was trained at.
 
-    The training's preflight (:func:`chord.doctor.preflight`, ``env`` the process
+    The training's preflight (:func:`chord.preflight.preflight`, ``env`` the process
     environment for its allocator check) runs first and stops a run that would fail later.
     On a CPU, torch's deterministic algorithms are switched on for the process, so resume and
     coarse → fine reproduce an uninterrupted run bit for bit (METHOD §7); on a GPU results

@@ -6,8 +6,10 @@ from __future__ import annotations
 import dataclasses
 
 import pandas as pd
+import torch
 
-from chord import paths, plots
+from chord import paths, plots, train, trained
+from chord.motion.model import MotionScene
 from chord.stages import aggregate, evaluate
 from tests.stages.test_export_stage import sway  # noqa: F401 (a trained demo scene)
 
@@ -51,3 +53,129 @@ def test_a_scene_that_barely_moves_is_flagged(sway, tmp_path, caplog, monkeypatc
     assert labels == ["moves", "static (static!)"]
     hatched = [bar.get_hatch() for bar in shown["fig"].axes[0].patches]
     assert hatched == [None, "//"]
+
+
+U32, U64 = 2.0**-24, 2.0**-53  # unit roundoffs of float32 and float64
+
+
+def scripted_state(run, path, steps: dict) -> None:
+    """The sway scene's trained state with a scripted motion: each dynamic object's control
+    points all translate by t·steps[name] in frame t (float32, as stored), with the identity
+    rotation, in a per-frame table (METHOD §6: row t+1 holds frame t)."""
+    ckpt = train.load_checkpoint(paths.train_state(run.res, run.s, "coarse"))
+    assert set(ckpt["motion_meta"]["objects"]) == set(steps)
+    for name, info in ckpt["motion_meta"]["objects"].items():
+        assert not info["layer2"]  # one layer: the positions are that layer's blend alone
+        key = f"{name}.layer1.cp_deform"
+        table = torch.zeros_like(ckpt["motion"][key])  # [P+1, M, 7]
+        table[..., 0] = 1.0
+        v = torch.tensor(steps[name], dtype=table.dtype)
+        for t in range(info["frame_num"]):
+            table[t + 1, :, 4:] = t * v
+        ckpt["motion"][key] = table
+        info["layer1_per_frame"] = True
+    train.save_checkpoint(path, ckpt)
+
+
+def scripted_displacement(run, state) -> tuple[float, float]:
+    """(d, ε): the mean displacement of the scripted motion over the dynamic Gaussians and
+    frames t ≥ 1, from the stored translations τ_t (in float64), and the bound ε on the
+    relative error of evaluate's float32 positions.
+
+    With the identity rotation, each point's residual LBS is Σ_k w_k·τ_t exactly up to
+    rounding (R(q)(x − c) − (x − c) is 0 exactly); the K normalised weights sum to 1 within
+    K·u, their K products and K − 1 sums add K·u: |dx − τ| ≤ 2K·u·|τ| per component. x + dx
+    rounds once more (u·(|x| + |τ|)); frame 0 is x itself and the float64 difference of
+    float32 values is exact. So each ‖x_t − x_0‖ is within (2K + 1)·u·‖τ_t‖ + u·‖x‖ of
+    ‖τ_t‖, and the mean within (2K + 1)·u·d + u·max‖x‖, plus float64 rounding of the norms
+    and the mean; twice the first-order bound covers the second-order terms."""
+    _, scene, _ = trained.load_trained(**run.inputs, state_path=state, frame_num=run.m.frame_num)
+    total, count, K, reach = 0.0, 0, 0, 0.0
+    for obj in scene.dynamic.values():
+        tau = obj.layer1.cp_deform.detach()[2 : obj.frame_num + 1, 0, 4:].double()  # t ≥ 1
+        n = obj.rest_means.shape[0]
+        total += n * float(tau.norm(dim=-1).sum())
+        count += n * (obj.frame_num - 1)
+        K = max(K, obj.layer1.k)
+        reach = max(reach, float(obj.rest_means.double().norm(dim=-1).max()))
+    d = total / count
+    bound = (2 * K + 1) * U32 * d + U32 * reach + (count + 3) * U64 * d
+    return d, 2 * bound / d
+
+
+def test_static_warning_flips_exactly_at_the_scripted_displacement(sway, tmp_path, caplog):  # noqa: F811
+    """A scripted motion of known mean displacement d (obj_0 moves 0.01 per frame, obj_2
+    0.02, so d is the mean over their Gaussians and frames 1..T−1, not the maximum): the flag
+    is off at static_threshold d·(1 − ε) and on at d·(1 + ε), ε the float32 rounding of the
+    positions (:func:`scripted_displacement`), so a wrong unit, statistic or object set (the
+    static slab diluting the mean) moves the measured value out of the window."""
+    state = tmp_path / "scripted.pt"
+    scripted_state(sway, state, {"obj_0": (0.006, 0.0, -0.008), "obj_2": (0.0, 0.012, 0.016)})
+    d, eps = scripted_displacement(sway, state)
+    assert eps < 1e-4  # the window is narrow: rounding only
+    kw = {
+        **sway.inputs,
+        "state_path": state,
+        "ref_png": paths.reference_png(sway.res, sway.s),
+        "loss_logs": {"coarse": paths.train_losses(sway.res, sway.s, "coarse")},
+        "motion_json": None,
+        "out_frame0": tmp_path / "frame0.png",
+        "out_losses": tmp_path / "losses.png",
+    }
+    for name, threshold, flagged in (
+        ("above", d * (1 - eps), False),
+        ("below", d * (1 + eps), True),
+    ):
+        m = dataclasses.replace(sway.m, static_threshold=threshold)
+        with caplog.at_level("WARNING", logger="chord.stages.evaluate"):
+            caplog.clear()
+            out = evaluate.run(**kw, method=m, out_json=tmp_path / f"{name}.json")
+        # the returned value is rounded to 9 significant digits (≤ 5e-9 relative) after the flag
+        assert abs(out["mean_displacement"] - d) <= (eps + 5e-9) * d, name
+        assert out["static_warning"] is flagged, name
+        assert ("barely move" in caplog.text) is flagged, name
+
+
+def test_static_warning_measures_the_dynamic_objects_only(sway, tmp_path, monkeypatch):  # noqa: F811
+    """The dynamic objects stand still (identity tables: their positions are the rest ones
+    exactly) while the static slab is made to move 0.3 in every frame t ≥ 1: still flagged,
+    with a mean displacement of exactly 0 over the dynamic Gaussians only."""
+    state = tmp_path / "still.pt"
+    scripted_state(sway, state, {"obj_0": (0.0, 0.0, 0.0), "obj_2": (0.0, 0.0, 0.0)})
+    frame_gaussians = MotionScene.frame_gaussians
+    moved = []
+
+    def statics_move(self, frames, *, detach_weights=False, objects=None):
+        g = frame_gaussians(self, frames, detach_weights=detach_weights, objects=objects)
+        moving = torch.as_tensor(frames).reshape(-1) != 0
+        means, start = g["means"].clone(), 0
+        for name in objects or self.names:
+            n = self.slices[name].stop - self.slices[name].start
+            if name not in self.dynamic and moving.any():
+                means[moving, start : start + n, 0] += 0.3
+                moved.append(name)
+            start += n
+        return {**g, "means": means}
+
+    monkeypatch.setattr(MotionScene, "frame_gaussians", statics_move)
+    threshold = 0.01
+    # the stand-in works: over every object (the slab too) the scene moves well past it
+    _, scene, _ = trained.load_trained(**sway.inputs, state_path=state, frame_num=sway.m.frame_num)
+    with torch.no_grad():
+        X = scene.frame_gaussians(range(sway.m.frame_num))["means"]
+    assert float((X[1:] - X[:1]).norm(dim=-1).mean()) > 5 * threshold and moved == ["obj_1"]
+    dynamic = sum(o.rest_means.shape[0] for o in scene.dynamic.values())
+    out = evaluate.run(
+        **sway.inputs,
+        state_path=state,
+        ref_png=paths.reference_png(sway.res, sway.s),
+        loss_logs={"coarse": paths.train_losses(sway.res, sway.s, "coarse")},
+        motion_json=None,
+        method=dataclasses.replace(sway.m, static_threshold=threshold),
+        out_json=tmp_path / "still.json",
+        out_frame0=tmp_path / "frame0.png",
+        out_losses=tmp_path / "losses.png",
+    )
+    assert out["static_warning"] is True
+    assert out["mean_displacement"] == 0.0 and out["max_displacement"] == 0.0
+    assert out["dynamic_gaussians"] == dynamic < out["gaussians"]

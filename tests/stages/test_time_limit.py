@@ -14,15 +14,13 @@ import sys
 import time
 
 import pytest
-import yaml
 
 from chord import config as cc
-from chord import demo, train
+from chord import train
 from chord.stages import train as train_stage
 from tests.conftest import REPO
-from tests.stages.test_geometry_stages import train_inputs
-from tests.stages.test_train_cli import assert_same_state, read_loss_log
-from tests.stages.test_train_multi_gpu import TIERS, TINY
+from tests.processes.test_train_cli import assert_same_state, read_loss_log
+from tests.processes.test_train_multi_gpu import hop_scene, load
 
 JOB = "4242"
 # squeue answers with the end time the test wrote (only when asked for it in seconds since the
@@ -36,25 +34,9 @@ echo "$@" >> "$FAKE_SLURM/scontrol.log"
 """
 
 
-def load(root, data, tiers=None):
-    """The tiny hop scene of the multi-GPU tests on their tier solo (``tiers``: values to
-    change per tier)."""
-    conf = yaml.safe_load((REPO / "config/config.yaml").read_text())
-    (root / "scenes.tsv").write_text(f"scene\tdata\tprompt\ttier\nhop\t{data}\tp\tsolo\n")
-    table = {name: {**spec, **(tiers or {}).get(name, {})} for name, spec in TIERS.items()}
-    conf.update(scenes=str(root / "scenes.tsv"), tiers=table)
-    conf["scene_overrides"] = {"hop": dict(TINY)}
-    return cc.load(conf)
-
-
 @pytest.fixture(scope="module")
 def hop(tmp_path_factory):
-    root = tmp_path_factory.mktemp("time_limit")
-    data = demo.write_demo_scene("hop", root / "data", frame_num=5)
-    conf = load(root, data)
-    inputs = train_inputs(data, root / "results", "hop", conf.scenes["hop"].method)
-    inputs.pop("data_dir")  # run() adds the scene's data folder
-    return root, conf, inputs
+    return hop_scene(tmp_path_factory.mktemp("time_limit"))
 
 
 @pytest.fixture

@@ -4,11 +4,16 @@ resume from the newest checkpoint of the same configuration."""
 from __future__ import annotations
 
 import csv
+import functools
+from types import SimpleNamespace
 
 import pytest
+import torch
 
 from chord import config as cc
-from chord import demo, train
+from chord import demo, ply, preflight, train
+from chord import scene as sc
+from chord.render import BackendUnavailable, gsplat_backend
 from chord.stages import train as train_stage
 from tests.stages.test_geometry_stages import train_inputs
 
@@ -137,3 +142,96 @@ def test_log_run_time_adds_phase_timings_to_the_loss_log(hop):
         rows = list(csv.DictReader(f, delimiter="\t"))
     assert len(rows) == 2
     assert all(float(r["sds_s"]) > 0 and float(r["regularisers_s"]) > 0 for r in rows)
+
+
+NO_TOOLKIT = "found no CUDA toolkit (nvcc under CUDA_HOME or on PATH)"
+
+
+@pytest.fixture
+def cuda_without_gsplat_kernels(monkeypatch):
+    """CUDA "available" (one 80 GiB card of capability 8.6), gsplat installed but its kernels
+    absent (its extension is None without nvcc), probed afresh: a GPU node without a CUDA
+    toolkit. Every read of an input file is recorded: nothing may be."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    card = SimpleNamespace(name="Fake GPU", total_memory=80 * 2**30)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: card)
+    monkeypatch.setattr(gsplat_backend, "device_capability", lambda device=None: (8, 6))
+    monkeypatch.setattr(gsplat_backend, "load_kernels", lambda capability, **kw: None)
+    # the probe is cached per process: a fresh one sees this machine, and none leaks out
+    probe = functools.cache(gsplat_backend.unavailable_reason.__wrapped__)
+    monkeypatch.setattr(gsplat_backend, "unavailable_reason", probe)
+    reads = []
+
+    def recorded(what):
+        def read(path, *args, **kw):
+            reads.append((what, path))
+            raise AssertionError(f"{what} of {path} before the render backend was resolved")
+
+        return read
+
+    monkeypatch.setattr(ply, "read_ply", recorded("read_ply"))
+    monkeypatch.setattr(sc, "read_scene_json", recorded("read_scene_json"))
+    return reads
+
+
+def test_build_resolves_the_render_backend_before_reading_anything(
+    cuda_without_gsplat_kernels, tmp_path
+):
+    """On CUDA without gsplat's kernels, "auto" fails with the reason and the fix before the
+    trainer reads scene.json, a PLY or a voxel file: none of them exists here."""
+    missing = tmp_path / "missing"
+    with pytest.raises(BackendUnavailable) as err:
+        train_stage.build(
+            scene_json=missing / "scene.json",
+            plys={"obj_0": missing / "obj_0.ply", "obj_1": missing / "obj_1.ply"},
+            voxels={"obj_0": missing / "obj_0.npz"},
+            text_path=None,
+            data_dir=missing,
+            method=cc.method_from_mapping({}),
+            guidance=cc.guidance_from_mapping({"backend": "oracle"}),
+            device="cuda",
+            render_backend="auto",
+        )
+    msg = str(err.value)
+    assert msg.startswith("render_backend: auto: gsplat ") and NO_TOOLKIT in msg
+    assert "render_backend: torch" in msg  # the fix
+    assert cuda_without_gsplat_kernels == [] and not missing.exists()
+
+
+def test_training_stage_stops_on_the_render_backend_before_loading_a_ply(
+    cuda_without_gsplat_kernels, tmp_path
+):
+    """The stage's preflight (which reads only the PLY headers' vertex counts) names the
+    missing kernels and stops the training before the trainer loads any Gaussians."""
+    plys = {}
+    for name in ("obj_0", "obj_1"):  # headers only: no Gaussians a loader could read
+        plys[name] = tmp_path / f"{name}.ply"
+        plys[name].write_bytes(
+            b"ply\nformat binary_little_endian 1.0\nelement vertex 300\nend_header\n"
+        )
+    missing = tmp_path / "missing"
+    inputs = {
+        "scene_json": missing / "scene.json",
+        "plys": plys,
+        "voxels": {"obj_0": missing / "obj_0.npz"},
+        "text_path": None,
+        "data_dir": missing,
+    }
+    with pytest.raises(preflight.PreflightError) as err:
+        train_stage.run_stage(
+            "coarse",
+            inputs=inputs,
+            out=tmp_path / "coarse.pt",
+            loss_log=tmp_path / "losses.tsv",
+            checkpoint_dir=tmp_path / "ckpt",
+            method=cc.method_from_mapping({}),
+            guidance=cc.guidance_from_mapping({"backend": "oracle"}),
+            device="cuda",
+            render_backend="auto",
+            env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+        )
+    msg = str(err.value)
+    assert "gsplat: render_backend: auto: gsplat " in msg and NO_TOOLKIT in msg
+    assert "render_backend: torch" in msg
+    assert cuda_without_gsplat_kernels == [] and not (tmp_path / "ckpt").exists()

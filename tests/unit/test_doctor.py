@@ -8,7 +8,8 @@ import shutil
 import pytest
 import torch
 
-from chord import cli, doctor, peak_memory
+from chord import cli, machine, peak_memory, preflight
+from chord import config as cc
 from chord.guidance import tiny_models
 from tests.conftest import REPO, write_config
 
@@ -130,7 +131,7 @@ ALLOCATOR_ON = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
 
 
 def preflight_kwargs(tmp_path, wan_config) -> dict:
-    """doctor.preflight's arguments for a small scene of the Wan config on tier full, on the
+    """preflight.preflight's arguments for a small scene of the Wan config on tier full, on the
     CPU, with the production allocator."""
     from chord import config as cc
 
@@ -156,27 +157,27 @@ def preflight_kwargs(tmp_path, wan_config) -> dict:
 def test_preflight_stops_a_training_that_would_fail_later(tmp_path, wan_config):
     _, folder, _ = wan_config
     kw = preflight_kwargs(tmp_path, wan_config)
-    checks = {c.name: c.status for c in doctor.preflight(**kw)}
+    checks = {c.name: c.status for c in preflight.preflight(**kw)}
     assert checks["wan folder"] == checks["tiny vae"] == checks["host ram"] == "pass"
     # a job with less host RAM than the model's (one expert + the process) fails at once
-    with pytest.raises(doctor.PreflightError, match="host ram: .* 4 GiB available"):
-        doctor.preflight(**{**kw, "host_mem_gb": 4})
+    with pytest.raises(preflight.PreflightError, match="host ram: .* 4 GiB available"):
+        preflight.preflight(**{**kw, "host_mem_gb": 4})
     # the allocator turned off by the user: a warning, not a stop
     off = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"}
-    assert {c.name: c.status for c in doctor.preflight(**{**kw, "env": off})}["allocator"] == (
+    assert {c.name: c.status for c in preflight.preflight(**{**kw, "env": off})}["allocator"] == (
         "fail"
     )
     shutil.rmtree(folder / "transformer_2")
-    with pytest.raises(doctor.PreflightError, match="wan folder: .*transformer_2"):
-        doctor.preflight(**kw)
+    with pytest.raises(preflight.PreflightError, match="wan folder: .*transformer_2"):
+        preflight.preflight(**kw)
 
 
 def test_disk_need_counts_checkpoints_and_the_ply_sequence(tmp_path):
-    m = doctor.cc.method_from_mapping({})
-    assert 1 * peak_memory.MiB < doctor.checkpoint_bytes(m, 60) < 100 * peak_memory.MiB
+    m = cc.method_from_mapping({})
+    assert 1 * peak_memory.MiB < preflight.checkpoint_bytes(m, 60) < 100 * peak_memory.MiB
     # one 3DGS PLY per frame: 41 frames of 200k degree-0 Gaussians (17 floats each)
-    assert doctor.export_bytes(m, 200_000, imported=False) > 200_000 * 68 * 41
-    full = doctor.check_disk(tmp_path / "not" / "yet", 10**18, "everything")
+    assert preflight.export_bytes(m, 200_000, imported=False) > 200_000 * 68 * 41
+    full = preflight.check_disk(tmp_path / "not" / "yet", 10**18, "everything")
     assert full.status == "fail" and str(tmp_path) in full.detail
 
 
@@ -184,7 +185,7 @@ GiB = peak_memory.GiB
 V1_NO_LIMIT = "9223372036854771712"  # what cgroup v1 reports for no limit
 
 
-def machine(root, cgroup_line: str, limits: dict[str, str], mem_total_gib: int = 64):
+def fake_machine(root, cgroup_line: str, limits: dict[str, str], mem_total_gib: int = 64):
     """A procfs and cgroup tree under ``root``: MemTotal, this process's /proc/self/cgroup and
     ``{file under the cgroup mount: content}``; returns (proc, cgroup) for host_bytes."""
     proc, cgroup = root / "proc", root / "sys/fs/cgroup"
@@ -203,7 +204,7 @@ def test_host_ram_is_the_slurm_jobs_cgroup_limit_under_cgroup_v2(tmp_path):
     """Under cgroup v2 a Slurm job's --mem is the memory.max of the job's cgroup (the one
     /proc/self/cgroup names, or a parent of it), not of the mount's root."""
     job = "system.slice/slurmstepd.scope/job_42"
-    proc, cgroup = machine(
+    proc, cgroup = fake_machine(
         tmp_path,
         f"0::/{job}/step_0/user/task_0",
         {
@@ -213,20 +214,20 @@ def test_host_ram_is_the_slurm_jobs_cgroup_limit_under_cgroup_v2(tmp_path):
             "system.slice/memory.max": "max",
         },
     )
-    assert doctor.host_bytes({}, proc=proc, cgroup=cgroup) == 24 * GiB
+    assert machine.host_bytes({}, proc=proc, cgroup=cgroup) == 24 * GiB
     # a parent's lower limit binds the job too: the least along the path
     (cgroup / "system.slice/memory.max").write_text(str(20 * GiB))
-    assert doctor.host_bytes({}, proc=proc, cgroup=cgroup) == 20 * GiB
+    assert machine.host_bytes({}, proc=proc, cgroup=cgroup) == 20 * GiB
     # no limit anywhere: the machine's RAM; a limit above it: still the machine's RAM
     for f in (f"{job}/memory.max", "system.slice/memory.max"):
         (cgroup / f).write_text("max")
-    assert doctor.host_bytes({}, proc=proc, cgroup=cgroup) == 64 * GiB
+    assert machine.host_bytes({}, proc=proc, cgroup=cgroup) == 64 * GiB
     (cgroup / job / "memory.max").write_text(str(512 * GiB))
-    assert doctor.host_bytes({}, proc=proc, cgroup=cgroup) == 64 * GiB
+    assert machine.host_bytes({}, proc=proc, cgroup=cgroup) == 64 * GiB
 
 
 def test_host_ram_is_the_jobs_memory_cgroup_under_cgroup_v1(tmp_path):
-    proc, cgroup = machine(
+    proc, cgroup = fake_machine(
         tmp_path,
         "4:memory:/slurm/uid_1000/job_42/step_batch\n3:cpuset:/slurm/uid_1000/job_42",
         {
@@ -238,14 +239,14 @@ def test_host_ram_is_the_jobs_memory_cgroup_under_cgroup_v1(tmp_path):
             "memory/slurm/uid_1000/job_41/memory.limit_in_bytes": str(2 * GiB),
         },
     )
-    assert doctor.host_bytes({}, proc=proc, cgroup=cgroup) == 12 * GiB
+    assert machine.host_bytes({}, proc=proc, cgroup=cgroup) == 12 * GiB
 
 
 def test_host_ram_is_the_slurm_jobs_request_from_its_environment(tmp_path):
     """Where no cgroup limits the job (Slurm without ConstrainRAMSpace), its request does:
     SLURM_MEM_PER_NODE, or per CPU times the CPUs on the node, in MiB; 0 is the whole node."""
-    proc, cgroup = machine(tmp_path, "0::/", {})
-    host = lambda env: doctor.host_bytes(env, proc=proc, cgroup=cgroup)  # noqa: E731
+    proc, cgroup = fake_machine(tmp_path, "0::/", {})
+    host = lambda env: machine.host_bytes(env, proc=proc, cgroup=cgroup)  # noqa: E731
     assert host({}) == 64 * GiB
     assert host({"SLURM_MEM_PER_NODE": "16000"}) == 16000 * 2**20
     assert host({"SLURM_MEM_PER_CPU": "4000", "SLURM_CPUS_ON_NODE": "3"}) == 12000 * 2**20
@@ -258,6 +259,6 @@ def test_the_preflight_counts_the_slurm_jobs_memory_not_the_nodes(tmp_path, wan_
     """A training whose Slurm job asked for less host RAM than the model's need stops at its
     start, though the node has more."""
     kw = preflight_kwargs(tmp_path, wan_config)
-    assert {c.name: c.status for c in doctor.preflight(**kw)}["host ram"] == "pass"
-    with pytest.raises(doctor.PreflightError, match="host ram: .* 4 GiB available"):
-        doctor.preflight(**{**kw, "env": {**ALLOCATOR_ON, "SLURM_MEM_PER_NODE": "4096"}})
+    assert {c.name: c.status for c in preflight.preflight(**kw)}["host ram"] == "pass"
+    with pytest.raises(preflight.PreflightError, match="host ram: .* 4 GiB available"):
+        preflight.preflight(**{**kw, "env": {**ALLOCATOR_ON, "SLURM_MEM_PER_NODE": "4096"}})

@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch.utils.cpp_extension import _get_build_directory
 
-from chord import cli, doctor
+from chord import cli, preflight
 from chord.render import gsplat_backend as gb
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -130,26 +130,26 @@ def test_doctor_launches_gsplat_on_the_card_and_a_foreign_build_is_a_failing_row
         launches.append(device)
         raise RuntimeError("CUDA error: no kernel image is available for execution on the device")
 
-    monkeypatch.setattr(doctor, "launch_kernels", no_kernel_image)
+    monkeypatch.setattr(preflight, "launch_kernels", no_kernel_image)
     for parity in (False, True):  # the training's preflight and chord doctor
-        check = doctor.check_renderer("auto", parity=parity, device="cuda:1")
-        assert check.status == doctor.FAIL and check.fatal
+        check = preflight.check_renderer("auto", parity=parity, device="cuda:1")
+        assert check.status == preflight.FAIL and check.fatal
         assert "NVIDIA H200 failed: CUDA error: no kernel image" in check.detail
         assert "sm_90" in check.detail and "gsplat_cuda.so" in check.detail
         assert "chord build-kernels --rebuild" in check.remedy
     assert launches == [torch.device("cuda", 1)] * 2
-    monkeypatch.setattr(doctor, "launch_kernels", lambda device: launches.append(device))
-    check = doctor.check_renderer("auto", parity=False)
-    assert check.status == doctor.PASS and "forward and backward kernels ran" in check.detail
+    monkeypatch.setattr(preflight, "launch_kernels", lambda device: launches.append(device))
+    check = preflight.check_renderer("auto", parity=False)
+    assert check.status == preflight.PASS and "forward and backward kernels ran" in check.detail
     assert launches[-1] == torch.device("cuda")
-    assert doctor.check_renderer("torch", parity=False).status == doctor.NA
+    assert preflight.check_renderer("torch", parity=False).status == preflight.NA
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="gsplat's kernels need a CUDA GPU")
 def test_build_kernels_on_a_gpu_builds_for_this_card_and_launches():
-    checks = doctor.build_kernels()
-    assert [c.status for c in checks] == [doctor.PASS, doctor.PASS], doctor.table(checks)
+    checks = preflight.build_kernels()
+    assert [c.status for c in checks] == [preflight.PASS, preflight.PASS], preflight.table(checks)
     tag = gb.capability_tag(gb.device_capability())
     assert f"{tag}/gsplat_cuda/" in (gb.kernels_file() or "") or "csrc" in gb.kernels_file()
-    out, alpha = doctor.launch_kernels()
+    out, alpha = preflight.launch_kernels()
     assert out.shape == (1, 48, 64, 3) and float(alpha.max()) > 0

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from chord import sources as cs
-from chord.stages import EXEMPT, STAGES, digest, sources, sources_by_stage
+from chord.sources import EXEMPT, STAGES, digest, sources, sources_by_stage
 from tests.conftest import REPO
 
 
@@ -166,7 +166,7 @@ def test_every_stage_module_and_the_package_inits_are_sources(by_stage):
 
 def test_the_dag_build_stays_torch_free():
     code = (
-        "import sys, chord.stages; chord.stages.sources_by_stage(); print('torch' in sys.modules)"
+        "import sys, chord.sources; chord.sources.sources_by_stage(); print('torch' in sys.modules)"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)

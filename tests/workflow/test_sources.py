@@ -1,5 +1,5 @@
 """Code changes and re-runs (issue 15): on the finished tiny run of test_scale, editing any
-chord file a stage depends on (chord.stages.sources) re-plans exactly those stages and what
+chord file a stage depends on (chord.sources.sources) re-plans exactly those stages and what
 follows them in the DAG, and editing any other package file re-plans nothing.
 
 Each edit appends a comment and is undone (content and time) before the next: one dry run of

@@ -1,20 +1,19 @@
 # Adapter: rule export -> chord.stages.export.run
 from pathlib import Path
 
-from chord import paths
+from chord import paths, plan
 from chord.stages import export
 from chord.stages.adapter import scene_spec, stage_logging
 
 with stage_logging(snakemake.log[0]):
     spec = scene_spec(snakemake.config, snakemake.wildcards.scene)
-    inp, out = snakemake.input, snakemake.output
-    keyed = lambda prefix: {k[len(prefix) :]: Path(v) for k, v in inp.items() if k.startswith(prefix)}
+    inp, out = plan.record(snakemake.input.items()), snakemake.output
     export.run(
-        scene_json=Path(inp.scene_json),
-        plys=keyed("ply_"),
-        voxels=keyed("vox_"),
-        state_path=Path(inp.state),
-        sources=keyed("src_"),
+        scene_json=inp["scene_json"],
+        plys=inp["plys"],
+        voxels=inp["voxels"],
+        state_path=inp["state"],
+        sources=inp["sources"],
         method=spec.method,
         out_ref_view=Path(out.ref_view),
         out_orbit=Path(out.orbit),

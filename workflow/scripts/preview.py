@@ -3,21 +3,17 @@ import os
 from pathlib import Path
 
 from chord import config as cc
+from chord import plan
 from chord.stages import preview
 from chord.stages.adapter import stage_logging
 
 with stage_logging(snakemake.log[0]):
-    inp = snakemake.input
+    inp = plan.record(snakemake.input.items())
     preview.run_job(
         conf=cc.load(snakemake.config),
         scene=snakemake.wildcards.scene,
         tier=snakemake.resources.tier,
-        inputs={
-            "scene_json": Path(inp.scene_json),
-            "plys": {k[len("ply_") :]: Path(v) for k, v in inp.items() if k.startswith("ply_")},
-            "ref_png": Path(inp.ref),
-            "text_path": Path(inp.text),
-        },
+        inputs={"scene_json": inp["scene_json"], "plys": inp["plys"], "ref_png": inp["ref"], "text_path": inp["text"]},
         out_mp4=Path(snakemake.output.mp4),
         out_png=Path(snakemake.output.png),
         env=os.environ,

@@ -4,23 +4,23 @@ import os
 from pathlib import Path
 
 from chord import config as cc
+from chord import plan
 from chord.stages import train
 from chord.stages.adapter import INPUT_ERROR_RECORD, input_error_once, stage_logging
 
 # The log of every attempt (a retry on the next tier, a requeued job) until one completes.
 ckpt = Path(snakemake.params.checkpoints)
 with stage_logging(snakemake.log[0], history=ckpt / "train.log"), input_error_once(ckpt / INPUT_ERROR_RECORD, snakemake.resources.attempt):
-    inp = snakemake.input
-    keyed = lambda prefix: {k[len(prefix) :]: Path(v) for k, v in inp.items() if k.startswith(prefix)}
+    inp = plan.record(snakemake.input.items())
     train.run(
         snakemake.rule.removeprefix("train_"),
         conf=cc.load(snakemake.config),
         scene=snakemake.wildcards.scene,
         tier=snakemake.resources.tier,
-        inputs={"scene_json": Path(inp.scene_json), "plys": keyed("ply_"), "voxels": keyed("vox_"), "text_path": Path(inp.text)},
+        inputs={"scene_json": inp["scene_json"], "plys": inp["plys"], "voxels": inp["voxels"], "text_path": inp["text"]},
         out=Path(snakemake.output.state),
         loss_log=Path(snakemake.output.losses),
         checkpoint_dir=Path(snakemake.params.checkpoints),
-        handoff=Path(inp.handoff) if "handoff" in inp.keys() else None,
+        handoff=inp.get("handoff"),
         env=os.environ,
     )

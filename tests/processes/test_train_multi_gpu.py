@@ -6,6 +6,7 @@ with fewer GPUs than its tier, is a configuration error."""
 from __future__ import annotations
 
 import csv
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -34,22 +35,29 @@ TINY = {
 TIERS = {"solo": {"gpu_mem_gb": 24}, "duo": {"gpu_mem_gb": 24, "gpus": 2}}
 
 
-def load(root, data, **method):
+def load(root, data, tiers=None, **method):
+    """The tiny hop scene on tier solo of :data:`TIERS` (``tiers``: values to change per tier;
+    ``method``: over :data:`TINY`)."""
     conf = yaml.safe_load((REPO / "config/config.yaml").read_text())
     (root / "scenes.tsv").write_text(f"scene\tdata\tprompt\ttier\nhop\t{data}\tp\tsolo\n")
-    conf.update(scenes=str(root / "scenes.tsv"), tiers=TIERS)
+    table = {name: {**spec, **(tiers or {}).get(name, {})} for name, spec in TIERS.items()}
+    conf.update(scenes=str(root / "scenes.tsv"), tiers=table)
     conf["scene_overrides"] = {"hop": {**TINY, **method}}
     return cc.load(conf)
 
 
-@pytest.fixture(scope="module")
-def hop(tmp_path_factory):
-    root = tmp_path_factory.mktemp("multi_gpu")
+def hop_scene(root):
+    """(root, config, training inputs) of the tiny hop scene, its geometry made under root."""
     data = demo.write_demo_scene("hop", root / "data", frame_num=5)
     conf = load(root, data)
     inputs = train_inputs(data, root / "results", "hop", conf.scenes["hop"].method)
     inputs.pop("data_dir")  # run() adds the scene's data folder
     return root, conf, inputs
+
+
+@pytest.fixture(scope="module")
+def hop(tmp_path_factory):
+    return hop_scene(tmp_path_factory.mktemp("multi_gpu"))
 
 
 def run_on(hop, tier, name=None, env=None):
@@ -81,25 +89,39 @@ def losses(path):
 
 
 EPS32 = torch.finfo(torch.float32).eps
-ROUNDINGS = 4  # solo: reg + video 0 + video 1 (2 sums); duo: reg + video per rank, all-reduce
+SUBNORMAL32 = 2.0**-149  # float32's smallest step: a rounding's absolute error where g² underflows
 
 
-def assert_moments_close(two: dict, one: dict, betas, what: str) -> None:
+def summation_model(batch: int, gpus: int) -> tuple[int, int]:
+    """(roundings, terms) of an element's gradient summed in two orders: one process sums
+    reg + g_video0 + … + g_video(B−1) (B roundings), ``gpus`` ranks each reg plus its B/gpus
+    videos (B/gpus roundings), then the all-reduce's sum (gpus − 1 more; dividing by 2 ranks
+    is exact); every partial sum is at most (1 + B)·G, G the largest contribution."""
+    return batch + batch // gpus + gpus - 1, 1 + batch
+
+
+def assert_moments_close(
+    two: dict, one: dict, betas, what: str, batch: int = 2, gpus: int = 2
+) -> None:
     """Adam's moments after t steps of gradients that differ by float32 summation order.
 
     One process sums each element's gradient as reg + g_video0 + g_video1 (2 roundings), two
     ranks as (reg + g_video) per rank, then the all-reduce's sum (2 more; halving is exact):
-    |δg_k| ≤ 4·(eps/2)·3G = 6·eps·G, with G the largest gradient contribution of the tensor.
-    G is read off the second moment: v_t ≥ (1−β2)·β2^(t−k)·g_k², so every |g_k| ≤
-    sqrt(v_t / ((1−β2)·β2^(t−1))). Then |δm_t| = |(1−β1)·Σ β1^(t−k)·δg_k| ≤ 6·eps·G and
-    |δv_t| ≤ (1−β2)·Σ β2^(t−k)·2|g_k||δg_k| ≤ 12·eps·G², per element of the tensor."""
+    |δg_k| ≤ 4·(eps/2)·3G = 6·eps·G, with G the largest gradient contribution of the tensor
+    (other batches: :func:`summation_model`).
+    G is read off the second moment: v_t ≥ (1−β2)·β2^(t−k)·g_k² − 2t·2^-149 (its 4 roundings
+    a step, absolute where g² is subnormal or underflows), so every |g_k| ≤
+    sqrt((v_t + 2t·2^-149) / ((1−β2)·β2^(t−1))). Then |δm_t| = |(1−β1)·Σ β1^(t−k)·δg_k| ≤
+    6·eps·G and |δv_t| ≤ (1−β2)·Σ β2^(t−k)·2|g_k||δg_k| ≤ 12·eps·G², per element of the
+    tensor."""
     b1, b2 = betas
     for i, st in one.items():
         t = float(st["step"])
         assert float(two[i]["step"]) == t, f"{what}[{i}]"
-        v = torch.maximum(st["exp_avg_sq"], two[i]["exp_avg_sq"])
+        v = torch.maximum(st["exp_avg_sq"], two[i]["exp_avg_sq"]).double() + 2 * t * SUBNORMAL32
         g = float((v / ((1 - b2) * b2 ** (t - 1))).sqrt().max())
-        dg = ROUNDINGS * (EPS32 / 2) * 3 * g
+        roundings, terms = summation_model(batch, gpus)
+        dg = roundings * (EPS32 / 2) * terms * g
         for key, tol in (("exp_avg", dg), ("exp_avg_sq", 2 * g * dg)):
             label = f"{what}[{i}].{key}"
             torch.testing.assert_close(
@@ -132,6 +154,78 @@ def test_two_ranks_of_one_video_train_what_one_process_of_two_trains(hop, solo_a
     for ra, rb in zip(a, b, strict=True):
         for key in ("sds", "ground", "temporal", "arap", "t", "cfg"):
             assert float(rb[key]) == pytest.approx(float(ra[key]), rel=1e-4, abs=1e-9), key
+
+
+@pytest.fixture(scope="module")
+def four_videos(hop):
+    """Batch 4 for one iteration: one process with the 4 videos, and the duo tier's 2 ranks
+    with 2 each (the same scene files as ``hop``)."""
+    root, conf, inputs = hop
+    four = root / "four"
+    four.mkdir()
+    conf = load(four, conf.scenes["hop"].data, batch_size=4, iterations=1)
+    hop4 = (four, conf, inputs)
+    return conf, run_on(hop4, "solo"), run_on(hop4, "duo")
+
+
+def assert_first_step_close(two: dict, one: dict, batch: int, gpus: int) -> dict:
+    """The motion after one Adam step from the same start, its gradients differing by the
+    summation order only (|δg| ≤ dg, :func:`summation_model`; |g| ≥ sqrt(v/(1−β2))·(1 − 2u),
+    v = (1−β2)·g² rounded twice). The step is lr·g/(|g| + e) (m̂ = g, sqrt(v̂) = |g|), whose
+    derivative in g is lr·e/(|g| + e)²: where |g| > dg both runs step the same way and differ
+    by at most lr·e·dg/(|g| − dg)², plus 8 roundings of the step in each run (16u·lr) and of
+    the parameter itself (2u·|p|); elsewhere (or where v is subnormal, its rounding not
+    relative) a sign may flip (2·lr). Returns, per parameter, how many elements are held to
+    the tight bound."""
+    u, normal = EPS32 / 2, torch.finfo(torch.float32).tiny
+    tight = {}
+    roundings, terms = summation_model(batch, gpus)
+    for name, opt in one["optimizers"].items():
+        for group in opt["param_groups"]:
+            (i,) = group["params"]
+            key = f"{name}.layer1.{group['name']}"
+            b2, e, lr = group["betas"][1], group["eps"], group["lr"]
+            st, st2 = opt["state"][i], two["optimizers"][name]["state"][i]
+            assert float(st["step"]) == float(st2["step"]) == 1.0, key
+            v = torch.stack([st["exp_avg_sq"], st2["exp_avg_sq"]]).double()
+            g = (v.min(0).values / (1 - b2)).sqrt() * (1 - 2 * u)
+            G = ((float(v.max()) + 2 * SUBNORMAL32) / (1 - b2)) ** 0.5  # as assert_moments_close
+            dg = roundings * u * terms * G
+            p1, p2 = one["motion"][key].double(), two["motion"][key].double()
+            sensitivity = lr * e * dg / (g - dg).clamp(min=0) ** 2
+            held = (g > dg) & (v.min(0).values >= normal)
+            step = torch.where(held, sensitivity.clamp(max=2 * lr), 2 * lr)
+            tol = step + 16 * u * lr + 2 * u * torch.maximum(p1.abs(), p2.abs())
+            excess = float(((p2 - p1).abs() - tol).max())
+            assert excess <= 0, f"{key}: {excess:.3g} past the bound"
+            tight[key] = int(held.sum())
+    return tight
+
+
+def test_two_ranks_of_two_videos_train_what_one_process_of_four_trains(four_videos):
+    """More than one video per rank: rank r trains the scene's videos 2r and 2r + 1
+    (Trainer.video_index of the per-rank batch), so 2 ranks of 2 draw and train exactly the
+    4 videos of one process; the states agree up to float32 summation order."""
+    from chord import tiers
+
+    conf, (s1, one), (s2, two) = four_videos
+    assert s1 == s2 == {"stage": "coarse", "start": 1, "last": 1, "seed": 3}
+    per_rank = tiers.per_gpu(conf.scenes["hop"].method, tiers.parse(conf.tiers)["duo"])
+    assert per_rank.batch_size == 2
+    for k in one["motion"]:
+        if not k.endswith(("cp_deform", "cp_radius", "cp_rotation")):  # not trained
+            assert torch.equal(two["motion"][k], one["motion"][k]), k
+    tight = assert_first_step_close(two, one, batch=4, gpus=2)
+    assert tight["obj_0.layer1.cp_deform"] and tight["obj_0.layer1.cp_radius"], tight
+    for name, opt in one["optimizers"].items():
+        assert two["optimizers"][name]["param_groups"] == opt["param_groups"], name
+        betas = opt["param_groups"][0]["betas"]
+        assert_moments_close(
+            two["optimizers"][name]["state"], opt["state"], betas, name, batch=4, gpus=2
+        )
+    rank = lambda r: SimpleNamespace(rank=r, method=per_rank)  # noqa: E731
+    drawn = [[train.Trainer.video_index(rank(r), b) for b in range(2)] for r in range(2)]
+    assert drawn == [[0, 1], [2, 3]]  # each video of the batch once, none twice
 
 
 def test_a_multi_gpu_tier_shares_the_configuration_of_one_gpu(hop, solo_and_duo):

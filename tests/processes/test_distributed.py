@@ -120,3 +120,58 @@ def test_group_check_itself_rejects_a_tensor_on_another_device():
     with pytest.raises(RuntimeError, match="seed: a tensor on meta handed to a collective"):
         Group(rank=1, world_size=2).broadcast(torch.zeros(1, device="meta"), "seed")
     assert Group(device="cuda:0").all_reduce(torch.ones(1), "alone").item() == 1  # world of one
+
+
+def nan_on_rank_1_worker(rank: int, world: int, init_file: str, out: str) -> None:
+    """Rank 1's teacher returns NaN entries (zeroed by RF-SDS, so its gradients stay finite),
+    rank 0's does not; then one healthy step on both."""
+    from tests.unit.test_train import NaNTeacher
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        torch.use_deterministic_algorithms(True)
+        scene, mesh = tiny_scene()
+        tr = make_trainer(method(batch_size=1), scene, mesh)
+        tr.group = Group(rank, world, tr.device)
+        tr.sync_from_rank0()
+        tr.guidance = NaNTeacher(tr.guidance)
+        tr.guidance.fp32 = rank != 1  # healthy on rank 0
+        obj = scene.dynamic["obj_0"]
+        snap = lambda: {k: p.detach().clone() for k, p in obj.param_groups().items()}  # noqa: E731
+        before = snap()
+        rec = tr.step(2)
+        result = {
+            "skipped": rec["skipped"],
+            "nan": rec["nan"],
+            "own_nan": int(tr.teacher_nan),  # this rank's count, before the sum
+            "nonfinite": tr.nonfinite,
+            "before": before,
+            "after_nan_step": snap(),
+        }
+        tr.guidance.fp32 = True  # healthy everywhere: both ranks step
+        rec = tr.step(3)
+        result.update(healthy_skipped=rec["skipped"], healthy_nonfinite=tr.nonfinite)
+        result["after_healthy_step"] = snap()
+        torch.save(result, f"{out}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_teacher_nan_on_one_rank_skips_the_step_on_every_rank(tmp_path):
+    """METHOD §18: the teacher's NaN count is summed over ranks with the gradients, so a NaN
+    on rank 1 alone skips the step on both ranks: no parameter moves on either and both count
+    the non-finite step (rank 0, with finite gradients and no NaN of its own, would otherwise
+    step and the ranks' parameters would part)."""
+    out = tmp_path / "rank"
+    mp.spawn(nan_on_rank_1_worker, args=(2, str(tmp_path / "init"), str(out)), nprocs=2)
+    ranks = [torch.load(f"{out}.{r}", weights_only=True) for r in range(2)]
+    assert [r["own_nan"] for r in ranks] == [0, 3]  # NaNTeacher: 3 entries, on rank 1 only
+    for r, res in enumerate(ranks):
+        assert (res["skipped"], res["nan"], res["nonfinite"]) == (1, 3, 1), r
+        for k, p in res["after_nan_step"].items():
+            assert torch.equal(p, res["before"][k]), (r, k)  # no Adam step
+        assert (res["healthy_skipped"], res["healthy_nonfinite"]) == (0, 0), r
+        moved = res["after_healthy_step"]["cp_deform"]
+        assert not torch.equal(moved, res["before"]["cp_deform"]), r  # a healthy step moves
+    for k in ranks[0]["before"]:  # the same decisions: the ranks stay identical
+        assert torch.equal(ranks[0]["after_healthy_step"][k], ranks[1]["after_healthy_step"][k]), k

@@ -1,0 +1,139 @@
+"""chord.plan: a scene's files, objects by role, training stages and each stage's inputs,
+asked of the plan directly (no Snakemake, no torch)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from chord import config as cc
+from chord import paths as P
+from chord import plan
+from tests.conftest import REPO, box, write_scene, write_still_motion
+
+
+def load(tmp_path: Path, rows: list[tuple[str, Path]], **config) -> cc.Config:
+    """The shipped config over a sheet of ``rows`` (scene, data folder), merged with
+    ``config``; results under tmp_path/results."""
+    sheet = tmp_path / "scenes.tsv"
+    sheet.write_text("scene\tdata\tprompt\n" + "".join(f"{s}\t{d}\tp\n" for s, d in rows))
+    base = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    base.update(scenes=str(sheet), results=str(tmp_path / "results"), **config)
+    return cc.load(base)
+
+
+def three_objects(folder: Path) -> Path:
+    meshes = [
+        box((1, 0.2, 1), (0, -0.5, 0)),
+        box((0.2, 0.2, 0.2), (0, 0, 0)),
+        box((0.1,) * 3, (0.4, 0, 0)),
+    ]
+    return write_scene(folder, meshes)
+
+
+def test_named_and_record_are_each_others_inverse():
+    rec = {
+        "scene_json": Path("r/s/scene.json"),
+        "plys": {"obj_0": Path("a.ply"), "obj_1": Path("b.ply")},
+        "voxels": {"obj_1": Path("b.npz")},
+        "sources": {},
+        "loss_logs": {"coarse": Path("l.tsv")},
+        "metrics": {},
+        "external": [Path("x.bin"), Path("y.png")],
+    }
+    flat = plan.named(rec)
+    assert flat["ply_obj_1"] == "b.ply" and flat["vox_obj_1"] == "b.npz"
+    assert flat["losses_coarse"] == "l.tsv" and flat["external"] == ["x.bin", "y.png"]
+    assert plan.record(flat) == rec
+
+
+def test_roles_stages_and_the_training_inputs_of_a_scene(tmp_path):
+    data = three_objects(tmp_path / "data" / "toy")
+    write_still_motion(data, ("obj_1",))
+    conf = load(
+        tmp_path,
+        [("toy", data)],
+        scene_overrides={
+            "toy": {"static_id": 0, "avoid_objs": ["obj_2"], "add_cp_objs": ["obj_1"]}
+        },
+    )
+    p = plan.scene(conf, "toy")
+    assert p.roles == {"obj_0": "static", "obj_1": "dynamic", "obj_2": "avoided"}
+    assert p.stages == ("coarse", "fine") and p.final_stage == "fine"
+    results = tmp_path / "results"
+    train = p.train_inputs()
+    assert train["plys"] == {o: P.gaussians_ply(results, "toy", o) for o in ("obj_0", "obj_1")}
+    assert train["voxels"] == {"obj_1": P.voxels_npz(results, "toy", "obj_1")}
+    assert train["motion"] == data / "motion.json"  # the oracle's target
+    exported = p.export_inputs()
+    assert set(exported["sources"]) == {"obj_0", "obj_1"}  # the avoided object is not exported
+    assert exported["state"] == P.train_state(results, "toy", "fine")
+    assert set(p.evaluate_inputs()["loss_logs"]) == {"coarse", "fine"}
+    wan = {
+        "backend": "wan",
+        "ckpt_dir": str(tmp_path / "wan"),
+        "tiny_vae_path": str(tmp_path / "t"),
+    }
+    p = plan.scene(load(tmp_path, [("toy", data)], guidance=wan), "toy")
+    assert "motion" not in p.train_inputs()
+
+
+def test_the_oracle_without_a_motion_plans_the_geometry_but_not_the_training(tmp_path):
+    data = three_objects(tmp_path / "data" / "mine")
+    p = plan.scene(load(tmp_path, [("mine", data)]), "mine")
+    assert p.geometry_inputs()["scene_json"] == P.scene_json(tmp_path / "results", "mine")
+    for inputs in (p.train_inputs, p.preview_inputs):
+        with pytest.raises(cc.ConfigError, match=r"scene mine \(scene sheet .*line 2\).*oracle"):
+            inputs()
+    assert "motion" not in p.evaluate_inputs()  # no ground truth to compare with
+
+
+def test_a_gltf_object_brings_its_external_files_to_ingest_and_export(tmp_path):
+    data = three_objects(tmp_path / "data" / "g")
+    (data / "obj_2.glb").unlink()
+    box((0.1,) * 3, (0.4, 0, 0)).export(data / "obj_2.gltf")  # with obj_2's .bin beside it
+    externals = sorted(str(f) for f in data.iterdir() if f.suffix == ".bin")
+    assert externals
+    p = plan.scene(load(tmp_path, [("g", data)]), "g")
+    assert set(externals) <= set(p.ingest_inputs()["data"])
+    exported = p.export_inputs()
+    assert exported["sources"]["obj_2"] == str(data / "obj_2.gltf")
+    assert sorted(exported["external"]) == externals
+
+
+def test_a_static_id_outside_the_objects_names_the_scene(tmp_path):
+    data = three_objects(tmp_path / "data" / "toy")
+    conf = load(tmp_path, [("toy", data)], scene_overrides={"toy": {"static_id": 5}})
+    with pytest.raises(cc.ConfigError, match=r"scene toy: method: static_id: 5 is outside"):
+        plan.scene(conf, "toy")
+
+
+def test_missing_or_gapped_object_ids_leave_the_roles_to_ingest(tmp_path):
+    data = three_objects(tmp_path / "data" / "gap")
+    (data / "obj_1.glb").unlink()
+    p = plan.scene(load(tmp_path, [("gap", data)]), "gap")
+    assert p.roles == {} and p.gaussians() == {} and p.voxels() == {}
+    assert p.ingest_inputs()["data"]  # ingest runs, and names the gap
+
+
+def test_the_demo_scenes_plan_from_the_registry_and_the_default_target_covers_them(tmp_path):
+    conf = load(tmp_path, [("hop", "resources/demo/hop"), ("sway", "resources/demo/sway")])
+    plans = {s: plan.scene(conf, s) for s in conf.scenes}
+    assert plans["hop"].demo == "hop" and all(f.endswith(".glb") for f in plans["hop"].files)
+    assert plans["hop"].scripted_motion() == Path("resources/demo/hop/motion.json")
+    targets = plan.all_targets(plans, conf.results)
+    assert str(P.metrics_tsv(conf.results)) in targets
+    for s, p in plans.items():
+        assert str(p.final_state()) in targets and str(P.viewer_html(conf.results, s)) in targets
+    flat = plan.named(plan.aggregate_inputs(plans))
+    assert set(flat) == {"metrics_hop", "metrics_sway", *(f"losses_{s}_coarse" for s in plans)}
+
+
+def test_the_plan_imports_no_torch():
+    code = "import sys, chord.plan, chord.job_size; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
