@@ -72,15 +72,10 @@ def run(conf: cc.Config, env: Mapping[str, str]) -> list:
         disk_need += export_bytes(spec.method, n, bool(imported))
         if not wan or n <= 0:
             continue
-        fits = job_size.scene_fits(
-            spec.method, conf.memory, roles, node, backend="wan", label=f"scene {name}", model=model
-        )
         try:
-            choice = tiers.start(
-                spec.tier, tier_table, node, fits, method=spec.method, allow_lowres=conf.auto_lowres
-            )
+            choice = job_size.scene_start(conf, scene_plan, tier_table, node, model)
         except cc.ConfigError as exc:
-            checks.append(Check("tier", FAIL, f"scene {name}: {exc}", "see the message"))
+            checks.append(Check("tier", FAIL, str(exc), "see the message"))
             continue
         tier = choice.tier
         choices.setdefault(choice.describe(), []).append(name)

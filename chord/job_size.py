@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from chord import config as cc
-from chord import gpus, peak_memory
+from chord import gpus, peak_memory, tiers
 from chord.errors import InputError
 from chord.tiers import Tier, apply, parse
 
@@ -170,6 +170,33 @@ def scene_fits(
     if n <= 0:
         return None
     return ModelFits(method, mem, node.total_bytes / peak_memory.GiB, n, dynamic, label, model)
+
+
+def scene_start(
+    conf: cc.Config, scene_plan, table: Mapping[str, Tier], node, model=peak_memory.A14B
+):
+    """The :class:`chord.tiers.Choice` a scene's training starts on (:func:`chord.tiers.start`):
+    its sheet column, or ``auto`` on ``node`` with the peak-memory model's fit (``model``: the
+    experts' shapes). A ConfigError names the scene."""
+    spec = conf.scenes[scene_plan.scene]
+    fits = None
+    if spec.tier == tiers.AUTO:
+        fits = scene_fits(
+            spec.method,
+            conf.memory,
+            scene_plan.roles,
+            node,
+            backend=conf.guidance.backend,
+            fitted=spec.gaussians,
+            label=f"scene {scene_plan.scene}",
+            model=model,
+        )
+    try:
+        return tiers.start(
+            spec.tier, table, node, fits, method=spec.method, allow_lowres=conf.auto_lowres
+        )
+    except cc.ConfigError as exc:
+        raise cc.ConfigError(f"scene {scene_plan.scene}: {exc}") from None
 
 
 #: Host RAM (MB) and CPUs of a training with the oracle teacher: no Wan weights (the demo's

@@ -219,33 +219,14 @@ def scene_tier(scene):
     node's GPUs match and that the peak-memory model predicts to fit; why each fuller tier was
     skipped is logged). Cached: the DAG asks many times per scene."""
     if scene not in _SCENE_TIER:
-        spec = CONF.scenes[scene]
-        node, fits = None, None
-        if spec.tier == ct.AUTO:
-            node = gpu_node()
-            fits = chord.job_size.scene_fits(
-                spec.method,
-                CONF.memory,
-                object_roles(scene),
-                node,
-                backend=CONF.guidance.backend,
-                fitted=spec.gaussians,
-                label=f"scene {scene}",
-                model=MODEL,
-            )
+        auto = CONF.scenes[scene].tier == ct.AUTO
+        node = gpu_node() if auto else None
         try:
-            choice = ct.start(
-                spec.tier,
-                TIERS,
-                node,
-                fits,
-                method=spec.method,
-                allow_lowres=CONF.auto_lowres,
-            )
+            choice = chord.job_size.scene_start(CONF, plan(scene), TIERS, node, MODEL)
         except cc.ConfigError as exc:
-            raise WorkflowError(f"scene {scene}: {exc}")
+            raise WorkflowError(str(exc))
         line = choice.describe()
-        if spec.tier == ct.AUTO and line not in _TIER_LINES:
+        if auto and line not in _TIER_LINES:
             _TIER_LINES.add(line)
             logger.info(f"tier auto: scene {scene} (and others alike): {line}")
         _SCENE_TIER[scene] = choice.tier
