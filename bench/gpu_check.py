@@ -22,7 +22,7 @@ bf16, as the high-noise expert that iterations 1 and 2 use (t = 0.98); the real-
 VAE (float32, saved to and loaded from a temporary diffusers folder as chord.guidance.wan loads
 it); the Tiny VAE encoder (TAEHV); random cached text embeddings (512 x 4096); and a demo-like
 scene (a block skinned by 12 control points on a slab) of 100,000 Gaussians. Then, for each
-tier, two training iterations (chord.train.Trainer.step, the real code path) at 832x480, 41
+tier, two training iterations (chord.trainer.Trainer.step, the real code path) at 832x480, 41
 frames, batch 4, Tiny VAE on. The tiers are config/config.yaml's ``tiers:``
 (chord.tiers.parse), each applied by chord.tiers.apply over the config's ``memory`` values,
 plus split_plain derived from split (the shipped config's rows):
@@ -128,7 +128,7 @@ from pathlib import Path
 import torch
 
 from chord import config as cc
-from chord import peak_memory, train
+from chord import peak_memory, trainer
 from chord import tiers as ct
 
 if __package__:
@@ -405,7 +405,7 @@ def run_tier(name, mem, size, ctx) -> dict:
         }
     )
     guide = ctx["guidance"](mem)
-    tr = train.Trainer(
+    tr = trainer.Trainer(
         scene=ctx["scene"],
         guidance=guide,
         text=ctx["text"],

@@ -108,7 +108,7 @@ def recovery(args) -> None:
 def one_mode(mode: str, repeat: int) -> None:
     """Child process: time one SDS backward in the given mode; print JSON."""
     from chord import config as cc
-    from chord import train
+    from chord import trainer
     from chord.guidance import tiny_models, wan
 
     s, r, c = json.loads(mode)
@@ -118,7 +118,7 @@ def one_mode(mode: str, repeat: int) -> None:
         method = cc.method_from_mapping({"size": "64*32", "batch_size": 2, "seed": 0})
         # an untextured block (dynamic, 12 control points, 41 frames) on a slab (static)
         scene = fixtures.block_scene(4000, 41, deform=0.02)
-        tr = train.Trainer(
+        tr = trainer.Trainer(
             scene=scene,
             guidance=guide,
             text=fixtures.tiny_text(folder),

@@ -20,7 +20,7 @@ render and Tiny VAE graphs that the split modes stop overlapping are both there.
 two fresh processes: CPU seconds (best of --repeat after a warm-up iteration) in one, the
 peak RSS of an iteration above the RSS before it in the other (experts loaded first).
 
-profile: CPU seconds per phase of chord.train.Trainer.step on a prepared demo workdir (a copy
+profile: CPU seconds per phase of chord.trainer.Trainer.step on a prepared demo workdir (a copy
 of config/ where ``snakemake --cores 2 --until voxelize`` has run), built as the training
 stage builds it (chord.stages.train.build) from that folder's config (method, the scene's
 overrides, guidance; --set overrides method keys), single-threaded unless --threads; the
@@ -77,7 +77,7 @@ def oracle_trainer(frames: int, width: int, height: int, batch: int, gaussians: 
     import torch
 
     from chord import config as cc
-    from chord import train
+    from chord import trainer
     from chord.guidance.oracle import OracleGuidance
 
     method = cc.method_from_mapping(
@@ -87,7 +87,7 @@ def oracle_trainer(frames: int, width: int, height: int, batch: int, gaussians: 
     with torch.no_grad():
         target = scripted.frame_gaussians(range(frames))
     guide = OracleGuidance(target, width=width, height=height, pool=4)
-    return train.Trainer(
+    return trainer.Trainer(
         scene=fixtures.block_scene(gaussians, frames),
         guidance=guide,
         text=None,
@@ -120,7 +120,7 @@ def modes_trainer(p: dict, folder: Path):
     import torch
 
     from chord import config as cc
-    from chord import train
+    from chord import trainer
     from chord.guidance import wan
     from chord.guidance.tiny_vae import TinyVAEEncoder
 
@@ -130,7 +130,7 @@ def modes_trainer(p: dict, folder: Path):
     method = cc.method_from_mapping(
         {"size": f"{W}*{H}", "frame_num": p["frames"], "batch_size": p["batch"], "seed": 0}
     )
-    tr = train.Trainer(
+    tr = trainer.Trainer(
         scene=fixtures.block_scene(p["gaussians"], p["frames"], deform=0.02),
         guidance=guide,
         text=fixtures.tiny_text(folder),

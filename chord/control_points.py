@@ -10,7 +10,7 @@ import numpy as np
 import trimesh
 from scipy.spatial import cKDTree
 
-from chord.voxels import _check_mesh, _dot
+from chord.voxels import mesh_arrays, row_dot
 
 logger = logging.getLogger(__name__)
 
@@ -38,12 +38,12 @@ def farthest_point_sampling(points: np.ndarray, k: int) -> np.ndarray:
     if n_pick == 0:
         return picks
     diff = points - points[0]
-    min_sq = _dot(diff, diff)
+    min_sq = row_dot(diff, diff)
     for j in range(1, n_pick):
         nxt = int(np.argmax(min_sq))  # first maximum: lowest index on ties
         picks[j] = nxt
         diff = points - points[nxt]
-        np.minimum(min_sq, _dot(diff, diff), out=min_sq)
+        np.minimum(min_sq, row_dot(diff, diff), out=min_sq)
     return picks
 
 
@@ -93,7 +93,7 @@ def surface_control_points(mesh: trimesh.Trimesh, cp_num: int, *, seed: int) -> 
     """
     if int(cp_num) != cp_num or cp_num < 1:
         raise ValueError(f"cp_num is {cp_num}; expected an integer ≥ 1")
-    vertices, faces = _check_mesh(mesh)
+    vertices, faces = mesh_arrays(mesh)
     tris = vertices[faces]
     area = 0.5 * np.linalg.norm(np.cross(tris[:, 1] - tris[:, 0], tris[:, 2] - tris[:, 0]), axis=1)
     total = area.sum()

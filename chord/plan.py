@@ -8,7 +8,7 @@ defined once (:data:`KEYED`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,11 +43,12 @@ def named(record: Mapping) -> dict:
     return out
 
 
-def record(inputs: Mapping) -> dict:
-    """The inverse of :func:`named`, paths as :class:`~pathlib.Path`: what an adapter passes on.
-    Every :data:`KEYED` mapping is present (empty where the job has none)."""
+def record(inputs: Mapping | Iterable[tuple[str, object]]) -> dict:
+    """The inverse of :func:`named`, paths as :class:`~pathlib.Path`: what an adapter passes on
+    (``inputs``: a mapping, or (name, value) pairs such as ``snakemake.input.items()``). Every
+    :data:`KEYED` mapping is present (empty where the job has none)."""
     out = {key: {} for key in KEYED}
-    for name, value in inputs.items():
+    for name, value in inputs.items() if isinstance(inputs, Mapping) else inputs:
         keyed = next((k for k, prefix in KEYED.items() if name.startswith(prefix)), None)
         if keyed:
             out[keyed][name[len(KEYED[keyed]) :]] = Path(value)

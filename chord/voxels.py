@@ -42,19 +42,19 @@ __all__ = [
 # --------------------------------------------------------------------------------------------
 
 
-def _dot(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+def row_dot(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Row-wise dot product of two [P, 3] arrays -> [P]."""
     return x[:, 0] * y[:, 0] + x[:, 1] * y[:, 1] + x[:, 2] * y[:, 2]
 
 
 def _segment_sqdist(p: np.ndarray, s0: np.ndarray, e: np.ndarray) -> np.ndarray:
     """Squared distance from points p [P, 3] to segments s0 + t·e, t ∈ [0, 1] -> [P]."""
-    ee = _dot(e, e)
+    ee = row_dot(e, e)
     with np.errstate(divide="ignore", invalid="ignore"):
-        t = np.where(ee > 0, _dot(p - s0, e) / ee, 0.0)
+        t = np.where(ee > 0, row_dot(p - s0, e) / ee, 0.0)
     t = np.clip(t, 0.0, 1.0)
     r = p - s0 - t[:, None] * e
-    return _dot(r, r)
+    return row_dot(r, r)
 
 
 def _point_triangle_sqdist(
@@ -69,14 +69,14 @@ def _point_triangle_sqdist(
     pairs measured instead as the minimum over the three edges as segments.
     """
     ap = p - a
-    d1 = _dot(ab, ap)
-    d2 = _dot(ac, ap)
+    d1 = row_dot(ab, ap)
+    d2 = row_dot(ac, ap)
     bp = ap - ab
-    d3 = _dot(ab, bp)
-    d4 = _dot(ac, bp)
+    d3 = row_dot(ab, bp)
+    d4 = row_dot(ac, bp)
     cp = ap - ac
-    d5 = _dot(ab, cp)
-    d6 = _dot(ac, cp)
+    d5 = row_dot(ab, cp)
+    d6 = row_dot(ac, cp)
     vc = d1 * d4 - d3 * d2
     vb = d5 * d2 - d1 * d6
     va = d3 * d6 - d5 * d4
@@ -100,7 +100,7 @@ def _point_triangle_sqdist(
         w = np.select(conds, [zero, zero, zero, one, t_ac, t_bc], default=vc * inv)
 
     r = ap - v[:, None] * ab - w[:, None] * ac
-    sq = _dot(r, r)
+    sq = row_dot(r, r)
     if np.any(sliver):
         idx = np.flatnonzero(sliver)
         ps, as_, abs_, acs = p[idx], a[idx], ab[idx], ac[idx]
@@ -113,7 +113,7 @@ def _point_triangle_sqdist(
 def _sliver_mask(ab: np.ndarray, ac: np.ndarray) -> np.ndarray:
     """[F] bool: triangles whose edges ab, ac [F, 3] are (nearly) parallel or of zero length."""
     n = np.cross(ab, ac)
-    return _dot(n, n) <= _SLIVER_SIN2 * _dot(ab, ab) * _dot(ac, ac)
+    return row_dot(n, n) <= _SLIVER_SIN2 * row_dot(ab, ab) * row_dot(ac, ac)
 
 
 def point_triangle_distance(points: np.ndarray, triangles: np.ndarray) -> np.ndarray:
@@ -183,7 +183,7 @@ class VoxelGrid:
         return (idx + self.origin_index + 0.5) * self.voxel_size
 
 
-def _check_mesh(mesh: trimesh.Trimesh) -> tuple[np.ndarray, np.ndarray]:
+def mesh_arrays(mesh: trimesh.Trimesh) -> tuple[np.ndarray, np.ndarray]:
     """Vertices [V, 3] float64 and faces [F, 3] int64 of a usable mesh, or a ValueError."""
     vertices = np.asarray(mesh.vertices, dtype=np.float64)
     faces = np.asarray(mesh.faces, dtype=np.int64)
@@ -274,8 +274,8 @@ def _near_cells(
             col_b = rng_lo[tri, ib] + off % nb[t0:t1][owner]
             # Slab around the plane, solved for the centre coordinate along k.
             n = normal[tri]
-            n_len = np.sqrt(_dot(n, n))
-            rhs = _dot(n, a[tri]) - n[:, ia] * (col_a + 0.5) * v - n[:, ib] * (col_b + 0.5) * v
+            n_len = np.sqrt(row_dot(n, n))
+            rhs = row_dot(n, a[tri]) - n[:, ia] * (col_a + 0.5) * v - n[:, ib] * (col_b + 0.5) * v
             with np.errstate(divide="ignore", invalid="ignore"):
                 z0 = (rhs - band * n_len) / n[:, k]
                 z1 = (rhs + band * n_len) / n[:, k]
@@ -366,7 +366,7 @@ def voxelize(
         raise ValueError(f"br_range is {br_range}; expected a finite number ≥ 0")
     if not np.isfinite(sdf_band) or sdf_band < 0:
         raise ValueError(f"sdf_band is {sdf_band}; expected a finite number ≥ 0")
-    vertices, faces = _check_mesh(mesh)
+    vertices, faces = mesh_arrays(mesh)
 
     tris = vertices[faces]  # [F, 3, 3]; unreferenced vertices do not widen the AABB
     lo = np.floor(tris.min(axis=(0, 1)) / v).astype(np.int64)

@@ -28,6 +28,7 @@ from chord.guidance import oracle
 from chord.guidance import text as text_cond
 from chord.motion.model import build_scene
 from chord.render import describe_backend, resolve_backend
+from chord.trainer import Trainer
 
 logger = logging.getLogger(__name__)
 
@@ -54,8 +55,8 @@ def build(
     group: Group | None = None,
     device="cpu",
     render_backend: str = "auto",
-) -> train.Trainer:
-    """A :class:`~chord.train.Trainer` from the stage outputs of one scene, with the memory
+) -> Trainer:
+    """A :class:`~chord.trainer.Trainer` from the stage outputs of one scene, with the memory
     flags ``memory`` (a MemoryConfig; None: the defaults); ``render_backend`` is resolved for
     ``device`` first (an error before anything loads when it cannot run)."""
     memory = memory or config.memory_from_mapping({})
@@ -87,7 +88,7 @@ def build(
             [trimesh.Trimesh(p.vertices, p.faces, process=False) for p in parts]
         )
     ground = method.ground_level if method.ground_level is not None else doc["ground_level"]
-    return train.Trainer(
+    return Trainer(
         scene=scene,
         guidance=teacher,
         text=text,
@@ -175,7 +176,7 @@ def run_preflight(
     )
 
 
-def log_memory_estimate(trainer: train.Trainer, method, guidance, tier: str | None) -> dict | None:
+def log_memory_estimate(trainer: Trainer, method, guidance, tier: str | None) -> dict | None:
     """Log the peak-memory model's estimate (:mod:`chord.peak_memory`, that of the Wan teacher) of
     this training, ``method`` and ``trainer.memory`` being the effective ones; returns it (None
     for the oracle)."""

@@ -15,6 +15,7 @@ import yaml
 from chord import config as cc
 from chord import demo, out_of_memory, train
 from chord.stages import train as train_stage
+from chord.trainer import Trainer
 from tests.conftest import REPO
 from tests.stages.test_geometry_stages import train_inputs
 
@@ -224,7 +225,7 @@ def test_two_ranks_of_two_videos_train_what_one_process_of_four_trains(four_vide
             two["optimizers"][name]["state"], opt["state"], betas, name, batch=4, gpus=2
         )
     rank = lambda r: SimpleNamespace(rank=r, method=per_rank)  # noqa: E731
-    drawn = [[train.Trainer.video_index(rank(r), b) for b in range(2)] for r in range(2)]
+    drawn = [[Trainer.video_index(rank(r), b) for b in range(2)] for r in range(2)]
     assert drawn == [[0, 1], [2, 3]]  # each video of the batch once, none twice
 
 

@@ -13,6 +13,7 @@ import torch
 
 from chord import peak_memory, train
 from chord.guidance import text, tiny_models, wan
+from chord.trainer import Trainer
 from tests.unit.test_train import FlakyTeacher, H, T, W, make_trainer, method, tiny_scene
 
 
@@ -120,7 +121,7 @@ def wan_trainer(folder, txt, m, *, broken):
     scene, mesh = tiny_scene()
     guidance = Bf16Breaks(folder, dtype=torch.bfloat16)  # as on CUDA (bf16 autocast)
     guidance.broken = broken
-    return train.Trainer(
+    return Trainer(
         scene=scene,
         guidance=guidance,
         text=txt,

@@ -226,11 +226,11 @@ def test_render_backend_torch_reaches_the_training_and_skips_gsplat(quick_main, 
 
     seen = {}
 
-    def trainer(**kwargs):  # the real run_tier hands the backend to chord.train.Trainer
+    def trainer(**kwargs):  # the real run_tier hands the backend to chord.trainer.Trainer
         seen.update(kwargs)
         raise Stop
 
-    monkeypatch.setattr(mod.train, "Trainer", trainer)
+    monkeypatch.setattr(mod.trainer, "Trainer", trainer)
     ctx = {**calls[0][2], "guidance": lambda mem: None}
     with pytest.raises(Stop):
         RUN_TIER("full", ctx["tiers"]["full"][0], (64, 48), ctx)

@@ -49,6 +49,7 @@ def test_named_and_record_are_each_others_inverse():
     assert flat["ply_obj_1"] == "b.ply" and flat["vox_obj_1"] == "b.npz"
     assert flat["losses_coarse"] == "l.tsv" and flat["external"] == ["x.bin", "y.png"]
     assert plan.record(flat) == rec
+    assert plan.record(iter(flat.items())) == rec  # snakemake.input.items(): a generator
 
 
 def test_roles_stages_and_the_training_inputs_of_a_scene(tmp_path):

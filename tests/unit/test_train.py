@@ -11,11 +11,12 @@ import torch
 import trimesh
 
 from chord import config as cc
-from chord import gaussians, train
+from chord import gaussians, runtime, train
 from chord.guidance import text, tiny_models, wan
 from chord.guidance.oracle import OracleGuidance
 from chord.motion.model import DynamicObject, MotionScene
 from chord.render import splat_tensors
+from chord.trainer import Trainer
 
 W, H, T = 32, 16, 5
 
@@ -95,7 +96,7 @@ def oracle_for(scene):
 
 def sds_grads(memory, guidance, txt, m):
     scene, _ = tiny_scene()
-    tr = train.Trainer(
+    tr = Trainer(
         scene=scene, guidance=guidance, text=txt, method=m, width=W, height=H, memory=memory
     )
     tr.sds(3, tr.cameras_at(3))
@@ -179,7 +180,7 @@ def test_split_backward_renders_each_video_once_without_grad(wan_guidance):
     video one render without grad, then the re-render chunks with grad."""
     guidance, txt = wan_guidance
     scene, _ = tiny_scene()
-    tr = train.Trainer(
+    tr = Trainer(
         scene=scene,
         guidance=guidance,
         text=txt,
@@ -209,7 +210,7 @@ def run_steps(tr, start, stop):
 def make_trainer(m, scene=None, mesh=None, **kw):
     if scene is None:
         scene, mesh = tiny_scene()
-    return train.Trainer(
+    return Trainer(
         scene=scene,
         guidance=oracle_for(scene),
         text=None,
@@ -362,7 +363,7 @@ def test_split_render_backward_empties_the_cuda_cache_after_each_chunk(monkeypat
     """METHOD §15: each re-render chunk backpropagates, then empties the cache (and so does the
     encoder backward before them); on a CPU the call is a no-op, so it is counted here."""
     calls = []
-    monkeypatch.setattr(train.runtime, "empty_cache", lambda device: calls.append(device))
+    monkeypatch.setattr(runtime, "empty_cache", lambda device: calls.append(device))
     m = method(batch_size=2)
     tr = make_trainer(m, memory=flags(True, True, 2))
     tr.sds(3, tr.cameras_at(3))
