@@ -18,6 +18,7 @@ import logging
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from chord import config as cc
 from chord import gpus
@@ -341,6 +342,31 @@ def lower_size(method, tier: Tier) -> str | None:
     if tier.size is not None and pixels(tier.size) < pixels(method.size):
         return tier.size
     return None
+
+
+@dataclass(frozen=True)
+class TrainingJob:
+    """A scene's training on one tier, the one place a tier is applied: ``method`` with the
+    tier's size (what the checkpoints and the training hash are of), ``memory`` with the tier's
+    flags, and ``rank_method``, what each of the tier's ranks runs (``batch_size / gpus``
+    videos; the method itself on one GPU)."""
+
+    tier: Tier
+    method: Any
+    memory: Any
+    rank_method: Any
+
+    def config_hash(self, guidance) -> str:
+        """The training's hash (:func:`chord.config.training_hash`): its checkpoint folder and
+        the training rules' params; a multi-GPU tier's ranks hash as one process does."""
+        return cc.training_hash(self.method, guidance)
+
+
+def training_job(method, memory, tier: Tier, *, scene: str | None = None) -> TrainingJob:
+    """:class:`TrainingJob` of a scene's ``method`` and the config's ``memory`` flags on
+    ``tier`` (a ``batch_size`` its GPUs do not divide is a ConfigError naming ``scene``)."""
+    method, memory = apply(method, memory, tier)
+    return TrainingJob(tier, method, memory, per_gpu(method, tier, scene=scene))
 
 
 def apply(method, mem, tier: Tier) -> tuple:

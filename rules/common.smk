@@ -152,13 +152,15 @@ def train_inputs(wildcards):
     return planned("train")(wildcards)
 
 
+def training_job(scene, tier):
+    """A scene's training on tier (chord.tiers.training_job: the tier's size and flags)."""
+    return ct.training_job(CONF.scenes[scene].method, CONF.memory, tier, scene=scene)
+
+
 def train_params(scene):
     """The result-changing method values and guidance (memory flags are not params; the size
     of a lowres start tier is)."""
-    method, _ = ct.apply(
-        CONF.scenes[scene].method, CONF.memory, TIERS[scene_tier(scene)]
-    )
-    return cc.training_hash(method, CONF.guidance)
+    return training_job(scene, TIERS[scene_tier(scene)]).config_hash(CONF.guidance)
 
 
 _NODE = {}
@@ -255,7 +257,7 @@ def job_request(scene, tier):
             _JOB_REQUEST[scene, tier.name] = chord.job_size.job_request(
                 tier,
                 backend=CONF.guidance.backend,
-                method=ct.apply(spec.method, CONF.memory, tier)[0],
+                method=training_job(scene, tier).method,
                 mem=CONF.memory,
                 roles=object_roles(scene),
                 fitted=spec.gaussians,
@@ -288,7 +290,7 @@ def preview_mem_mb(wildcards, attempt):
     if CONF.guidance.backend == "oracle":
         return chord.job_size.ORACLE_HOST_MB
     tier = train_tier(wildcards.scene, "coarse", attempt)
-    _, mem = ct.apply(CONF.scenes[wildcards.scene].method, CONF.memory, tier)
+    mem = training_job(wildcards.scene, tier).memory
     return chord.peak_memory.preview_mem_mb(mem, ceiling_mb=tier.mem_mb, model=MODEL)
 
 

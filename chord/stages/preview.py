@@ -124,7 +124,8 @@ def run_job(*, conf, scene: str, tier: str, inputs: dict, out_mp4: Path, out_png
     from chord import gpus
 
     spec = conf.scenes[scene]
-    method, memory = tiers.apply(spec.method, conf.memory, tiers.parse(conf.tiers)[tier])
+    job = tiers.training_job(spec.method, conf.memory, tiers.parse(conf.tiers)[tier], scene=scene)
+    method, memory = job.method, job.memory
     with gpus.job_gpu(env):
         return run(
             **inputs,

@@ -385,8 +385,8 @@ def run(
     spec = conf.scenes[scene]
     table = tiers.parse(conf.tiers)
     chosen = table[tier]
-    method, memory = tiers.apply(spec.method, conf.memory, chosen)
-    method = tiers.per_gpu(method, chosen, scene=scene)  # the videos of each rank
+    job = tiers.training_job(spec.method, conf.memory, chosen, scene=scene)
+    method, memory = job.rank_method, job.memory  # the videos of each rank
     record = Path(checkpoint_dir) / out_of_memory.RECORD
     oom = env.get("CHORD_TEST_OOM_TIERS", "")
     kwargs = {

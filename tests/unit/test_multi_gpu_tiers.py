@@ -221,3 +221,21 @@ def test_the_tier_table_command_prints_the_peak_per_gpu(tmp_path, capsys):
     job_size.main(["--config", str(path), "--batch", "2"])
     rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[2:]}
     assert rows["quad24"][8] == "batch"  # 2 videos do not split over 4 GPUs
+
+
+def test_a_training_job_applies_its_tier_once_for_the_job_and_its_ranks():
+    """tiers.training_job: the tier's size and flags for the job, batch_size / gpus for each
+    rank, and one hash for both (the checkpoints a single-GPU tier of the scene shares)."""
+    t = tiers.parse({**SITE, "quad_low": {**SITE["quad24"], "size": "416*240"}})
+    m = cc.method_from_mapping({"size": "832*480", "batch_size": 4})
+    job = tiers.training_job(m, MEM, t["quad_low"], scene="s")
+    assert job.method.size == "416*240" and job.method.batch_size == 4
+    assert job.rank_method.size == "416*240" and job.rank_method.batch_size == 1
+    assert {k: getattr(job.memory, k) for k in OFFLOAD} == OFFLOAD
+    guidance = cc.guidance_from_mapping({})
+    assert job.config_hash(guidance) == cc.training_hash(job.rank_method, guidance, 4)
+    assert job.config_hash(guidance) != tiers.training_job(m, MEM, t["full"]).config_hash(guidance)
+    solo = tiers.training_job(m, MEM, t["full"])
+    assert solo.rank_method == solo.method == m  # a lower size only: 832*480 stays
+    with pytest.raises(cc.ConfigError, match="scene s: tier quad24"):
+        tiers.training_job(cc.method_from_mapping({"batch_size": 3}), MEM, t["quad24"], scene="s")
