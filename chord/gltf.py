@@ -1,5 +1,7 @@
 """The animated glTFs of a scene (METHOD §20), written on the glTF JSON and binary chunk
-directly (trimesh and pygltflib have no morph-target or skin animation writer). Both copy
+directly (trimesh and pygltflib have no morph-target or skin animation writer): the shared
+merge and writer and the morph-target file here, the skinned one in :mod:`chord.gltf_skin`.
+Both copy
 every source object's glTF (nodes, meshes, materials, textures, samplers, skins, cameras) into
 one file. ``dynamic_scene.glb`` gives each mesh node of a dynamic object one morph target per
 frame k ≥ 1 plus a STEP animation of its weights; ``dynamic_scene_skinned.glb`` skins it on one
@@ -13,9 +15,8 @@ from __future__ import annotations
 import copy
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -25,13 +26,13 @@ from chord.gltf_io import (
     ARRAY_BUFFER,
     ELEMENT_ARRAY_BUFFER,
     FLOAT,
-    TRS,
-    UNSIGNED_BYTE,
-    UNSIGNED_SHORT,
     GltfBuilder,
     read_accessor,
     world_matrices,
 )
+
+if TYPE_CHECKING:
+    from chord.gltf_skin import Skinning
 
 logger = logging.getLogger(__name__)
 
@@ -177,7 +178,7 @@ _ARRAYS = (
 Deformer = Callable[[np.ndarray], np.ndarray]
 
 
-def _morph_mesh(
+def morph_mesh(
     out: GltfBuilder,
     mesh_index: int,
     M: np.ndarray,
@@ -213,7 +214,7 @@ def _morph_mesh(
     mesh["weights"] = [0.0] * (frames - 1)
 
 
-def _set_view_targets(doc: dict) -> None:
+def set_view_targets(doc: dict) -> None:
     """Mark a buffer view read by a single vertex-attribute accessor, or only by index
     accessors, as such where a source left ``target`` out (the validator's
     BUFFER_VIEW_TARGET_MISSING hint); views with any other use are left alone."""
@@ -243,7 +244,7 @@ def _set_view_targets(doc: dict) -> None:
             doc["bufferViews"][view]["target"] = uses[0]
 
 
-class _Moving(NamedTuple):
+class Moving(NamedTuple):
     """An animated object merged into the output: its mesh nodes (one mesh each) and their
     world matrices [4, 4] in the output."""
 
@@ -255,7 +256,7 @@ class _Moving(NamedTuple):
     world: dict[int, np.ndarray]
 
 
-def _merged_objects(out: GltfBuilder, objects: list, frames: int, roots: list[int]):
+def merged_objects(out: GltfBuilder, objects: list, frames: int, roots: list[int]):
     """Merge each object's GLB into ``out`` (its root node appended to ``roots``) and yield
     every animated one (a motion and F ≥ 2) right after merging it, with a mesh shared by
     several of its nodes duplicated per node (METHOD §20: the deformation of a vertex depends
@@ -273,15 +274,15 @@ def _merged_objects(out: GltfBuilder, objects: list, frames: int, roots: list[in
             if node["mesh"] in seen:
                 node["mesh"] = out.add("meshes", copy.deepcopy(out.doc["meshes"][node["mesh"]]))
             seen.add(node["mesh"])
-        yield _Moving(name, Path(path), motion, root, placed, world)
+        yield Moving(name, Path(path), motion, root, placed, world)
 
 
-def _key_times(out: GltfBuilder, frames: int, fps: float) -> int:
+def key_times(out: GltfBuilder, frames: int, fps: float) -> int:
     """The animation input: key k at k/fps for k = 0..F−1."""
     return out.add_accessor(np.arange(frames, dtype=np.float64) / fps, "SCALAR")
 
 
-def _weights_channels(out: GltfBuilder, nodes: list[int], frames: int, times: int) -> list:
+def weights_channels(out: GltfBuilder, nodes: list[int], frames: int, times: int) -> list:
     """(sampler, target) of each morphed node: STEP keys of one-hot weights on target k at key
     k (all zeros at key 0)."""
     onehot = np.zeros((frames, frames - 1))
@@ -291,7 +292,7 @@ def _weights_channels(out: GltfBuilder, nodes: list[int], frames: int, times: in
     return [(dict(sampler), {"node": n, "path": "weights"}) for n in nodes]
 
 
-def _write(out: GltfBuilder, out_path: Path | str, roots: list[int], channels: list) -> None:
+def write_glb(out: GltfBuilder, out_path: Path | str, roots: list[int], channels: list) -> None:
     """The scene of ``roots``, one animation "motion" of ``channels`` ((sampler, target)
     pairs; none: no animation), written as a GLB."""
     out.doc["scenes"] = [{"nodes": roots}]
@@ -335,275 +336,14 @@ def dynamic_scene_glb(
     c = np.asarray(centre, dtype=np.float64)
     roots: list[int] = []
     animated: list[int] = []
-    for obj in _merged_objects(out, objects, frames, roots):
+    for obj in merged_objects(out, objects, frames, roots):
         for n in obj.nodes:
             mesh = out.doc["nodes"][n]["mesh"]
-            _morph_mesh(out, mesh, obj.world[n], c, scale, obj.motion, frames, str(obj.path))
+            morph_mesh(out, mesh, obj.world[n], c, scale, obj.motion, frames, str(obj.path))
         animated += obj.nodes
-    _set_view_targets(out.doc)
+    set_view_targets(out.doc)
     channels = []
     if animated:
-        channels = _weights_channels(out, animated, frames, _key_times(out, frames, fps))
-    _write(out, out_path, roots, channels)
+        channels = weights_channels(out, animated, frames, key_times(out, frames, fps))
+    write_glb(out, out_path, roots, channels)
     return {"nodes": len(animated), "targets": frames - 1 if animated else 0, "frames": frames}
-
-
-# -- the skinned scene -----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Skinning:
-    """Linear blend skinning by M rigid control-point transforms about fixed centres, in
-    normalised scene space (METHOD §5): x_t = Σ_k w_k·[R(q_{k,t})(x − c_k) + c_k + τ_{k,t}].
-
-    Fields:
-        centres: c [M, 3].
-        rotations: q [F, M, 4], unit quaternions (w, x, y, z); frame 0 the identity.
-        translations: τ [F, M, 3]; frame 0 zero.
-        bind: normalised rest points [n, 3] -> (joint indices [n, K] into the M centres,
-            weights [n, K] ≥ 0 summing to 1 per point).
-    """
-
-    centres: np.ndarray
-    rotations: np.ndarray
-    translations: np.ndarray
-    bind: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
-
-
-def skin_weights_f32(w: np.ndarray) -> np.ndarray:
-    """Skin weights [n, J] as float32 whose running float32 sum (the order a viewer and the
-    glTF validator add them in) is 1 up to rounding: normalised in float64, rounded, and the
-    largest weight of each row corrected by the float32 residual."""
-    w = np.asarray(w, dtype=np.float64)
-    total = w.sum(1, keepdims=True)
-    if (w < 0).any() or not (total > 0).all():
-        raise ValueError("skin weights: expected non-negative rows with a positive sum")
-    w32 = (w / total).astype(np.float32)
-    running = np.zeros(len(w32), dtype=np.float32)
-    for j in range(w32.shape[1]):
-        running += w32[:, j]
-    rows, big = np.arange(len(w32)), w32.argmax(1)
-    w32[rows, big] += np.float32(1.0) - running
-    return w32
-
-
-def _bind_mesh(
-    out: GltfBuilder,
-    mesh_index: int,
-    M: np.ndarray,
-    centre: np.ndarray,
-    scale: float,
-    skinning: Skinning,
-    where: str,
-) -> None:
-    """JOINTS_j/WEIGHTS_j of every primitive of mesh ``mesh_index`` (placed by world matrix
-    M): each vertex's K control points at v_n = (M·v_l − c)·s, padded with joint 0 at weight
-    0 to a multiple of 4 (one set per 4), weights normalised in float32."""
-    mesh = out.doc["meshes"][mesh_index]
-    J = len(skinning.centres)
-    component = UNSIGNED_BYTE if J <= 256 else UNSIGNED_SHORT
-    cache: dict[int, dict[str, int]] = {}
-    for p in mesh["primitives"]:
-        if "POSITION" not in p["attributes"]:
-            raise InputError(f"{where}: a primitive of mesh {mesh_index} has no POSITION")
-        stale = [k for k in p["attributes"] if k.startswith(("JOINTS_", "WEIGHTS_"))]
-        if stale:
-            logger.warning(
-                "%s: replacing the source's skin attributes of mesh %d", where, mesh_index
-            )
-            for k in stale:
-                del p["attributes"][k]
-        pos = p["attributes"]["POSITION"]
-        if pos not in cache:
-            if out.doc["accessors"][pos]["componentType"] != FLOAT:
-                raise InputError(f"{where}: quantised POSITION in mesh {mesh_index}")
-            v_l = read_accessor(out.doc, bytes(out.blob), pos)  # [n, 3]
-            v_n = ((v_l @ M[:3, :3].T + M[:3, 3]) - centre) * scale  # [n, 3]
-            idx, w = skinning.bind(v_n)
-            idx, w = np.asarray(idx, dtype=np.int64), np.asarray(w, dtype=np.float64)
-            n, K = idx.shape
-            if w.shape != (n, K) or n != len(v_n):
-                raise ValueError(f"bind returned {idx.shape} and {w.shape} for {len(v_n)} points")
-            if len(idx) and (idx.min() < 0 or idx.max() >= J):
-                raise ValueError(f"bind: joint indices outside [0, {J})")
-            sets = -(-K // 4)
-            if sets > 1:
-                logger.warning(
-                    "%s: %d influences per vertex need %d JOINTS/WEIGHTS sets; some viewers "
-                    "(three.js) read only the first 4",
-                    where,
-                    K,
-                    sets,
-                )
-            pad = 4 * sets - K  # padding: joint 0 at weight 0 (the validator's convention)
-            idx = np.pad(idx, ((0, 0), (0, pad)))
-            w32 = np.pad(skin_weights_f32(w), ((0, 0), (0, pad)))
-            attrs = {}
-            for j in range(sets):
-                cols = slice(4 * j, 4 * j + 4)
-                attrs[f"JOINTS_{j}"] = out.add_accessor(
-                    idx[:, cols], "VEC4", target=ARRAY_BUFFER, component=component, bounds=False
-                )
-                attrs[f"WEIGHTS_{j}"] = out.add_accessor(
-                    w32[:, cols], "VEC4", target=ARRAY_BUFFER, bounds=False
-                )
-            cache[pos] = attrs
-        p["attributes"].update(cache[pos])
-
-
-def _skin_object(
-    out: GltfBuilder, obj: _Moving, centre: np.ndarray, scale: float, frames: int
-) -> tuple[list[int], list]:
-    """Skin ``obj``'s mesh nodes on one joint per control point.
-
-    The skeleton root (a child of the object's root, which has no transform) carries the
-    denormalisation A = T(c)·S(1/s); joint k under it has the bind (rest) pose T(c_k) and is
-    animated with T(c_k + τ_{k,t})·R(q_{k,t}). Each mesh node gets a skin on those joints with
-    IBM_k = T(−c_k)·N·M_node (N = S(s)·T(−c), M_node its world matrix in the source), so
-    J_k(t)·IBM_k·v_l = A·(R_k·(v_n − c_k) + c_k + τ_k) and Σ_k w_k of that is A·x_t, the
-    deformed vertex in the source's world coordinates (A is affine and Σw = 1). glTF ignores a
-    skinned mesh node's own transform, so the node becomes a scene root without one (a leaf
-    itself; a node with children or a camera hands its mesh to a new root node).
-
-    Returns (the skinned mesh nodes, to be scene roots; (sampler output arrays, target) per
-    joint channel).
-    """
-    sk, where = obj.motion, str(obj.path)
-    cp = np.asarray(sk.centres, dtype=np.float64)  # [M, 3]
-    q = np.asarray(sk.rotations, dtype=np.float64)  # [F, M, 4] wxyz
-    tau = np.asarray(sk.translations, dtype=np.float64)  # [F, M, 3]
-    M = len(cp)
-    if q.shape != (frames, M, 4) or tau.shape != (frames, M, 3):
-        raise ValueError(
-            f"{obj.name}: rotations {q.shape} and translations {tau.shape}, expected "
-            f"{(frames, M, 4)} and {(frames, M, 3)}"
-        )
-    nodes = out.doc["nodes"]
-    # 1. the skeleton: A = T(c)·S(1/s), one joint per control point at its bind pose T(c_k)
-    skel = out.add(
-        "nodes",
-        {
-            "name": f"{obj.name}_skeleton",
-            "translation": centre.tolist(),
-            "scale": [1.0 / scale] * 3,
-        },
-    )
-    joints = [
-        out.add("nodes", {"name": f"{obj.name}_cp_{k}", "translation": cp[k].tolist()})
-        for k in range(M)
-    ]
-    nodes[skel]["children"] = joints
-    nodes[obj.root]["children"].append(skel)
-    # 2. per mesh node: a skin with IBM_k = T(−c_k)·N·M_node, the vertices' joints and weights
-    N = np.diag([scale, scale, scale, 1.0])
-    N[:3, 3] = -scale * centre
-    parents = {c: i for i, node in enumerate(nodes) for c in node.get("children", [])}
-    skinned = []
-    for n in obj.nodes:
-        node = nodes[n]
-        if "skin" in node:
-            logger.warning("%s: replacing the source's skin of node %d", where, n)
-        ibm = np.repeat((N @ obj.world[n])[None], M, 0)  # [M, 4, 4]
-        ibm[:, :3, 3] -= cp  # T(−c_k)·B only shifts B's translation
-        ibm[:, 3] = (0.0, 0.0, 0.0, 1.0)
-        ibm_acc = out.add_accessor(ibm.transpose(0, 2, 1).reshape(M, 16), "MAT4", bounds=False)
-        skin = out.add(
-            "skins",
-            {
-                "name": f"{obj.name}_skin",
-                "inverseBindMatrices": ibm_acc,  # column-major, as glTF stores MAT4
-                "skeleton": skel,
-                "joints": joints,
-            },
-        )
-        _bind_mesh(out, node["mesh"], obj.world[n], centre, scale, sk, where)
-        if set(node) <= {"name", "mesh", "skin", "weights", *TRS}:  # a leaf: move it to the root
-            parent = nodes[parents[n]]
-            parent["children"].remove(n)
-            if not parent["children"]:
-                del parent["children"]
-            for key in (*TRS, "skin"):
-                node.pop(key, None)
-            node["skin"] = skin
-            skinned.append(n)
-        else:  # it holds more (children, a camera): the mesh moves to a new root node
-            new = {"name": f"{node.get('name') or obj.name}_skinned", "mesh": node.pop("mesh")}
-            if "weights" in node:
-                new["weights"] = node.pop("weights")
-            node.pop("skin", None)
-            new["skin"] = skin
-            skinned.append(out.add("nodes", new))
-    # 3. the joints' keys: translation c_k + τ_{k,t}, rotation q_{k,t} as (x, y, z, w)
-    r = q[..., [1, 2, 3, 0]] / np.linalg.norm(q, axis=-1, keepdims=True)  # [F, M, 4]
-    for t in range(1, frames):  # q and −q are one rotation: keep neighbours in one hemisphere
-        r[t][(r[t] * r[t - 1]).sum(-1) < 0] *= -1.0
-    tracks = []
-    for k, joint in enumerate(joints):
-        tracks.append((cp[k] + tau[:, k], {"node": joint, "path": "translation"}))
-        tracks.append((r[:, k], {"node": joint, "path": "rotation"}))
-    return skinned, tracks
-
-
-def dynamic_scene_skinned_glb(
-    out_path: Path | str,
-    objects: list[tuple[str, Path, Deformer | Skinning | None]],
-    *,
-    centre,
-    scale: float,
-    frames: int,
-    fps: float,
-) -> dict:
-    """``dynamic_scene_skinned.glb``: the scene of :func:`dynamic_scene_glb`, an object with a
-    :class:`Skinning` skinned on one joint per control point (translation and rotation keys
-    per joint, LINEAR, so slerp between keys), an object with a deformer (a motion one skin
-    cannot express, e.g. two control-point layers) morphed as in :func:`dynamic_scene_glb`.
-
-    Args:
-        objects: (name, source GLB, Skinning, deformer or None for an unanimated object) in
-            id order.
-        centre, scale: the scene normalisation (x_n = (x_w − c)·s).
-        frames: F; key k (frame k) at k/fps, frame 0 the rest pose.
-
-    Returns a summary: {"skinned": skinned mesh nodes, "joints": joints, "morphed": morphed
-    nodes, "targets": morph targets per morphed mesh, "frames": F}.
-    """
-    if frames < 1:
-        raise ValueError(f"frames: expected at least 1, got {frames}")
-    if not objects:
-        raise InputError(f"{out_path}: no objects to export")
-    out = GltfBuilder()
-    c = np.asarray(centre, dtype=np.float64)
-    roots: list[int] = []
-    skinned: list[int] = []
-    morphed: list[int] = []
-    tracks: list = []
-    for obj in _merged_objects(out, objects, frames, roots):
-        if isinstance(obj.motion, Skinning):
-            nodes, obj_tracks = _skin_object(out, obj, c, scale, frames)
-            roots += nodes  # a skinned mesh node must be a scene root
-            skinned += nodes
-            tracks += obj_tracks
-        else:
-            for n in obj.nodes:
-                mesh = out.doc["nodes"][n]["mesh"]
-                _morph_mesh(out, mesh, obj.world[n], c, scale, obj.motion, frames, str(obj.path))
-            morphed += obj.nodes
-    _set_view_targets(out.doc)
-    channels = []
-    if skinned or morphed:
-        times = _key_times(out, frames, fps)
-        for values, target in tracks:
-            kind = "VEC3" if target["path"] == "translation" else "VEC4"
-            sampler = {"input": times, "interpolation": "LINEAR"}
-            sampler["output"] = out.add_accessor(values, kind, bounds=False)
-            channels.append((sampler, target))
-        if morphed:
-            channels += _weights_channels(out, morphed, frames, times)
-    _write(out, out_path, roots, channels)
-    return {
-        "skinned": len(skinned),
-        "joints": len(tracks) // 2,
-        "morphed": len(morphed),
-        "targets": frames - 1 if morphed else 0,
-        "frames": frames,
-    }

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from chord import config, gltf, ply, train
+from chord import config, gltf, gltf_skin, ply, train
 from chord import scene as sc
 from chord.errors import InputError
 from chord.motion import state
@@ -100,7 +100,7 @@ def deformer(obj, frames: int) -> gltf.Deformer:
     return apply
 
 
-def skinning(obj, frames: int) -> gltf.Skinning:
+def skinning(obj, frames: int) -> gltf_skin.Skinning:
     """``obj``'s first control-point layer as glTF skinning data (METHOD §5): its centres,
     the transforms of frames 0..F−1 (frame 0 pinned to the identity, as ``deform`` pins it)
     and the binding of rest points to their K neighbours with the sg weights. Exact for an
@@ -118,7 +118,7 @@ def skinning(obj, frames: int) -> gltf.Skinning:
             w = layer.weights(x, idx, detach=True)  # [n, K]
         return idx.cpu().numpy(), w.double().cpu().numpy()
 
-    return gltf.Skinning(layer.centres.double().cpu().numpy(), q, tau, bind)
+    return gltf_skin.Skinning(layer.centres.double().cpu().numpy(), q, tau, bind)
 
 
 def check_objects(doc: dict, names, flag: str) -> list[str]:
@@ -182,7 +182,7 @@ def write_glb(
             fps,
         )
         return summary
-    summary = gltf.dynamic_scene_skinned_glb(
+    summary = gltf_skin.dynamic_scene_skinned_glb(
         out, objects, centre=c, scale=s, frames=frames, fps=fps
     )
     logger.info(
