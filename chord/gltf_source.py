@@ -25,17 +25,22 @@ from __future__ import annotations
 
 import base64
 import copy
-import io
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote
 
 import numpy as np
-from PIL import Image
 
 from chord.errors import InputError
+from chord.gltf_decode import (
+    DRACO,
+    MESHOPT,
+    decode_draco,
+    flat_views,
+    integer_accessors,
+    normalised_values,
+)
 from chord.gltf_io import (
     ARRAY_BUFFER,
     COMPONENTS,
@@ -49,15 +54,18 @@ from chord.gltf_io import (
     read_accessor,
     read_glb,
 )
+from chord.gltf_textures import (
+    IMAGE_EXTENSIONS,
+    TRANSFORM,
+    bake_base_colour_uvs,
+    keep_images,
+    plain_images,
+    texture_infos,
+)
 
 SUFFIXES = (".glb", ".gltf")
-DRACO = "KHR_draco_mesh_compression"
-MESHOPT = ("EXT_meshopt_compression", "KHR_meshopt_compression")
 QUANTIZATION = "KHR_mesh_quantization"
 INSTANCING = "EXT_mesh_gpu_instancing"
-TRANSFORM = "KHR_texture_transform"
-BASISU = "KHR_texture_basisu"
-IMAGE_EXTENSIONS = {BASISU: "KTX2", "EXT_texture_webp": "WebP", "EXT_texture_avif": "AVIF"}
 #: resolved into core glTF by :func:`read`
 DECODED = {DRACO, *MESHOPT, QUANTIZATION, INSTANCING, TRANSFORM, *IMAGE_EXTENSIONS}
 #: kept as they are: they change neither the geometry nor the base colour (lights and variants
@@ -200,205 +208,6 @@ def _check_extensions(doc: dict, where: str) -> list[str]:
     return warnings
 
 
-# --- buffer views and accessors -------------------------------------------------------------
-
-
-def _meshopt(ext: dict, buffers: list[bytes | None], where: str) -> bytes:
-    try:
-        import meshopt
-    except ImportError as exc:
-        raise InputError(
-            f"{where}: uses EXT_meshopt_compression; decoding it needs the meshopt package "
-            "(`pip install meshopt`, Python 3.11 or later)"
-        ) from exc
-    data = buffers[ext["buffer"]]
-    if data is None:
-        raise InputError(f"{where}: a meshopt bufferView reads from a fallback buffer")
-    start = ext.get("byteOffset", 0)
-    raw = data[start : start + ext["byteLength"]]
-    count, stride = ext["count"], ext["byteStride"]
-    mode, filt = ext.get("mode", "ATTRIBUTES"), ext.get("filter", "NONE")
-    try:
-        rows = meshopt.decode_gltf_buffer(raw, count, stride, mode, filt)
-    except ValueError as exc:
-        raise InputError(f"{where}: cannot decode a meshopt bufferView ({exc})") from exc
-    return np.ascontiguousarray(rows).tobytes()
-
-
-def _flat_views(doc: dict, buffers: list[bytes | None], where: str) -> tuple[list[dict], bytes]:
-    """Every bufferView's bytes (meshopt decoded) laid end to end in one blob, and views
-    pointing into it, so :func:`chord.gltf_io.read_accessor` reads any accessor."""
-    views, blob = [], bytearray()
-    for i, view in enumerate(doc.get("bufferViews", [])):
-        ext = next(
-            (view["extensions"][m] for m in MESHOPT if m in view.get("extensions", {})), None
-        )
-        if ext is not None:
-            data = _meshopt(ext, buffers, f"{where} bufferView {i}")
-            stride = ext["byteStride"]
-        else:
-            src = buffers[view["buffer"]] if view["buffer"] < len(buffers) else None
-            if src is None:
-                raise InputError(f"{where}: bufferView {i} reads from a buffer without data")
-            start = view.get("byteOffset", 0)
-            data = src[start : start + view["byteLength"]]
-            if len(data) < view["byteLength"]:
-                raise InputError(f"{where}: bufferView {i} runs past the end of its buffer")
-            stride = view.get("byteStride")
-        blob.extend(b"\0" * (-len(blob) % 4))
-        flat = {"buffer": 0, "byteOffset": len(blob), "byteLength": len(data)}
-        if stride:
-            flat["byteStride"] = stride
-        views.append(flat)
-        blob.extend(data)
-    return views, bytes(blob)
-
-
-def _draco(prim: dict, views: list[dict], blob: bytes, where: str) -> dict[int, np.ndarray]:
-    """{accessor index: decoded rows} of one Draco primitive (its attributes and indices)."""
-    try:
-        import DracoPy
-    except ImportError as exc:
-        raise InputError(
-            f"{where}: uses {DRACO}; decoding it needs DracoPy (`pip install DracoPy`)"
-        ) from exc
-    ext = prim["extensions"][DRACO]
-    view = views[ext["bufferView"]]
-    data = blob[view["byteOffset"] : view["byteOffset"] + view["byteLength"]]
-    try:
-        mesh = DracoPy.decode(data)
-    except Exception as exc:  # DracoPy raises its own failure types
-        raise InputError(f"{where}: cannot decode its Draco data ({exc})") from exc
-    names = {ident: name for name, ident in ext.get("attributes", {}).items()}
-    out = {}
-    for attr in mesh.attributes:
-        name = names.get(attr["unique_id"])
-        if name in prim.get("attributes", {}):
-            rows = np.asarray(attr["data"])
-            out[prim["attributes"][name]] = rows.reshape(len(rows), -1)
-    if "indices" in prim:
-        faces = np.asarray(getattr(mesh, "faces", []))
-        out[prim["indices"]] = faces.reshape(-1, 1)
-    missing = sorted(
-        set(ext.get("attributes", {}))
-        - {names[a["unique_id"]] for a in mesh.attributes if a["unique_id"] in names}
-    )
-    if missing:
-        raise InputError(f"{where}: its Draco data lacks the attributes {missing}")
-    return out
-
-
-def _integer_accessors(doc: dict) -> tuple[set[int], set[int]]:
-    """Accessors that keep an integer type: (indices, JOINTS_n)."""
-    indices, joints = set(), set()
-    for mesh in doc.get("meshes", []):
-        for prim in mesh.get("primitives", []):
-            if "indices" in prim:
-                indices.add(prim["indices"])
-            attrs = prim.get("attributes", {})
-            joints.update(v for k, v in attrs.items() if k.startswith("JOINTS_"))
-    return indices, joints
-
-
-def _normalised_values(acc: dict, rows: np.ndarray) -> np.ndarray:
-    """Draco gives a normalised integer attribute as its stored integers: scale them as
-    glTF does."""
-    if acc.get("normalized") and acc["componentType"] != FLOAT and rows.dtype.kind in "iu":
-        info = np.iinfo(np.dtype(COMPONENTS[acc["componentType"]]))
-        return np.maximum(rows.astype(np.float64) / info.max, -1.0)
-    return rows.astype(np.float64)
-
-
-# --- texture transform ---------------------------------------------------------------------
-
-
-def texture_transform(uv: np.ndarray, ext: dict) -> np.ndarray:
-    """KHR_texture_transform on glTF UVs [n, 2]: T(offset) · R(rotation) · S(scale) · uv, the
-    rotation matrix [[cos r, sin r], [−sin r, cos r]] as the extension defines it."""
-    ox, oy = ext.get("offset", (0.0, 0.0))
-    sx, sy = ext.get("scale", (1.0, 1.0))
-    r = float(ext.get("rotation", 0.0))
-    c, s = math.cos(r), math.sin(r)
-    u, v = uv[:, 0] * sx, uv[:, 1] * sy
-    return np.stack([c * u + s * v + ox, -s * u + c * v + oy], axis=1)
-
-
-def _texture_infos(mat: dict):
-    """Every texture reference (a dict with ``index``) in a material, extensions included."""
-    stack = [mat]
-    while stack:
-        value = stack.pop()
-        if isinstance(value, dict):
-            for key, item in value.items():
-                if key.endswith("Texture") and isinstance(item, dict) and "index" in item:
-                    yield item
-                stack.append(item)
-        elif isinstance(value, list):
-            stack.extend(value)
-
-
-def _tex_set(info: dict) -> int:
-    ext = info.get("extensions", {}).get(TRANSFORM, {})
-    return int(ext.get("texCoord", info.get("texCoord", 0)))
-
-
-def _bake_base_colour_uvs(out: GltfBuilder, arrays: dict[int, np.ndarray], where: str) -> None:
-    """Make each textured primitive's base colour read TEXCOORD_0 with no transform: its
-    transformed UVs become TEXCOORD_0; the old TEXCOORD_0 moves to a free set for the other
-    textures that read it. A material is edited in place, or copied per primitive layout
-    where its primitives need different edits."""
-    doc = out.doc
-    edits: dict[int, dict[int | None, list[dict]]] = {}  # material -> moved set -> primitives
-    for mesh in doc.get("meshes", []):
-        for prim in mesh.get("primitives", []):
-            if "material" not in prim:
-                continue
-            mat = doc["materials"][prim["material"]]
-            base = mat.get("pbrMetallicRoughness", {}).get("baseColorTexture")
-            if base is None:
-                continue
-            ext = base.get("extensions", {}).get(TRANSFORM)
-            src = _tex_set(base)
-            attrs = prim["attributes"]
-            if (ext is None and src == 0) or f"TEXCOORD_{src}" not in attrs:
-                continue  # nothing to bake, or no UVs (the colour sampling warns)
-            baked = arrays[attrs[f"TEXCOORD_{src}"]]
-            if ext is not None:
-                baked = texture_transform(baked, ext)
-            others = [i for i in _texture_infos(mat) if i is not base and _tex_set(i) == 0]
-            moved = None
-            if "TEXCOORD_0" in attrs and others:
-                moved = 1 + max(int(k.split("_")[1]) for k in attrs if k.startswith("TEXCOORD_"))
-                attrs[f"TEXCOORD_{moved}"] = attrs["TEXCOORD_0"]
-            attrs["TEXCOORD_0"] = out.add_accessor(baked, "VEC2", target=ARRAY_BUFFER, bounds=False)
-            edits.setdefault(prim["material"], {}).setdefault(moved, []).append(prim)
-    for index, by_moved in edits.items():
-        for k, (moved, prims) in enumerate(by_moved.items()):
-            mat = doc["materials"][index]
-            new = mat if k == len(by_moved) - 1 else copy.deepcopy(mat)
-            _edit_material(new, moved)
-            if new is not mat:
-                target = out.add("materials", new)
-                for prim in prims:
-                    prim["material"] = target
-
-
-def _edit_material(mat: dict, moved: int | None) -> None:
-    """The base colour without texCoord and transform; the textures that read set 0 moved to
-    set ``moved``."""
-    base = mat["pbrMetallicRoughness"]["baseColorTexture"]
-    base.pop("texCoord", None)
-    base.get("extensions", {}).pop(TRANSFORM, None)
-    if not base.get("extensions", {}):
-        base.pop("extensions", None)
-    if moved is None:
-        return
-    for info in _texture_infos(mat):
-        if info is not base and _tex_set(info) == 0:
-            info["texCoord"] = moved
-            info.get("extensions", {}).get(TRANSFORM, {}).pop("texCoord", None)
-
-
 # --- images ----------------------------------------------------------------------------------
 
 
@@ -410,43 +219,6 @@ def _image_bytes(doc: dict, i: int, views: list[dict], blob: bytes, path: Path) 
     if "uri" in im:
         return _uri_bytes(im["uri"], path.parent, str(path), f"image {i}")
     raise InputError(f"{path}: image {i} has neither a bufferView nor a uri")
-
-
-def _plain_images(doc: dict, images: list[bytes], where: str) -> None:
-    """Textures read their image from ``source``: a KTX2/WebP/AVIF source becomes a PNG (KTX2)
-    or stays as Pillow reads it (WebP, AVIF), unless the texture has a fallback source."""
-    from PIL import features
-
-    for t_index, tex in enumerate(doc.get("textures", [])):
-        exts = tex.get("extensions", {})
-        for name, kind in IMAGE_EXTENSIONS.items():
-            if name not in exts:
-                continue
-            ext = exts.pop(name)
-            if "source" in tex or "source" not in ext:
-                continue  # the fallback image is what we read
-            src = ext["source"]
-            what = f"{where}: texture {t_index} ({kind} image {src})"
-            if name == BASISU:
-                from chord import ktx2
-
-                images[src] = ktx2.to_png(images[src], what)
-                doc["images"][src]["mimeType"] = "image/png"
-            elif kind == "AVIF" and not features.check("avif"):
-                raise InputError(
-                    f"{what}: this Pillow cannot decode AVIF; `pip install -U pillow` (11.3 or "
-                    "later) or convert the textures: `npx @gltf-transform/cli png IN OUT`"
-                )
-            tex["source"] = src
-        if not exts:
-            tex.pop("extensions", None)
-    for i, data in enumerate(images):  # every image must open as Pillow reads it
-        try:
-            Image.open(io.BytesIO(data)).verify()
-        except Exception as exc:  # Pillow raises several types for unreadable images
-            used = any(t.get("source") == i for t in doc.get("textures", []))
-            if used:
-                raise InputError(f"{where}: image {i} cannot be read ({exc})") from exc
 
 
 # --- instancing -------------------------------------------------------------------------------
@@ -494,7 +266,7 @@ def read(path: Path | str) -> Source:
     doc, buffers = _load(path)
     warnings = _check_extensions(doc, where)
     used = set(doc.get("extensionsUsed", [])) | set(doc.get("extensionsRequired", []))
-    views, blob = _flat_views(doc, buffers, where)
+    views, blob = flat_views(doc, buffers, where)
     flat = {**doc, "bufferViews": views}
 
     decoded: dict[int, np.ndarray] = {}
@@ -507,16 +279,16 @@ def read(path: Path | str) -> Source:
                         "compression, which the extension does not define; re-export it "
                         "without Draco"
                     )
-                decoded.update(_draco(prim, views, blob, f"{where} mesh {m} primitive {p}"))
+                decoded.update(decode_draco(prim, views, blob, f"{where} mesh {m} primitive {p}"))
 
     out = GltfBuilder()
     data_keys = ("buffers", "bufferViews", "accessors", "images")
     out.doc.update(copy.deepcopy({k: v for k, v in doc.items() if k not in data_keys}))
-    indices, joints = _integer_accessors(doc)
+    indices, joints = integer_accessors(doc)
     arrays: dict[int, np.ndarray] = {}
     for i, acc in enumerate(doc.get("accessors", [])):
         if i in decoded:
-            values = _normalised_values(acc, decoded[i])
+            values = normalised_values(acc, decoded[i])
         else:
             try:
                 values = read_accessor(flat, blob, i)
@@ -549,14 +321,14 @@ def read(path: Path | str) -> Source:
         {k: v for k, v in im.items() if k not in ("uri", "bufferView")}
         for im in doc.get("images", [])
     ]
-    _plain_images(out.doc, images, where)
-    _keep_images(out, images, where)
+    plain_images(out.doc, images, where)
+    keep_images(out, images, where)
     _flatten_instances(out, arrays)
-    _bake_base_colour_uvs(out, arrays, where)
+    bake_base_colour_uvs(out, arrays, where)
 
     still = set()
     for mat in out.doc.get("materials", []):
-        for info in _texture_infos(mat):
+        for info in texture_infos(mat):
             if TRANSFORM in info.get("extensions", {}):
                 still.add(TRANSFORM)
     resolved = (used & (DECODED - {TRANSFORM})) | ((used & {TRANSFORM}) - still)
@@ -571,37 +343,6 @@ def read(path: Path | str) -> Source:
     if not out.doc["buffers"]:
         del out.doc["buffers"]
     return Source(path, out.doc, bytes(out.blob), tuple(sorted(resolved)), tuple(warnings))
-
-
-def _keep_images(out: GltfBuilder, images: list[bytes], where: str) -> None:
-    """Each image a texture reads (or that is not KTX2) into the buffer; a KTX2 image that only
-    a resolved texture's extension read is dropped, the textures' sources renumbered."""
-    doc = out.doc
-    read = {t["source"] for t in doc.get("textures", []) if "source" in t}
-    keep = [
-        i for i, im in enumerate(doc["images"]) if i in read or im.get("mimeType") != "image/ktx2"
-    ]
-    renumber = {old: new for new, old in enumerate(keep)}
-    kept = []
-    for i in keep:
-        im = doc["images"][i]
-        im["bufferView"] = out.add_view(images[i])
-        im.setdefault("mimeType", _mime(images[i], f"{where}: image {i}"))
-        kept.append(im)
-    for tex in doc.get("textures", []):
-        if "source" in tex:
-            tex["source"] = renumber[tex["source"]]
-    doc["images"] = kept
-    if not kept:
-        del doc["images"]
-
-
-def _mime(data: bytes, where: str) -> str:
-    try:
-        fmt = Image.open(io.BytesIO(data)).format
-    except Exception as exc:  # Pillow raises several types for unreadable images
-        raise InputError(f"{where} cannot be read ({exc})") from exc
-    return Image.MIME.get(fmt, "image/png")
 
 
 def _check_triangles(doc: dict, where: str) -> None:
