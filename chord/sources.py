@@ -41,6 +41,7 @@ EXEMPT = {
     "chord.io": "atomic writes and JSON layout: how an output lands, not what it holds",
     "chord.paths": "output names: a renamed output is a new target, the DAG sees that itself",
     "chord.peak_memory": "the peak-memory estimate: it picks a tier, whose size is a param",
+    "chord.job_memory": "the preview's and condition job's memory estimates: resources, not values",
     "chord.gpus": "which GPU a job takes and how many run at once, not what they compute",
     "chord.runtime": "allocator settings and cache emptying: memory and speed, not values",
     "chord.preflight": "preflight checks: a training passes them or stops, they change nothing",

@@ -14,6 +14,7 @@ import chord.ply
 import chord.gpus
 import chord.out_of_memory
 import chord.peak_memory
+import chord.job_memory
 import chord.job_size
 import chord.paths as P
 import chord.plan
@@ -182,7 +183,7 @@ def gpu_node():
 # The experts' shapes for the memory model: the Wan folder's configs, else A14B.
 MODEL = chord.peak_memory.model_for(CONF.guidance.ckpt_dir)
 # Host RAM of the condition job: the text encoder in float32 (UMT5-XXL ~23 GB).
-CONDITION_MEM_MB = chord.peak_memory.condition_mem_mb(
+CONDITION_MEM_MB = chord.job_memory.condition_mem_mb(
     CONF.guidance.ckpt_dir, CONF.guidance.backend
 )
 
@@ -291,7 +292,7 @@ def preview_mem_mb(wildcards, attempt):
         return chord.job_size.ORACLE_HOST_MB
     tier = train_tier(wildcards.scene, "coarse", attempt)
     mem = training_job(wildcards.scene, tier).memory
-    return chord.peak_memory.preview_mem_mb(mem, ceiling_mb=tier.mem_mb, model=MODEL)
+    return chord.job_memory.preview_mem_mb(mem, ceiling_mb=tier.mem_mb, model=MODEL)
 
 
 def attempt_number(wildcards, attempt):

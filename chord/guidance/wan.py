@@ -509,7 +509,7 @@ def sample_video(
     releases it before the VAE decode, so host RAM holds one 14B expert. On a GPU the VAE
     sits there; the expert moves there whole, or with ``mmgp`` (an :class:`MMGPResidency`,
     the tier's ``enable_mmgp``) stays in host RAM with mmgp streaming its blocks
-    (:func:`chord.peak_memory.preview_estimate`). No diffusers offload hooks: model CPU
+    (:func:`chord.job_memory.preview_estimate`). No diffusers offload hooks: model CPU
     offload would move the whole expert as we do, its hooks are set once for the components
     present then, and the mmgp tiers' training already streams with mmgp (its profile, budget
     and the memory model's window). Returns frames [F, H, W, 3] uint8."""

@@ -60,7 +60,7 @@ def run(
         frames = media.to_uint8(video.permute(0, 2, 3, 1))
         source = "the oracle's scripted target video"
     else:
-        from chord import peak_memory
+        from chord import job_memory, peak_memory
         from chord.guidance import wan
 
         image = Image.open(ref_png).convert("RGB")
@@ -69,7 +69,7 @@ def run(
                 f"{ref_png}: {image.size[0]}x{image.size[1]}, but method size is "
                 f"{width}x{height}; rerun the reference stage"
             )
-        e = peak_memory.preview_estimate(
+        e = job_memory.preview_estimate(
             memory or {},
             width=width,
             height=height,

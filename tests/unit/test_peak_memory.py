@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from chord import peak_memory
+from chord import job_memory, peak_memory
 
 SEED_SPLIT = {  # the seed document's split flags
     "split_sds_backward": True,
@@ -252,7 +252,7 @@ def test_the_teacher_preview_holds_one_expert_whole_or_streamed_per_tier():
     expert = peak_memory.dit_params(peak_memory.A14B) * 2
     for name, flags in TIERS.items():
         shape = {k: v for k, v in tier_doc(name).items() if k in ("width", "height", "frames")}
-        e = peak_memory.preview_estimate(flags, **shape)
+        e = job_memory.preview_estimate(flags, **shape)
         train = peak_memory.estimate({**flags, "sds_cfg_batch": False}, **tier_doc(name))
         assert e["parts"]["dit_activations"] == train["parts"]["dit_activations"], name
         assert e["parts"]["dit_weights"] == train["parts"]["dit_weights"], name
@@ -264,10 +264,10 @@ def test_the_teacher_preview_holds_one_expert_whole_or_streamed_per_tier():
         ), name
         mmgp = expert // 2 if flags.get("enable_mmgp") else 0
         assert e["host_bytes"] == expert + peak_memory.HOST_BASE_GIB * peak_memory.GiB + mmgp
-    full = peak_memory.preview_estimate({}, width=832, height=480, frames=41)
+    full = job_memory.preview_estimate({}, width=832, height=480, frames=41)
     assert full["parts"]["dit_weights"] == expert  # one expert, not both
     assert full["gpu_bytes"] > 24 * peak_memory.GiB  # a whole expert does not fit 24 GB
-    off = peak_memory.preview_estimate(OFFLOAD, width=832, height=480, frames=41)
+    off = job_memory.preview_estimate(OFFLOAD, width=832, height=480, frames=41)
     assert off["phases"]["decode"] == full["phases"]["decode"]  # no expert during the decode
 
 
@@ -276,11 +276,11 @@ def test_the_preview_job_asks_for_one_experts_host_ram_below_the_tiers_ceiling()
     ~36 GB on full, below its 64; ~51 GB with mmgp's staging, below offload's 96; both
     below two bf16 experts, which the pipeline once held)."""
     expert = peak_memory.dit_params(peak_memory.A14B) * 2
-    full = peak_memory.preview_mem_mb({}, ceiling_mb=64 * 1024)
-    off = peak_memory.preview_mem_mb(OFFLOAD, ceiling_mb=96 * 1024)
+    full = job_memory.preview_mem_mb({}, ceiling_mb=64 * 1024)
+    off = job_memory.preview_mem_mb(OFFLOAD, ceiling_mb=96 * 1024)
     assert full == -(-int((expert + 6 * peak_memory.GiB) * 1.1) // peak_memory.MiB)
     assert 2 * expert / peak_memory.MiB > off > full > 1.1 * expert / peak_memory.MiB
     assert off < 96 * 1024 and full < 64 * 1024
-    assert peak_memory.preview_mem_mb(OFFLOAD, ceiling_mb=40_000) == 40_000
+    assert job_memory.preview_mem_mb(OFFLOAD, ceiling_mb=40_000) == 40_000
     tiny = peak_memory.ModelShape(**{**vars(peak_memory.A14B), "layers": 1})
-    assert peak_memory.preview_mem_mb({}, ceiling_mb=64 * 1024, model=tiny) < full
+    assert job_memory.preview_mem_mb({}, ceiling_mb=64 * 1024, model=tiny) < full

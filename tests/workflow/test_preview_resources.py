@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from chord import config as cc
-from chord import peak_memory
+from chord import job_memory, peak_memory
 from chord import tiers as ct
 from tests.conftest import REPO
 from tests.workflow.test_scale import snakemake, wan_workdir
@@ -41,7 +41,7 @@ def test_the_preview_job_asks_for_its_tiers_gpu_kind_and_one_experts_host_ram(tm
     spec = ct.parse(conf["tiers"])[tier]
     flags = {**conf["memory"], **spec.flags}
     # no Wan folder there: A14B's shapes; one expert (+ mmgp's staging) and 10%
-    expected = peak_memory.preview_mem_mb(
+    expected = job_memory.preview_mem_mb(
         cc.memory_from_mapping(flags), ceiling_mb=spec.mem_mb, model=peak_memory.A14B
     )
     assert int(preview["mem_mb"]) == expected < spec.mem_mb
