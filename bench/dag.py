@@ -121,6 +121,7 @@ def all_targets():
         e = f"{R}/{s}/export"
         targets += [f"{e}/ref_view.mp4", f"{e}/orbit.mp4", *[f"{e}/views/{v}.mp4" for v in VIEWS]]
         targets += [f"{e}/preview.gif", f"{e}/dynamic_scene.glb", f"{e}/ply"]
+        targets += [f"{e}/dynamic_scene_skinned.glb", f"{e}/viewer.html"]
         targets.append(f"{R}/{s}/metrics.json")
     return targets + [f"{R}/metrics.tsv", f"{R}/plots/metrics.png", f"{R}/plots/losses.png"]
 
@@ -249,6 +250,7 @@ rule export:
         left=f"{R}/{{scene}}/export/views/left.mp4",
         gif=f"{R}/{{scene}}/export/preview.gif",
         glb=f"{R}/{{scene}}/export/dynamic_scene.glb",
+        skinned=f"{R}/{{scene}}/export/dynamic_scene_skinned.glb",
         ply=directory(f"{R}/{{scene}}/export/ply"),
     log:
         f"{R}/{{scene}}/logs/export.log",
@@ -268,6 +270,18 @@ rule evaluate:
         f"{R}/{{scene}}/logs/evaluate.log",
     benchmark:
         f"{R}/{{scene}}/bench/evaluate.tsv"
+    # ACTION
+
+
+rule viewer:
+    input:
+        glb=f"{R}/{{scene}}/export/dynamic_scene_skinned.glb",
+    output:
+        html=f"{R}/{{scene}}/export/viewer.html",
+    log:
+        f"{R}/{{scene}}/logs/viewer.log",
+    benchmark:
+        f"{R}/{{scene}}/bench/viewer.tsv"
     # ACTION
 
 
