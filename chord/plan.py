@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from chord import config as cc
+from chord import demo
 from chord import paths as P
 from chord import scene as sc
 
@@ -52,17 +53,15 @@ def record(inputs: Mapping | Iterable[tuple[str, object]]) -> dict:
         keyed = next((k for k, prefix in KEYED.items() if name.startswith(prefix)), None)
         if keyed:
             out[keyed][name[len(KEYED[keyed]) :]] = Path(value)
-        elif isinstance(value, list | tuple) or not isinstance(value, str | Path):
-            out[name] = [Path(v) for v in value]
-        else:
+        elif isinstance(value, str | Path):
             out[name] = Path(value)
+        else:  # a list of files (Snakemake's Namedlist)
+            out[name] = [Path(v) for v in value]
     return out
 
 
 def demo_name(spec: cc.SceneSpec, demo_dir: Path) -> str | None:
     """The bundled demo scene a sheet row points at (data = <demo_dir>/<name>), else None."""
-    from chord import demo  # torch-free: the registry and its file names
-
     data = Path(spec.data)
     if data.parent == Path(demo_dir) and data.name in demo.DEMO_SCENES:
         return data.name
@@ -90,8 +89,6 @@ def motion_problem(spec: cc.SceneSpec, backend: str, demo_dir: Path) -> str | No
 def scene_files(spec: cc.SceneSpec, demo_dir: Path) -> tuple[str, ...]:
     """What ingest reads of a scene: the demo registry's GLBs (written by the workflow), or the
     folder's scene and object files (.glb, or .gltf with the files it refers to)."""
-    from chord import demo
-
     data = Path(spec.data)
     name = demo_name(spec, demo_dir)
     if name:

@@ -26,6 +26,18 @@ FOLDER_MARKERS = {
     "workflow": ("slow",),
     "slurm": ("slow", "slurm"),
 }
+MARKERS = {
+    "slow": "starts processes, runs Snakemake end to end or a Slurm cluster (minutes)",
+    "processes": "starts several processes: gloo ranks, torchrun, signals and kills",
+    "slurm": "runs jobs on a real single-node Slurm cluster the tests start",
+}
+
+
+def pytest_configure(config):
+    """Registers each marker with the folders that carry it (from FOLDER_MARKERS)."""
+    for name, what in MARKERS.items():
+        folders = ", ".join(f"tests/{f}" for f, marks in FOLDER_MARKERS.items() if name in marks)
+        config.addinivalue_line("markers", f"{name}: {what} ({folders})")
 
 
 def pytest_collection_modifyitems(config, items):
