@@ -72,6 +72,52 @@ def skin_weights_f32(w: np.ndarray) -> np.ndarray:
     return w32
 
 
+def normalisation(centre: np.ndarray, scale: float) -> np.ndarray:
+    """N [4, 4] = S(s)·T(−c), world to normalised scene space (x_n = (x_w − c)·s)."""
+    N = np.diag([scale, scale, scale, 1.0])
+    N[:3, 3] = -scale * np.asarray(centre, dtype=np.float64)
+    return N
+
+
+def skin_attributes(
+    out: GltfBuilder, v_n: np.ndarray, skinning: Skinning, where: str
+) -> dict[str, int]:
+    """JOINTS_j/WEIGHTS_j accessors of points at normalised rest positions v_n [n, 3]: each
+    point's K control points, padded with joint 0 at weight 0 to a multiple of 4 (one set
+    per 4), weights normalised in float32 (:func:`skin_weights_f32`)."""
+    J = len(skinning.centres)
+    component = UNSIGNED_BYTE if J <= 256 else UNSIGNED_SHORT
+    idx, w = skinning.bind(v_n)
+    idx, w = np.asarray(idx, dtype=np.int64), np.asarray(w, dtype=np.float64)
+    n, K = idx.shape
+    if w.shape != (n, K) or n != len(v_n):
+        raise ValueError(f"bind returned {idx.shape} and {w.shape} for {len(v_n)} points")
+    if len(idx) and (idx.min() < 0 or idx.max() >= J):
+        raise ValueError(f"bind: joint indices outside [0, {J})")
+    sets = -(-K // 4)
+    if sets > 1:
+        logger.warning(
+            "%s: %d influences per vertex need %d JOINTS/WEIGHTS sets; some viewers "
+            "(three.js) read only the first 4",
+            where,
+            K,
+            sets,
+        )
+    pad = 4 * sets - K  # padding: joint 0 at weight 0 (the validator's convention)
+    idx = np.pad(idx, ((0, 0), (0, pad)))
+    w32 = np.pad(skin_weights_f32(w), ((0, 0), (0, pad)))
+    attrs = {}
+    for j in range(sets):
+        cols = slice(4 * j, 4 * j + 4)
+        attrs[f"JOINTS_{j}"] = out.add_accessor(
+            idx[:, cols], "VEC4", target=ARRAY_BUFFER, component=component, bounds=False
+        )
+        attrs[f"WEIGHTS_{j}"] = out.add_accessor(
+            w32[:, cols], "VEC4", target=ARRAY_BUFFER, bounds=False
+        )
+    return attrs
+
+
 def _bind_mesh(
     out: GltfBuilder,
     mesh_index: int,
@@ -82,11 +128,8 @@ def _bind_mesh(
     where: str,
 ) -> None:
     """JOINTS_j/WEIGHTS_j of every primitive of mesh ``mesh_index`` (placed by world matrix
-    M): each vertex's K control points at v_n = (M·v_l − c)·s, padded with joint 0 at weight
-    0 to a multiple of 4 (one set per 4), weights normalised in float32."""
+    M): each vertex's K control points at v_n = (M·v_l − c)·s (:func:`skin_attributes`)."""
     mesh = out.doc["meshes"][mesh_index]
-    J = len(skinning.centres)
-    component = UNSIGNED_BYTE if J <= 256 else UNSIGNED_SHORT
     cache: dict[int, dict[str, int]] = {}
     for p in mesh["primitives"]:
         if "POSITION" not in p["attributes"]:
@@ -104,36 +147,100 @@ def _bind_mesh(
                 raise InputError(f"{where}: quantised POSITION in mesh {mesh_index}")
             v_l = read_accessor(out.doc, bytes(out.blob), pos)  # [n, 3]
             v_n = ((v_l @ M[:3, :3].T + M[:3, 3]) - centre) * scale  # [n, 3]
-            idx, w = skinning.bind(v_n)
-            idx, w = np.asarray(idx, dtype=np.int64), np.asarray(w, dtype=np.float64)
-            n, K = idx.shape
-            if w.shape != (n, K) or n != len(v_n):
-                raise ValueError(f"bind returned {idx.shape} and {w.shape} for {len(v_n)} points")
-            if len(idx) and (idx.min() < 0 or idx.max() >= J):
-                raise ValueError(f"bind: joint indices outside [0, {J})")
-            sets = -(-K // 4)
-            if sets > 1:
-                logger.warning(
-                    "%s: %d influences per vertex need %d JOINTS/WEIGHTS sets; some viewers "
-                    "(three.js) read only the first 4",
-                    where,
-                    K,
-                    sets,
-                )
-            pad = 4 * sets - K  # padding: joint 0 at weight 0 (the validator's convention)
-            idx = np.pad(idx, ((0, 0), (0, pad)))
-            w32 = np.pad(skin_weights_f32(w), ((0, 0), (0, pad)))
-            attrs = {}
-            for j in range(sets):
-                cols = slice(4 * j, 4 * j + 4)
-                attrs[f"JOINTS_{j}"] = out.add_accessor(
-                    idx[:, cols], "VEC4", target=ARRAY_BUFFER, component=component, bounds=False
-                )
-                attrs[f"WEIGHTS_{j}"] = out.add_accessor(
-                    w32[:, cols], "VEC4", target=ARRAY_BUFFER, bounds=False
-                )
-            cache[pos] = attrs
+            cache[pos] = skin_attributes(out, v_n, skinning, where)
         p["attributes"].update(cache[pos])
+
+
+def check_skinning(name: str, sk: Skinning, frames: int) -> None:
+    """``sk`` holds F = ``frames`` transforms of each of its M control points."""
+    M = len(sk.centres)
+    q, tau = np.shape(sk.rotations), np.shape(sk.translations)
+    if q != (frames, M, 4) or tau != (frames, M, 3):
+        raise ValueError(
+            f"{name}: rotations {q} and translations {tau}, expected "
+            f"{(frames, M, 4)} and {(frames, M, 3)}"
+        )
+
+
+def add_skeleton(
+    out: GltfBuilder, name: str, parent: int, centre: np.ndarray, scale: float, sk: Skinning
+) -> tuple[int, list[int]]:
+    """The skeleton of ``sk`` under node ``parent`` (which must have no transform): a node
+    ``<name>_skeleton`` carrying the denormalisation A = T(c)·S(1/s), and under it one joint
+    ``<name>_cp_<k>`` per control point at its bind pose T(c_k). Returns (skeleton, joints)."""
+    cp = np.asarray(sk.centres, dtype=np.float64)  # [M, 3]
+    skel = out.add(
+        "nodes",
+        {
+            "name": f"{name}_skeleton",
+            "translation": np.asarray(centre, dtype=np.float64).tolist(),
+            "scale": [1.0 / scale] * 3,
+        },
+    )
+    joints = [
+        out.add("nodes", {"name": f"{name}_cp_{k}", "translation": cp[k].tolist()})
+        for k in range(len(cp))
+    ]
+    out.doc["nodes"][skel]["children"] = joints
+    out.doc["nodes"][parent].setdefault("children", []).append(skel)
+    return skel, joints
+
+
+def add_skin(
+    out: GltfBuilder, name: str, skel: int, joints: list[int], sk: Skinning, bind: np.ndarray
+) -> int:
+    """A skin on ``joints`` for points placed by ``bind`` (the 4×4 map from the skinned
+    mesh's POSITION space to normalised scene space): IBM_k = T(−c_k)·bind."""
+    cp = np.asarray(sk.centres, dtype=np.float64)
+    M = len(cp)
+    ibm = np.repeat(np.asarray(bind, dtype=np.float64)[None], M, 0)  # [M, 4, 4]
+    ibm[:, :3, 3] -= cp  # T(−c_k)·B only shifts B's translation
+    ibm[:, 3] = (0.0, 0.0, 0.0, 1.0)
+    ibm_acc = out.add_accessor(ibm.transpose(0, 2, 1).reshape(M, 16), "MAT4", bounds=False)
+    return out.add(
+        "skins",
+        {
+            "name": f"{name}_skin",
+            "inverseBindMatrices": ibm_acc,  # column-major, as glTF stores MAT4
+            "skeleton": skel,
+            "joints": joints,
+        },
+    )
+
+
+def keyed_rotations(q: np.ndarray) -> np.ndarray:
+    """The joints' rotation keys [F, M, 4] (x, y, z, w) of quaternions q [F, M, 4] (w, x, y,
+    z): normalised, and each key negated where needed to stay in the previous key's
+    hemisphere (q and −q are one rotation; slerp then takes the short way)."""
+    q = np.asarray(q, dtype=np.float64)
+    r = q[..., [1, 2, 3, 0]] / np.linalg.norm(q, axis=-1, keepdims=True)  # [F, M, 4]
+    for t in range(1, len(r)):
+        r[t][(r[t] * r[t - 1]).sum(-1) < 0] *= -1.0
+    return r
+
+
+def joint_tracks(sk: Skinning, joints: list[int]) -> list:
+    """(key values, channel target) of each joint: translation c_k + τ_{k,t} and rotation
+    q_{k,t} (:func:`keyed_rotations`)."""
+    cp = np.asarray(sk.centres, dtype=np.float64)
+    tau = np.asarray(sk.translations, dtype=np.float64)
+    r = keyed_rotations(sk.rotations)
+    tracks = []
+    for k, joint in enumerate(joints):
+        tracks.append((cp[k] + tau[:, k], {"node": joint, "path": "translation"}))
+        tracks.append((r[:, k], {"node": joint, "path": "rotation"}))
+    return tracks
+
+
+def joint_channels(out: GltfBuilder, tracks: list, times: int) -> list:
+    """(sampler, target) of each joint track: LINEAR keys at the key times ``times``."""
+    channels = []
+    for values, target in tracks:
+        kind = "VEC3" if target["path"] == "translation" else "VEC4"
+        sampler = {"input": times, "interpolation": "LINEAR"}
+        sampler["output"] = out.add_accessor(values, kind, bounds=False)
+        channels.append((sampler, target))
+    return channels
 
 
 def _skin_object(
@@ -150,57 +257,23 @@ def _skin_object(
     skinned mesh node's own transform, so the node becomes a scene root without one (a leaf
     itself; a node with children or a camera hands its mesh to a new root node).
 
-    Returns (the skinned mesh nodes, to be scene roots; (sampler output arrays, target) per
-    joint channel).
+    Returns (the skinned mesh nodes, to be scene roots; (key values, target) per joint
+    channel).
     """
     sk, where = obj.motion, str(obj.path)
-    cp = np.asarray(sk.centres, dtype=np.float64)  # [M, 3]
-    q = np.asarray(sk.rotations, dtype=np.float64)  # [F, M, 4] wxyz
-    tau = np.asarray(sk.translations, dtype=np.float64)  # [F, M, 3]
-    M = len(cp)
-    if q.shape != (frames, M, 4) or tau.shape != (frames, M, 3):
-        raise ValueError(
-            f"{obj.name}: rotations {q.shape} and translations {tau.shape}, expected "
-            f"{(frames, M, 4)} and {(frames, M, 3)}"
-        )
+    check_skinning(obj.name, sk, frames)
     nodes = out.doc["nodes"]
     # 1. the skeleton: A = T(c)·S(1/s), one joint per control point at its bind pose T(c_k)
-    skel = out.add(
-        "nodes",
-        {
-            "name": f"{obj.name}_skeleton",
-            "translation": centre.tolist(),
-            "scale": [1.0 / scale] * 3,
-        },
-    )
-    joints = [
-        out.add("nodes", {"name": f"{obj.name}_cp_{k}", "translation": cp[k].tolist()})
-        for k in range(M)
-    ]
-    nodes[skel]["children"] = joints
-    nodes[obj.root]["children"].append(skel)
+    skel, joints = add_skeleton(out, obj.name, obj.root, centre, scale, sk)
     # 2. per mesh node: a skin with IBM_k = T(−c_k)·N·M_node, the vertices' joints and weights
-    N = np.diag([scale, scale, scale, 1.0])
-    N[:3, 3] = -scale * centre
+    N = normalisation(centre, scale)
     parents = {c: i for i, node in enumerate(nodes) for c in node.get("children", [])}
     skinned = []
     for n in obj.nodes:
         node = nodes[n]
         if "skin" in node:
             logger.warning("%s: replacing the source's skin of node %d", where, n)
-        ibm = np.repeat((N @ obj.world[n])[None], M, 0)  # [M, 4, 4]
-        ibm[:, :3, 3] -= cp  # T(−c_k)·B only shifts B's translation
-        ibm[:, 3] = (0.0, 0.0, 0.0, 1.0)
-        ibm_acc = out.add_accessor(ibm.transpose(0, 2, 1).reshape(M, 16), "MAT4", bounds=False)
-        skin = out.add(
-            "skins",
-            {
-                "name": f"{obj.name}_skin",
-                "inverseBindMatrices": ibm_acc,  # column-major, as glTF stores MAT4
-                "skeleton": skel,
-                "joints": joints,
-            },
-        )
+        skin = add_skin(out, obj.name, skel, joints, sk, N @ obj.world[n])
         _bind_mesh(out, node["mesh"], obj.world[n], centre, scale, sk, where)
         if set(node) <= {"name", "mesh", "skin", "weights", *TRS}:  # a leaf: move it to the root
             parent = nodes[parents[n]]
@@ -219,14 +292,7 @@ def _skin_object(
             new["skin"] = skin
             skinned.append(out.add("nodes", new))
     # 3. the joints' keys: translation c_k + τ_{k,t}, rotation q_{k,t} as (x, y, z, w)
-    r = q[..., [1, 2, 3, 0]] / np.linalg.norm(q, axis=-1, keepdims=True)  # [F, M, 4]
-    for t in range(1, frames):  # q and −q are one rotation: keep neighbours in one hemisphere
-        r[t][(r[t] * r[t - 1]).sum(-1) < 0] *= -1.0
-    tracks = []
-    for k, joint in enumerate(joints):
-        tracks.append((cp[k] + tau[:, k], {"node": joint, "path": "translation"}))
-        tracks.append((r[:, k], {"node": joint, "path": "rotation"}))
-    return skinned, tracks
+    return skinned, joint_tracks(sk, joints)
 
 
 def dynamic_scene_skinned_glb(
@@ -277,11 +343,7 @@ def dynamic_scene_skinned_glb(
     channels = []
     if skinned or morphed:
         times = key_times(out, frames, fps)
-        for values, target in tracks:
-            kind = "VEC3" if target["path"] == "translation" else "VEC4"
-            sampler = {"input": times, "interpolation": "LINEAR"}
-            sampler["output"] = out.add_accessor(values, kind, bounds=False)
-            channels.append((sampler, target))
+        channels += joint_channels(out, tracks, times)
         if morphed:
             channels += weights_channels(out, morphed, frames, times)
     write_glb(out, out_path, roots, channels)
