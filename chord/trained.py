@@ -1,7 +1,7 @@
 """A trained scene: its motion loaded from a training state onto the stage files (scene.json,
 Gaussians, voxels), sampled per frame, and written as the animated GLBs (morph targets, or a
-skin on the control points). The export and evaluate stages and the run-folder commands
-(:mod:`chord.runs`) share it."""
+skin on the control points) and the animated Gaussians' GLB (``dynamic_splats.glb``). The
+export and evaluate stages and the run-folder commands (:mod:`chord.runs`) share it."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from chord import config, gltf, gltf_skin, ply, train
+from chord import config, gltf, gltf_skin, gltf_splats, ply, train
 from chord import scene as sc
 from chord.errors import InputError
 from chord.motion import state
@@ -119,6 +119,66 @@ def skinning(obj, frames: int) -> gltf_skin.Skinning:
         return idx.cpu().numpy(), w.double().cpu().numpy()
 
     return gltf_skin.Skinning(layer.centres.double().cpu().numpy(), q, tau, bind)
+
+
+def splat_motion(obj, frames: int) -> gltf_skin.Skinning | gltf_splats.SplatDeformer:
+    """The motion of ``obj``'s Gaussians in ``dynamic_splats.glb``: its first layer's
+    :func:`skinning` (exact without a second layer), else its Gaussians' positions and
+    rotations of frames 0..F−1 from ``deform`` (the PLY sequence's values)."""
+    if obj.layer2 is None:
+        return skinning(obj, frames)
+
+    def apply() -> tuple[np.ndarray, np.ndarray]:
+        with torch.no_grad():
+            X, Q = obj.deform(torch.arange(frames, device=obj.rest_means.device))
+        return X.double().cpu().numpy(), Q.double().cpu().numpy()
+
+    return apply
+
+
+def write_splats_glb(
+    out: Path, *, doc: dict, scene, gaussians: dict, frames: int, fps: float
+) -> dict:
+    """``dynamic_splats.glb``: the Gaussians ``gaussians`` {name: GaussianSet, normalised} of
+    every non-avoided object, static ones unanimated, dynamic ones skinned on their
+    first-layer control points (the keys of ``dynamic_scene_skinned.glb``), an object with a
+    second layer morphed per frame."""
+    objects = []
+    for o in doc["objects"]:
+        name = o["name"]
+        if o["role"] == "avoided":
+            continue
+        if name not in gaussians:
+            raise InputError(f"{out}: no Gaussians given for {name}")
+        dyn = scene.dynamic[name] if name in scene.dynamic else None
+        if dyn is not None and dyn.layer2 is not None:
+            logger.info(
+                "%s: %s has a second control-point layer, a composition one skin cannot "
+                "express: its splats keep morph targets",
+                out,
+                name,
+            )
+        motion = None if dyn is None else splat_motion(dyn, frames)
+        objects.append((name, gaussians[name], motion))
+    c, s = doc["normalisation"]["centre"], doc["normalisation"]["scale"]
+    summary = gltf_splats.dynamic_splats_glb(
+        out, objects, centre=c, scale=s, frames=frames, fps=fps
+    )
+    logger.info(
+        "%s: %d Gaussians (SH degree %d) in %d objects, %d skinned on %d joints, %d morphed "
+        "(%d targets), %d keys at %g fps",
+        out,
+        summary["gaussians"],
+        summary["sh_degree"],
+        len(objects),
+        summary["skinned"],
+        summary["joints"],
+        summary["morphed"],
+        summary["targets"],
+        frames,
+        fps,
+    )
+    return summary
 
 
 def check_objects(doc: dict, names, flag: str) -> list[str]:
