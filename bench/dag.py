@@ -121,7 +121,8 @@ def all_targets():
         e = f"{R}/{s}/export"
         targets += [f"{e}/ref_view.mp4", f"{e}/orbit.mp4", *[f"{e}/views/{v}.mp4" for v in VIEWS]]
         targets += [f"{e}/preview.gif", f"{e}/dynamic_scene.glb", f"{e}/ply"]
-        targets += [f"{e}/dynamic_scene_skinned.glb", f"{e}/viewer.html"]
+        targets += [f"{e}/dynamic_scene_skinned.glb", f"{e}/dynamic_splats.glb"]
+        targets.append(f"{e}/viewer.html")
         targets.append(f"{R}/{s}/metrics.json")
     return targets + [f"{R}/metrics.tsv", f"{R}/plots/metrics.png", f"{R}/plots/losses.png"]
 
@@ -251,6 +252,7 @@ rule export:
         gif=f"{R}/{{scene}}/export/preview.gif",
         glb=f"{R}/{{scene}}/export/dynamic_scene.glb",
         skinned=f"{R}/{{scene}}/export/dynamic_scene_skinned.glb",
+        splats=f"{R}/{{scene}}/export/dynamic_splats.glb",
         ply=directory(f"{R}/{{scene}}/export/ply"),
     log:
         f"{R}/{{scene}}/logs/export.log",

@@ -97,6 +97,11 @@ def dynamic_skinned_glb(results, scene: str) -> Path:
     return export_dir(results, scene) / "dynamic_scene_skinned.glb"
 
 
+def dynamic_splats_glb(results, scene: str) -> Path:
+    """The trained Gaussians (KHR_gaussian_splatting), skinned on the same joints and keys."""
+    return export_dir(results, scene) / "dynamic_splats.glb"
+
+
 def viewer_html(results, scene: str) -> Path:
     """The scene's 3D viewer: one self-contained page playing its skinned GLB."""
     return export_dir(results, scene) / "viewer.html"

@@ -54,6 +54,7 @@ rule export:
         ),
         glb=P.dynamic_glb(RESULTS, "{scene}"),
         skinned=P.dynamic_skinned_glb(RESULTS, "{scene}"),
+        splats=P.dynamic_splats_glb(RESULTS, "{scene}"),
         ply=directory(P.ply_sequence_dir(RESULTS, "{scene}")),
     log:
         P.log(RESULTS, "{scene}", "export"),

@@ -1,7 +1,7 @@
 """Stage ``export`` (METHOD §19–§20): the trained scene as videos (reference view, orbit,
 four fixed views) at ``export_size``, a GIF preview, the animated ``dynamic_scene.glb`` (morph
-targets), ``dynamic_scene_skinned.glb`` (a skin on the control points) and a per-frame 3DGS PLY
-sequence."""
+targets), ``dynamic_scene_skinned.glb`` (a skin on the control points), a per-frame 3DGS PLY
+sequence and ``dynamic_splats.glb`` (the Gaussians, skinned on the same control points)."""
 
 from __future__ import annotations
 
@@ -40,6 +40,7 @@ def run(
     out_glb: Path,
     out_skinned_glb: Path,
     out_ply_dir: Path,
+    out_splats_glb: Path,
 ) -> dict:
     """Render and write every export of a trained scene, the videos at ``export_size``
     (default: the SDS ``size``)."""
@@ -82,16 +83,19 @@ def run(
         video(
             path, cameras.orbit_viewmats(elev, paths.FIXED_VIEWS[name], method.cam_radius, target)
         )
-    rest = gaussians.concat(
-        [ply.read_ply(plys[n], sh_degree_cap=method.sh_degree) for n in scene.names]
-    )
+    sets = {n: ply.read_ply(plys[n], sh_degree_cap=method.sh_degree) for n in scene.names}
+    rest = gaussians.concat([sets[n] for n in scene.names])
     export.write_ply_sequence(out_ply_dir, rest, g["means"], g["quats"])
     kw = {"doc": doc, "scene": scene, "sources": sources, "frames": T, "fps": method.save_fps}
     glb = trained.write_glb(out_glb, **kw)
     skinned = trained.write_glb(out_skinned_glb, skinned=True, **kw)
+    splats = trained.write_splats_glb(
+        out_splats_glb, doc=doc, scene=scene, gaussians=sets, frames=T, fps=method.save_fps
+    )
     logger.info(
         "%s: iteration %d, %d frames at %dx%d (%d per render), %d fps; GLB with %d morph "
-        "targets (%d bytes), skinned GLB on %d joints (%d bytes)",
+        "targets (%d bytes), skinned GLB on %d joints (%d bytes), splat GLB of %d Gaussians "
+        "(%d bytes)",
         doc["scene"],
         ckpt["iteration"],
         T,
@@ -103,5 +107,13 @@ def run(
         out_glb.stat().st_size,
         skinned["joints"],
         out_skinned_glb.stat().st_size,
+        splats["gaussians"],
+        out_splats_glb.stat().st_size,
     )
-    return {"frames": T, "iteration": ckpt["iteration"], **glb, "skinned": skinned}
+    return {
+        "frames": T,
+        "iteration": ckpt["iteration"],
+        **glb,
+        "skinned": skinned,
+        "splats": splats,
+    }

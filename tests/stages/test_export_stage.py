@@ -1,6 +1,6 @@
-"""Stages export (videos at export_size, the morph-target and the skinned GLB), evaluate and
-aggregate, and ``chord render`` / ``chord export-glb``, on the demo scene `sway` (two dynamic
-objects) trained for two oracle iterations."""
+"""Stages export (videos at export_size, the morph-target, the skinned and the splat GLB),
+evaluate and aggregate, and ``chord render`` / ``chord export-glb``, on the demo scene `sway`
+(two dynamic objects) trained for two oracle iterations."""
 
 from __future__ import annotations
 
@@ -24,8 +24,10 @@ from chord.stages import export as export_stage
 from chord.stages import train as train_stage
 from tests.conftest import validate_glb
 from tests.unit.test_gltf import float32_tolerance, skinned_vertices
+from tests.unit.test_gltf_splats import same_rotation, skinned_splats
 
 T, W, H = 5, 32, 16
+F32 = float(np.finfo(np.float32).eps)
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +87,7 @@ def exported(sway):
         "out_glb": paths.dynamic_glb(res, s),
         "out_skinned_glb": paths.dynamic_skinned_glb(res, s),
         "out_ply_dir": paths.ply_sequence_dir(res, s),
+        "out_splats_glb": paths.dynamic_splats_glb(res, s),
     }
     summary = export_stage.run(
         **sway.inputs,
@@ -105,6 +108,12 @@ def test_export_writes_videos_gif_and_ply_sequence(sway, exported):
         "nodes": 2,
         "targets": T - 1,
         "skinned": {**skinned, "frames": T},
+        "splats": {
+            "gaussians": 3 * 300,
+            "sh_degree": 0,
+            **skinned,
+            "frames": T,
+        },
     }
     videos = [outs["out_ref_view"], outs["out_orbit"], *outs["out_views"].values()]
     assert sorted(outs["out_views"]) == ["back", "front", "left", "right"]
@@ -381,6 +390,39 @@ def test_exported_skinned_glb_passes_the_khronos_validator(exported, gltf_valida
     assert report["numErrors"] == 0 and report["numWarnings"] == 0, report["messages"]
 
 
+def test_exported_splats_follow_the_ply_sequence(sway, exported, gltf_validator, tmp_path):  # noqa: F811
+    """dynamic_splats.glb evaluated by glTF's skinning rule and our rotation convention
+    equals the exported PLY sequence at every key; the static object is not animated."""
+    _, outs = exported
+    doc, blob = gltf_io.read_glb(outs["out_splats_glb"])
+    c, s = _normalisation(sway)
+    frames = sorted(outs["out_ply_dir"].iterdir())
+    start, rows = 0, {}
+    for i in range(3):
+        n = len(ply.read_ply(sway.inputs["plys"][f"obj_{i}"]))
+        rows[f"obj_{i}"], start = slice(start, start + n), start + n
+    names = {d.get("name"): i for i, d in enumerate(doc["nodes"])}
+    assert "skin" not in doc["nodes"][names["obj_1"]]  # the static object
+    for name in ("obj_0", "obj_2"):
+        node = names[f"{name}_splats"]
+        for k in range(T):
+            seq = ply.read_ply(frames[k])
+            want = seq.means[rows[name]].astype(np.float64) / s + c
+            x, q, blend, _ = skinned_splats(doc, blob, node, k)
+            # as in tests/unit/test_gltf_splats.py: 16 float32 roundings of the magnitudes
+            mag = max(1.0, np.abs(want).max(), np.abs(c).max(), np.abs(seq.means).max() / s)
+            np.testing.assert_allclose(x, want, rtol=0, atol=16 * F32 * mag, err_msg=f"{k}")
+            err = same_rotation(q, seq.quats[rows[name]].astype(np.float64))
+            assert err.max() <= 16 * F32 / blend, f"{name} key {k}"
+        rest = ply.read_ply(frames[0]).means[rows[name]].astype(np.float64) / s + c
+        assert np.abs(x - rest).max() > 1e-4  # the trained motion moves it
+    report = validate_glb(gltf_validator, outs["out_splats_glb"], tmp_path)
+    assert report["numWarnings"] == 0
+    assert {m["code"] for m in report["messages"] if m["severity"] == 0} == {
+        "MESH_PRIMITIVE_INVALID_ATTRIBUTE"  # KhronosGroup/glTF-Validator#252
+    }
+
+
 def test_skinned_glb_keeps_morph_targets_for_a_second_layer(
     sway,
     tmp_path,
@@ -434,6 +476,7 @@ def test_export_renders_its_videos_at_export_size(sway, tmp_path):
         "out_glb": tmp_path / "d.glb",
         "out_skinned_glb": tmp_path / "s.glb",
         "out_ply_dir": tmp_path / "ply",
+        "out_splats_glb": tmp_path / "splats.glb",
     }
     export_stage.run(
         **sway.inputs,

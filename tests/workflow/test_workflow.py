@@ -268,6 +268,8 @@ def test_demo_exports_both_glbs_and_videos_at_the_export_size(
         for name in ("dynamic_scene.glb", "dynamic_scene_skinned.glb"):
             report = validate_glb(gltf_validator, export / name, tmp_path)
             assert report["numErrors"] == 0, (scene, name, report["messages"])
+        splats, _ = gltf_io.read_glb(export / "dynamic_splats.glb")
+        assert splats.get("skins") and splats["extensionsUsed"] == ["KHR_gaussian_splatting"]
         doc, _ = gltf_io.read_glb(export / "dynamic_scene_skinned.glb")
         assert doc.get("skins") and {
             c["target"]["path"] for c in doc["animations"][0]["channels"]

@@ -21,5 +21,6 @@ with stage_logging(snakemake.log[0]):
         out_gif=Path(out.gif),
         out_glb=Path(out.glb),
         out_skinned_glb=Path(out.skinned),
+        out_splats_glb=Path(out.splats),
         out_ply_dir=Path(out.ply),
     )
