@@ -6,6 +6,7 @@ Khronos validator finds nothing but the extension's attribute names it does not 
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -19,7 +20,7 @@ from chord import gaussians as gs
 from chord.errors import InputError
 from chord.motion.model import build_scene
 from tests.conftest import box, validate_glb
-from tests.unit.test_gltf import posed_world
+from tests.unit.test_gltf import posed_world, random_skinning
 
 F32 = float(np.finfo(np.float32).eps)
 EXT = "KHR_gaussian_splatting"
@@ -409,3 +410,18 @@ def test_bad_input_is_named(tmp_path, splat_scene):
             tmp_path / "d.glb", doc=S.doc, scene=S.scene, gaussians=only, frames=S.F, fps=S.fps
         )
     assert not any(tmp_path.glob("*.glb"))
+
+
+def test_a_joint_keyed_in_the_other_hemisphere_is_named(tmp_path, caplog):
+    """The joints' keys stay in one hemisphere; where that negates one joint of a frame and
+    not the others, the keyed blend is not the trained one, and the writer says which frame."""
+    rng = np.random.default_rng(0)
+    g = random_set(rng, 30, 0, [0.0, 0.0, 0.0])
+    sk = random_skinning(5, g.means[:4].astype(np.float64))  # every joint negated on odd frames
+    kw = {"centre": [0.0, 0.0, 0.0], "scale": 1.0, "frames": 5, "fps": 5.0}
+    with caplog.at_level(logging.WARNING, logger="chord.gltf_splats"):
+        gltf_splats.dynamic_splats_glb(tmp_path / "a.glb", [("obj_0", g, sk)], **kw)
+    assert "negated" not in caplog.text  # all joints of a frame at once: the same rotations
+    sk.rotations[2, 0] *= -1.0  # one joint alone
+    gltf_splats.dynamic_splats_glb(tmp_path / "b.glb", [("obj_0", g, sk)], **kw)
+    assert "frames [2] are negated for some joints only" in caplog.text
