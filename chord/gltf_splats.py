@@ -90,7 +90,9 @@ def srgb_to_linear(c: np.ndarray) -> np.ndarray:
     return np.where(c <= 0.04045, c / 12.92, ((c + 0.055) / 1.055) ** 2.4)
 
 
-def splat_values(g: GaussianSet, centre: np.ndarray, scale: float, degree: int) -> dict:
+def splat_values(
+    g: GaussianSet, centre: np.ndarray, scale: float, degree: int, where: str = "Gaussians"
+) -> dict:
     """The stored values of Gaussians ``g`` (normalised space, raw 3DGS parameters) placed in
     world coordinates x_w = x_n/s + c: positions [n, 3], rotations [n, 4] (x, y, z, w, unit),
     linear scales exp(log-scale)/s [n, 3], linear opacities sigmoid(logit) [n], SH
@@ -99,7 +101,8 @@ def splat_values(g: GaussianSet, centre: np.ndarray, scale: float, degree: int) 
     q = g.quats.astype(np.float64)
     norm = np.linalg.norm(q, axis=1, keepdims=True)
     if not (norm > 0).all():
-        raise InputError("a Gaussian has a zero rotation quaternion")
+        bad = int(np.flatnonzero(~(norm[:, 0] > 0))[0])
+        raise InputError(f"{where}: Gaussian {bad} has a zero rotation quaternion")
     opacity = 1.0 / (1.0 + np.exp(-g.opacity_logits.astype(np.float64)))
     sh = np.zeros((len(g), (degree + 1) ** 2, 3))
     sh[:, : g.sh.shape[1]] = g.sh
@@ -245,8 +248,8 @@ def dynamic_splats_glb(
         if n == 0:
             raise InputError(f"{out_path}: {name} has no Gaussians")
         total += n
-        values = splat_values(g, c, scale, degree)
         where = f"{out_path}: {name}"
+        values = splat_values(g, c, scale, degree, where)
         if motion is None or frames < 2:
             mesh = add_splat_mesh(out, name, values, {})
             roots.append(out.add("nodes", {"name": name, "mesh": mesh}))

@@ -401,6 +401,9 @@ def test_bad_input_is_named(tmp_path, splat_scene):
                            np.zeros((0, 1, 3)))  # fmt: skip
     with pytest.raises(InputError, match="b.glb: obj_5 has no Gaussians"):
         gltf_splats.dynamic_splats_glb(tmp_path / "b.glb", [("obj_5", empty, None)], **kw)
+    zero = gs.GaussianSet(g.means, g.log_scales, np.zeros_like(g.quats), g.opacity_logits, g.sh)
+    with pytest.raises(InputError, match="e.glb: obj_1: Gaussian 0 has a zero rotation"):
+        gltf_splats.dynamic_splats_glb(tmp_path / "e.glb", [("obj_1", zero, None)], **kw)
     sk = trained.skinning(S.scene.dynamic["obj_0"], S.F)  # 9 frames of keys, not 3
     with pytest.raises(ValueError, match="obj_0: rotations"):
         gltf_splats.dynamic_splats_glb(tmp_path / "c.glb", [("obj_0", S.sets["obj_0"], sk)], **kw)
