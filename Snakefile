@@ -21,6 +21,7 @@ include: "rules/train.smk"
 include: "rules/export.smk"
 include: "rules/viewer.smk"
 include: "rules/evaluate.smk"
+include: "rules/sweep.smk"
 include: "rules/report.smk"
 
 

@@ -56,7 +56,8 @@ def cmd_validate(args) -> int:
             print(f"warning: {line}", file=sys.stderr)
         problems.extend(found)
         status = "ok" if not found else f"{len(found)} problem(s)"
-        print(f"{name}\t{spec.data}\ttier={spec.tier}\t{status}\t{spec.prompt}")
+        seeds = f"\tseeds={','.join(map(str, spec.seeds))}" if spec.seeds else ""
+        print(f"{name}\t{spec.data}\ttier={spec.tier}{seeds}\t{status}\t{spec.prompt}")
     for line in problems:
         print(f"error: {line}", file=sys.stderr)
     if problems:

@@ -27,7 +27,7 @@ SCHEMA_DIR = Path(__file__).parent / "schemas"
 CONFIG_SCHEMA = SCHEMA_DIR / "config.schema.yaml"
 SCENES_SCHEMA = SCHEMA_DIR / "scenes.schema.yaml"
 SCENE_ID = re.compile(r"^[A-Za-z0-9_-]+$")
-SHEET_COLUMNS = ("scene", "data", "prompt", "n_prompt", "gaussians", "tier", "preset")
+SHEET_COLUMNS = ("scene", "data", "prompt", "n_prompt", "gaussians", "tier", "preset", "seeds")
 
 # Which method keys change each stage's result: these (and only these) are a stage's params.
 _CAMERA_KEYS = ("size", "fovy", "elev_l", "elev_r", "ref_azim", "ref_cam_radius", "cam_height")
@@ -247,6 +247,17 @@ class SceneSpec:
     tier: str
     method: Any  # MethodConfig
     where: str = "the scene sheet"  # "scene sheet <file>, line <n>", for messages
+    seeds: tuple[int, ...] = ()  # a seed sweep's seeds; () = one run with method.seed
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """How a seed sweep picks its best seed (``sweep:``; the seeds are each scene's)."""
+
+    seeds: tuple[int, ...] = ()
+    metric: str = "arap_residual_mean"
+    mode: str = "min"
+    require_moved: bool = True
 
 
 @dataclass(frozen=True)
@@ -262,6 +273,7 @@ class Config:
     gpu_mem_gb: float | None = None
     gpus_per_node: int | None = None
     preview: PreviewConfig = field(default_factory=PreviewConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
 
 
 def check_guidance(guidance: GuidanceConfig, methods: dict, *, flags: bool = False) -> None:
@@ -342,6 +354,16 @@ def validate_sheet(rows: list[dict], *, path: Path | str = "scenes.tsv") -> list
     return rows
 
 
+def sheet_seeds(cell: str, *, where: str) -> tuple[int, ...]:
+    """A sheet row's ``seeds`` cell ("0 1 2" or "0,1,2", the schema's pattern) as seeds; a
+    repeated seed is a ConfigError naming ``where``."""
+    seeds = tuple(int(s) for s in re.split(r"[ ,]+", cell.strip()))
+    repeated = sorted({s for s in seeds if seeds.count(s) > 1})
+    if repeated:
+        raise ConfigError(f"{where}: {cell!r} repeats seed(s) {few(repeated)}")
+    return seeds
+
+
 def few(names, n: int = 5) -> str:
     """At most ``n`` names for an error message, e.g. "a, b, c, d, e (+995 more)"."""
     names = list(names)
@@ -369,6 +391,7 @@ def load(config: dict, *, base: Path | None = None) -> Config:
         )
     presets = config["presets"]
     tiers = config["tiers"]
+    sweep = SweepConfig(**{**config["sweep"], "seeds": tuple(config["sweep"]["seeds"])})
     scenes = {}
     shared = {}  # preset -> its validated method: scenes without overrides share it
     for row in rows:
@@ -397,6 +420,10 @@ def load(config: dict, *, base: Path | None = None) -> Config:
                 f"{['auto', *tiers]}"
             )
         n_prompt = row.get("n_prompt")
+        where = f"scene sheet {config['scenes']}, line {row['_line']}"
+        seeds = sweep.seeds
+        if row.get("seeds") is not None:
+            seeds = sheet_seeds(row["seeds"], where=f"{where}: scene {name!r}: seeds")
         scenes[name] = SceneSpec(
             scene=name,
             data=base / row["data"],
@@ -405,7 +432,8 @@ def load(config: dict, *, base: Path | None = None) -> Config:
             gaussians=None if row.get("gaussians") is None else base / row["gaussians"],
             tier=tier,
             method=method,
-            where=f"scene sheet {config['scenes']}, line {row['_line']}",
+            where=where,
+            seeds=seeds,
         )
     guidance = GuidanceConfig(**config["guidance"])
     check_guidance(guidance, {f"scene {n}": s.method for n, s in scenes.items()})
@@ -421,6 +449,7 @@ def load(config: dict, *, base: Path | None = None) -> Config:
         gpu_mem_gb=config["gpu_mem_gb"],
         gpus_per_node=config["gpus_per_node"],
         preview=PreviewConfig(**config["preview"]),
+        sweep=sweep,
     )
 
 

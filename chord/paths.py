@@ -10,6 +10,27 @@ def scene_dir(results, scene: str) -> Path:
     return Path(results) / scene
 
 
+# -- seed sweeps: a scene trained with several seeds has one run per seed, each with its own
+# training, checkpoints, exports and evaluation under results/<scene>/seed_<s>/ (every stage
+# before training is the scene's, shared). The trained side's path functions take a run name
+# where they take a scene: an unswept scene's one run is the scene itself.
+
+SEED_DIR = "seed_"
+#: a run name as a regex (the workflow's `run` wildcard): a scene id, or <scene>/seed_<s>
+RUN_PATTERN = r"[A-Za-z0-9_-]+(?:/seed_\d+)?"
+
+
+def run_name(scene: str, seed: int | None) -> str:
+    """The run of ``scene`` with ``seed`` (None: the scene's one unswept run)."""
+    return scene if seed is None else f"{scene}/{SEED_DIR}{seed}"
+
+
+def run_parts(run: str) -> tuple[str, int | None]:
+    """The inverse of :func:`run_name`: (scene, seed or None)."""
+    scene, _, seed = run.partition(f"/{SEED_DIR}")
+    return scene, int(seed) if seed else None
+
+
 def scene_json(results, scene: str) -> Path:
     return scene_dir(results, scene) / "scene" / "scene.json"
 
@@ -130,8 +151,27 @@ def loss_png(results, scene: str) -> Path:
     return eval_dir(results, scene) / "losses.png"
 
 
+def sweep_dir(results, scene: str) -> Path:
+    return scene_dir(results, scene) / "sweep"
+
+
+def sweep_png(results, scene: str) -> Path:
+    """A swept scene's seeds side by side: first, middle and last frames, and the metrics."""
+    return sweep_dir(results, scene) / "seeds.png"
+
+
+def sweep_tsv(results, scene: str) -> Path:
+    """One row per seed of a swept scene: its metrics and whether the selection chose it."""
+    return sweep_dir(results, scene) / "seeds.tsv"
+
+
+def best_json(results, scene: str) -> Path:
+    """The seed the config's selection rule chose, why, and its run's files."""
+    return scene_dir(results, scene) / "best" / "selection.json"
+
+
 def metrics_tsv(results) -> Path:
-    """One row per scene."""
+    """One row per run (a scene, or a swept scene's seed)."""
     return Path(results) / "metrics.tsv"
 
 

@@ -8,6 +8,7 @@ defined once (:data:`KEYED`)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ KEYED = {
     "sources": "src_",
     "loss_logs": "losses_",
     "metrics": "metrics_",
+    "videos": "video_",
 }
 
 
@@ -115,6 +117,32 @@ class ScenePlan:
     stages: tuple[str, ...]
     teacher: str  # guidance.backend
     motion_problem: str | None  # why the oracle cannot train it (no motion.json), else None
+    seeds: tuple[int, ...] = ()  # a seed sweep's seeds (the sheet's or sweep.seeds); ()
+    seed: int | None = None  # one run of a sweep (:meth:`runs`): its seed
+
+    @property
+    def run(self) -> str:
+        """The name of this plan's run: the scene, or ``<scene>/seed_<s>`` (paths.run_name)
+        for one seed of a sweep. Training and everything after it are per run."""
+        return P.run_name(self.scene, self.seed)
+
+    @property
+    def swept(self) -> bool:
+        return bool(self.seeds)
+
+    def runs(self) -> list[ScenePlan]:
+        """The scene's runs: one per seed of a sweep, else the scene's one run (itself)."""
+        if not self.seeds or self.seed is not None:
+            return [self]
+        return [dataclasses.replace(self, seed=s) for s in self.seeds]
+
+    def for_run(self, run: str) -> ScenePlan:
+        """The plan of ``run``, one of :meth:`runs` (a ConfigError otherwise)."""
+        for plan in self.runs():
+            if plan.run == run:
+                return plan
+        runs = cc.few(p.run for p in self.runs())
+        raise cc.ConfigError(f"scene {self.scene}: {run!r} is not one of its runs ({runs})")
 
     @property
     def kept(self) -> list[str]:
@@ -137,10 +165,10 @@ class ScenePlan:
 
     def loss_logs(self) -> dict[str, Path]:
         """{training stage: loss log}, in run order."""
-        return {st: P.train_losses(self.results, self.scene, st) for st in self.stages}
+        return {st: P.train_losses(self.results, self.run, st) for st in self.stages}
 
     def final_state(self) -> Path:
-        return P.train_state(self.results, self.scene, self.final_stage)
+        return P.train_state(self.results, self.run, self.final_stage)
 
     def scripted_motion(self) -> Path | None:
         """The scene's scripted ground-truth motion.json (the demo's, or one in its folder)."""
@@ -226,28 +254,59 @@ class ScenePlan:
             **self.teacher_motion(),
         }
 
+    def sweep_inputs(self) -> dict:
+        """Each seed's reference-camera video and metrics.json (keyed by seed)."""
+        runs = {str(p.seed): p for p in self.runs()}
+        return {
+            "videos": {k: P.ref_view_mp4(p.results, p.run) for k, p in runs.items()},
+            "metrics": {k: P.metrics_json(p.results, p.run) for k, p in runs.items()},
+        }
+
+    def run_targets(self) -> list[Path]:
+        """What the default target makes of this run: training, exports, viewer, metrics."""
+        r, run = self.results, self.run
+        return [
+            self.final_state(),
+            P.ref_view_mp4(r, run),
+            P.orbit_mp4(r, run),
+            *[P.fixed_view_mp4(r, run, v) for v in P.FIXED_VIEWS],
+            P.preview_gif(r, run),
+            P.dynamic_glb(r, run),
+            P.dynamic_skinned_glb(r, run),
+            P.dynamic_splats_glb(r, run),
+            P.viewer_html(r, run),
+            P.ply_sequence_dir(r, run),
+            P.metrics_json(r, run),
+        ]
+
     def targets(self) -> list[str]:
-        """Every file the workflow's default target makes of this scene."""
+        """Every file the workflow's default target makes of this scene: the shared stages'
+        once, each run's, and a sweep's comparison and choice."""
         r, s = self.results, self.scene
         files = [
-            self.final_state(),
             P.scene_json(r, s),
             P.reference_png(r, s),
             P.text_condition(r, s),
             *self.gaussians().values(),
             *self.voxels().values(),
-            P.ref_view_mp4(r, s),
-            P.orbit_mp4(r, s),
-            *[P.fixed_view_mp4(r, s, v) for v in P.FIXED_VIEWS],
-            P.preview_gif(r, s),
-            P.dynamic_glb(r, s),
-            P.dynamic_skinned_glb(r, s),
-            P.dynamic_splats_glb(r, s),
-            P.viewer_html(r, s),
-            P.ply_sequence_dir(r, s),
-            P.metrics_json(r, s),
         ]
+        for run in self.runs():
+            files += run.run_targets()
+        if self.swept:
+            files += [P.sweep_png(r, s), P.sweep_tsv(r, s), P.best_json(r, s)]
         return [str(f) for f in files]
+
+
+def run_spec(conf: cc.Config, run: str) -> cc.SceneSpec:
+    """The scene spec of ``run`` (a scene, or ``<scene>/seed_<s>``): a sweep's run trains
+    with its own seed."""
+    scene, seed = P.run_parts(run)
+    spec = conf.scenes[scene]
+    if seed is None:
+        return spec
+    if seed not in spec.seeds:
+        raise cc.ConfigError(f"scene {scene}: seed {seed} is not one of its seeds {spec.seeds}")
+    return dataclasses.replace(spec, method=dataclasses.replace(spec.method, seed=seed))
 
 
 def scene(conf: cc.Config, name: str) -> ScenePlan:
@@ -274,15 +333,21 @@ def scene(conf: cc.Config, name: str) -> ScenePlan:
         stages=STAGES[: STAGES.index(final) + 1],
         teacher=conf.guidance.backend,
         motion_problem=motion_problem(spec, conf.guidance.backend, conf.demo_dir),
+        seeds=spec.seeds,
     )
 
 
+def runs(plans: Mapping[str, ScenePlan]) -> list[ScenePlan]:
+    """Every run of the scenes, in sheet and seed order."""
+    return [run for p in plans.values() for run in p.runs()]
+
+
 def aggregate_inputs(plans: Mapping[str, ScenePlan]) -> dict:
-    """Every scene's metrics.json and loss logs (``losses_<scene>_<stage>``)."""
+    """Every run's metrics.json and loss logs (``losses_<run>_<stage>``)."""
     return {
-        "metrics": {s: P.metrics_json(p.results, s) for s, p in plans.items()},
+        "metrics": {p.run: P.metrics_json(p.results, p.run) for p in runs(plans)},
         "loss_logs": {
-            f"{s}_{st}": path for s, p in plans.items() for st, path in p.loss_logs().items()
+            f"{p.run}_{st}": path for p in runs(plans) for st, path in p.loss_logs().items()
         },
     }
 

@@ -157,3 +157,40 @@ def frame0_comparison(
     fig.suptitle(f"frame-0 fidelity: PSNR {psnr:.2f} dB, SSIM {ssim:.4f}", fontsize=10)
     fig.tight_layout()
     _save(fig, path)
+
+
+def seed_sweep(
+    path: Path | str,
+    frames: dict[int, list[np.ndarray]],
+    captions: dict[int, str],
+    *,
+    chosen: int,
+    labels: tuple[str, ...],
+    title: str,
+) -> None:
+    """A swept scene's seeds side by side: one row per seed (``frames``: its images, one per
+    column of ``labels``), ``captions`` under each row's name; the chosen seed's row framed."""
+    seeds = list(frames)
+    h, w = next(iter(frames.values()))[0].shape[:2]
+    cols = len(labels)
+    fig, axes = plt.subplots(
+        len(seeds), cols, figsize=(2.6 * cols * w / h + 2.4, 2.6 * len(seeds) + 0.6), squeeze=False
+    )
+    for row, seed in zip(axes, seeds, strict=True):
+        for ax, img, label in zip(row, frames[seed], labels, strict=True):
+            ax.imshow(img, interpolation="nearest")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if seed == seeds[0]:
+                ax.set_title(label, fontsize=9)
+            if seed == chosen:
+                for spine in ax.spines.values():
+                    spine.set_edgecolor("tab:green")
+                    spine.set_linewidth(3)
+        name = f"seed {seed}" + ("  (chosen)" if seed == chosen else "")
+        colour = "tab:green" if seed == chosen else "black"
+        row[0].set_ylabel(f"{name}\n{captions[seed]}", fontsize=8, rotation=0, ha="right",
+                          va="center", color=colour)  # fmt: skip
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    _save(fig, path)

@@ -31,6 +31,7 @@ STAGES = (
     "export",
     "viewer",
     "evaluate",
+    "sweep",
     "aggregate",
     "preview",
 )

@@ -59,21 +59,32 @@ _CODE = {}  # stage -> its sources, found once per run (chord.sources.sources_by
 # makes the DAG build several times slower (bench/dag.py).
 wildcard_constraints:
     scene=r"[A-Za-z0-9_-]+",
+    run=P.RUN_PATTERN,  # a scene's training and what follows it: <scene> or <scene>/seed_<s>
     obj=r"obj_\d+",
 
 
 _PLANS = {}
 
 
-def plan(scene):
-    """A scene's plan (chord.plan.scene): its files, objects by role, training stages and each
-    stage's inputs and outputs, made once per run."""
-    if scene not in _PLANS:
+def plan(name):
+    """The plan of a scene or of one run of it (chord.plan.scene): its files, objects by role,
+    training stages and each stage's inputs and outputs, made once per workflow start.
+    """
+    if name not in _PLANS:
+        scene, seed = P.run_parts(name)
         try:
-            _PLANS[scene] = chord.plan.scene(CONF, scene)
+            if seed is None:
+                _PLANS[name] = chord.plan.scene(CONF, scene)
+            else:
+                _PLANS[name] = plan(scene).for_run(name)
         except cc.ConfigError as exc:
             raise WorkflowError(str(exc))
-    return _PLANS[scene]
+    return _PLANS[name]
+
+
+def job_name(wildcards):
+    """The scene or run a job is of: its `run` wildcard (training and after), else `scene`."""
+    return wildcards.get("run") or wildcards.scene
 
 
 def planned(stage):
@@ -82,7 +93,9 @@ def planned(stage):
 
     def inputs(wildcards):
         try:
-            return chord.plan.named(getattr(plan(wildcards.scene), f"{stage}_inputs")())
+            return chord.plan.named(
+                getattr(plan(job_name(wildcards)), f"{stage}_inputs")()
+            )
         except cc.ConfigError as exc:
             raise WorkflowError(str(exc))
 
@@ -103,8 +116,14 @@ def demo_frame_num(name):
     return counts.pop() if counts else demo.DEFAULT_FRAME_NUM
 
 
-def stage_params(scene, stage):
-    return cc.stage_params(CONF.scenes[scene].method, stage)
+def stage_params(name, stage):
+    """A stage's result-changing method values, of a scene or a run (chord.config)."""
+    return cc.stage_params(run_spec(name).method, stage)
+
+
+def run_spec(name):
+    """The scene spec of a scene or run: a sweep's run has its own seed (chord.plan.run_spec)."""
+    return chord.plan.run_spec(CONF, name)
 
 
 def condition_params(scene):
@@ -149,19 +168,21 @@ def fitted_ply(wildcards):
 def train_inputs(wildcards):
     """The plan's training inputs; a job request over its tier's host RAM stops the DAG build
     first."""
-    check_job_requests(wildcards.scene)
+    check_job_requests(P.run_parts(wildcards.run)[0])
     return planned("train")(wildcards)
 
 
-def training_job(scene, tier):
-    """A scene's training on tier (chord.tiers.training_job: the tier's size and flags)."""
-    return ct.training_job(CONF.scenes[scene].method, CONF.memory, tier, scene=scene)
+def training_job(name, tier):
+    """A scene's or run's training on tier (chord.tiers.training_job: the tier's size and
+    flags)."""
+    return ct.training_job(run_spec(name).method, CONF.memory, tier, scene=name)
 
 
-def train_params(scene):
+def train_params(name):
     """The result-changing method values and guidance (memory flags are not params; the size
-    of a lowres start tier is)."""
-    return training_job(scene, TIERS[scene_tier(scene)]).config_hash(CONF.guidance)
+    of a lowres start tier is) of a scene's or run's training."""
+    scene = P.run_parts(name)[0]
+    return training_job(name, TIERS[scene_tier(scene)]).config_hash(CONF.guidance)
 
 
 _NODE = {}
@@ -236,12 +257,14 @@ def scene_tier(scene):
     return _SCENE_TIER[scene]
 
 
-def train_tier(scene, stage, attempt):
-    """The tier of a training attempt: the start tier, moved past tiers that ran out of memory."""
+def train_tier(run, stage, attempt):
+    """The tier of a training attempt of a run: its scene's start tier, moved past tiers that
+    ran out of memory (the run's record)."""
     oom = []
     if attempt > 1:
-        record = P.checkpoints(RESULTS, scene, stage) / chord.out_of_memory.RECORD
+        record = P.checkpoints(RESULTS, run, stage) / chord.out_of_memory.RECORD
         oom = chord.out_of_memory.read(record)
+    scene = P.run_parts(run)[0]
     return TIERS[ct.for_attempt(scene_tier(scene), attempt, TIERS, oom)]
 
 
@@ -307,17 +330,32 @@ def tier_resource(stage, key):
     attr = {"tier": "name", "runtime": "runtime_min"}.get(key, key)
 
     def resource(wildcards, attempt):
-        tier = train_tier(wildcards.scene, stage, attempt)
+        tier = train_tier(wildcards.run, stage, attempt)
         if key in ("mem_mb", "cpus_per_gpu"):
-            return job_request(wildcards.scene, tier)[key]
+            return job_request(P.run_parts(wildcards.run)[0], tier)[key]
         return getattr(tier, attr)
 
     return resource
 
 
 def aggregate_inputs(wildcards):
-    """Every scene's metrics.json and loss logs."""
+    """Every run's metrics.json and loss logs."""
     return chord.plan.named(chord.plan.aggregate_inputs({s: plan(s) for s in SCENES}))
+
+
+def runs():
+    """Every run's name (a scene, or a swept scene's <scene>/seed_<s>), in sheet order."""
+    return [p.run for p in chord.plan.runs({s: plan(s) for s in SCENES})]
+
+
+def sweep_rule():
+    """What changes a sweep's choice: the rule (the seeds are its inputs)."""
+    return {k: v for k, v in vars(CONF.sweep).items() if k != "seeds"}
+
+
+def sweep_inputs(wildcards):
+    """A swept scene's seeds' reference-camera videos and metrics."""
+    return chord.plan.named(plan(wildcards.scene).sweep_inputs())
 
 
 def preview_params(scene):

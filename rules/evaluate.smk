@@ -4,33 +4,33 @@ rule evaluate:
         code=code("evaluate"),
     output:
         metrics=report(
-            P.metrics_json(RESULTS, "{scene}"),
+            P.metrics_json(RESULTS, "{run}"),
             caption="../workflow/report/metrics.rst",
-            category="{scene}",
+            category="{run}",
             subcategory="metrics",
-            labels={"scene": "{scene}", "figure": "metrics.json"},
+            labels={"scene": "{run}", "figure": "metrics.json"},
         ),
         frame0=report(
-            P.frame0_png(RESULTS, "{scene}"),
+            P.frame0_png(RESULTS, "{run}"),
             caption="../workflow/report/frame0.rst",
-            category="{scene}",
+            category="{run}",
             subcategory="plots",
-            labels={"scene": "{scene}", "figure": "reference and frame 0"},
+            labels={"scene": "{run}", "figure": "reference and frame 0"},
         ),
         losses=report(
-            P.loss_png(RESULTS, "{scene}"),
+            P.loss_png(RESULTS, "{run}"),
             caption="../workflow/report/losses.rst",
-            category="{scene}",
+            category="{run}",
             subcategory="plots",
-            labels={"scene": "{scene}", "figure": "training losses"},
+            labels={"scene": "{run}", "figure": "training losses"},
         ),
     log:
-        P.log(RESULTS, "{scene}", "evaluate"),
+        P.log(RESULTS, "{run}", "evaluate"),
     benchmark:
-        P.bench(RESULTS, "{scene}", "evaluate")
+        P.bench(RESULTS, "{run}", "evaluate")
     conda:
         "../workflow/envs/chord.yaml"
     params:
-        method=lambda wc: stage_params(wc.scene, "evaluate"),
+        method=lambda wc: stage_params(wc.run, "evaluate"),
     script:
         "../workflow/scripts/evaluate.py"

@@ -4,65 +4,65 @@ rule export:
         code=code("export"),
     output:
         ref_view=report(
-            P.ref_view_mp4(RESULTS, "{scene}"),
+            P.ref_view_mp4(RESULTS, "{run}"),
             caption="../workflow/report/ref_view.rst",
-            category="{scene}",
+            category="{run}",
             subcategory="videos",
-            labels={"scene": "{scene}", "view": "reference camera"},
+            labels={"scene": "{run}", "view": "reference camera"},
         ),
         orbit=report(
-            P.orbit_mp4(RESULTS, "{scene}"),
+            P.orbit_mp4(RESULTS, "{run}"),
             caption="../workflow/report/orbit.rst",
-            category="{scene}",
+            category="{run}",
             subcategory="videos",
-            labels={"scene": "{scene}", "view": "orbit"},
+            labels={"scene": "{run}", "view": "orbit"},
         ),
         front=report(
-            P.fixed_view_mp4(RESULTS, "{scene}", "front"),
+            P.fixed_view_mp4(RESULTS, "{run}", "front"),
             caption="../workflow/report/fixed_view.rst",
-            category="{scene}",
+            category="{run}",
             subcategory="videos",
-            labels={"scene": "{scene}", "view": "front (azimuth 0)"},
+            labels={"scene": "{run}", "view": "front (azimuth 0)"},
         ),
         right=report(
-            P.fixed_view_mp4(RESULTS, "{scene}", "right"),
+            P.fixed_view_mp4(RESULTS, "{run}", "right"),
             caption="../workflow/report/fixed_view.rst",
-            category="{scene}",
+            category="{run}",
             subcategory="videos",
-            labels={"scene": "{scene}", "view": "right (azimuth 90)"},
+            labels={"scene": "{run}", "view": "right (azimuth 90)"},
         ),
         back=report(
-            P.fixed_view_mp4(RESULTS, "{scene}", "back"),
+            P.fixed_view_mp4(RESULTS, "{run}", "back"),
             caption="../workflow/report/fixed_view.rst",
-            category="{scene}",
+            category="{run}",
             subcategory="videos",
-            labels={"scene": "{scene}", "view": "back (azimuth 180)"},
+            labels={"scene": "{run}", "view": "back (azimuth 180)"},
         ),
         left=report(
-            P.fixed_view_mp4(RESULTS, "{scene}", "left"),
+            P.fixed_view_mp4(RESULTS, "{run}", "left"),
             caption="../workflow/report/fixed_view.rst",
-            category="{scene}",
+            category="{run}",
             subcategory="videos",
-            labels={"scene": "{scene}", "view": "left (azimuth 270)"},
+            labels={"scene": "{run}", "view": "left (azimuth 270)"},
         ),
         gif=report(
-            P.preview_gif(RESULTS, "{scene}"),
+            P.preview_gif(RESULTS, "{run}"),
             caption="../workflow/report/preview.rst",
-            category="{scene}",
+            category="{run}",
             subcategory="videos",
-            labels={"scene": "{scene}", "view": "GIF preview"},
+            labels={"scene": "{run}", "view": "GIF preview"},
         ),
-        glb=P.dynamic_glb(RESULTS, "{scene}"),
-        skinned=P.dynamic_skinned_glb(RESULTS, "{scene}"),
-        splats=P.dynamic_splats_glb(RESULTS, "{scene}"),
-        ply=directory(P.ply_sequence_dir(RESULTS, "{scene}")),
+        glb=P.dynamic_glb(RESULTS, "{run}"),
+        skinned=P.dynamic_skinned_glb(RESULTS, "{run}"),
+        splats=P.dynamic_splats_glb(RESULTS, "{run}"),
+        ply=directory(P.ply_sequence_dir(RESULTS, "{run}")),
     log:
-        P.log(RESULTS, "{scene}", "export"),
+        P.log(RESULTS, "{run}", "export"),
     benchmark:
-        P.bench(RESULTS, "{scene}", "export")
+        P.bench(RESULTS, "{run}", "export")
     conda:
         "../workflow/envs/chord.yaml"
     params:
-        method=lambda wc: stage_params(wc.scene, "export"),
+        method=lambda wc: stage_params(wc.run, "export"),
     script:
         "../workflow/scripts/export.py"

@@ -35,6 +35,6 @@ rule aggregate:
     conda:
         "../workflow/envs/chord.yaml"
     params:
-        scenes=SCENES,
+        runs=runs(),
     script:
         "../workflow/scripts/aggregate.py"

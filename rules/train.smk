@@ -12,12 +12,12 @@ rule train_coarse:
         unpack(train_inputs),
         code=code("train"),
     output:
-        state=P.train_state(RESULTS, "{scene}", "coarse"),
-        losses=P.train_losses(RESULTS, "{scene}", "coarse"),
+        state=P.train_state(RESULTS, "{run}", "coarse"),
+        losses=P.train_losses(RESULTS, "{run}", "coarse"),
     log:
-        P.log(RESULTS, "{scene}", "train_coarse"),
+        P.log(RESULTS, "{run}", "train_coarse"),
     benchmark:
-        P.bench(RESULTS, "{scene}", "train_coarse")
+        P.bench(RESULTS, "{run}", "train_coarse")
     retries: 0 if workflow.remote_exec else len(TIERS) - 1
     conda:
         "../workflow/envs/chord.yaml"
@@ -31,8 +31,8 @@ rule train_coarse:
         slurm_partition=tier_resource("coarse", "slurm_partition"),
         attempt=attempt_number,
     params:
-        method=lambda wc: train_params(wc.scene),
-        checkpoints=lambda wc: str(P.checkpoints(RESULTS, wc.scene, "coarse")),
+        method=lambda wc: train_params(wc.run),
+        checkpoints=lambda wc: str(P.checkpoints(RESULTS, wc.run, "coarse")),
     script:
         "../workflow/scripts/train.py"
 
@@ -40,15 +40,15 @@ rule train_coarse:
 rule train_fine:
     input:
         unpack(train_inputs),
-        handoff=P.train_state(RESULTS, "{scene}", "coarse"),
+        handoff=P.train_state(RESULTS, "{run}", "coarse"),
         code=code("train"),
     output:
-        state=P.train_state(RESULTS, "{scene}", "fine"),
-        losses=P.train_losses(RESULTS, "{scene}", "fine"),
+        state=P.train_state(RESULTS, "{run}", "fine"),
+        losses=P.train_losses(RESULTS, "{run}", "fine"),
     log:
-        P.log(RESULTS, "{scene}", "train_fine"),
+        P.log(RESULTS, "{run}", "train_fine"),
     benchmark:
-        P.bench(RESULTS, "{scene}", "train_fine")
+        P.bench(RESULTS, "{run}", "train_fine")
     retries: 0 if workflow.remote_exec else len(TIERS) - 1
     conda:
         "../workflow/envs/chord.yaml"
@@ -62,7 +62,7 @@ rule train_fine:
         slurm_partition=tier_resource("fine", "slurm_partition"),
         attempt=attempt_number,
     params:
-        method=lambda wc: train_params(wc.scene),
-        checkpoints=lambda wc: str(P.checkpoints(RESULTS, wc.scene, "fine")),
+        method=lambda wc: train_params(wc.run),
+        checkpoints=lambda wc: str(P.checkpoints(RESULTS, wc.run, "fine")),
     script:
         "../workflow/scripts/train.py"

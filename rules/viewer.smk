@@ -6,20 +6,20 @@ localrules:
 
 rule viewer:
     input:
-        glb=P.dynamic_skinned_glb(RESULTS, "{scene}"),
+        glb=P.dynamic_skinned_glb(RESULTS, "{run}"),
         code=code("viewer"),
     output:
         html=report(
-            P.viewer_html(RESULTS, "{scene}"),
+            P.viewer_html(RESULTS, "{run}"),
             caption="../workflow/report/viewer.rst",
-            category="{scene}",
+            category="{run}",
             subcategory="3D",
-            labels={"scene": "{scene}", "view": "3D viewer"},
+            labels={"scene": "{run}", "view": "3D viewer"},
         ),
     log:
-        P.log(RESULTS, "{scene}", "viewer"),
+        P.log(RESULTS, "{run}", "viewer"),
     benchmark:
-        P.bench(RESULTS, "{scene}", "viewer")
+        P.bench(RESULTS, "{run}", "viewer")
     conda:
         "../workflow/envs/chord.yaml"
     script:

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from chord import config as cfg
+from chord import plan
 from chord.errors import InputError
 from chord.out_of_memory import is_out_of_memory
 
@@ -97,6 +98,7 @@ def input_error_once(record: str | os.PathLike, attempt: int) -> Iterator[None]:
         raise
 
 
-def scene_spec(config: dict, scene: str) -> cfg.SceneSpec:
-    """The typed spec of ``scene`` from the workflow config mapping."""
-    return cfg.load(config).scenes[scene]
+def scene_spec(config: dict, name: str) -> cfg.SceneSpec:
+    """The typed spec of a scene, or of a run ``<scene>/seed_<s>`` of its seed sweep (its own
+    seed), from the workflow config mapping."""
+    return plan.run_spec(cfg.load(config), name)

@@ -8,26 +8,18 @@ from pathlib import Path
 
 import pandas as pd
 
-from chord import plots
+from chord import metrics_file, plots
 from chord.errors import InputError
-from chord.io import atomic_path, read_json
+from chord.io import atomic_path
 
 logger = logging.getLogger(__name__)
-
-FORMAT = "chord-metrics/1"
 
 
 def table(metrics: dict[str, Path]) -> pd.DataFrame:
     """One row per scene (in the given order) of the scalar entries of each metrics.json."""
     rows = []
     for scene, path in metrics.items():
-        try:
-            doc = read_json(path)
-        except (OSError, ValueError) as exc:
-            raise InputError(f"{path}: unreadable metrics ({exc})") from exc
-        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-            raise InputError(f"{path}: not a {FORMAT} file")
-        row = {k: v for k, v in doc.items() if not isinstance(v, (dict, list)) and k != "format"}
+        row = metrics_file.scalars(metrics_file.read(path))
         row["scene"] = scene
         rows.append(row)
     if not rows:

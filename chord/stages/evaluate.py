@@ -11,14 +11,13 @@ import numpy as np
 import torch
 from PIL import Image
 
-from chord import cameras, config, losses, media, metrics, plots, trained
+from chord import cameras, config, losses, media, metrics, metrics_file, plots, trained
 from chord.errors import InputError
 from chord.io import write_json
 from chord.motion import scripted
 
 logger = logging.getLogger(__name__)
 
-FORMAT = "chord-metrics/1"
 PSNR_WARN = 40.0  # dB: below this, frame 0 does not reproduce the reference render
 
 
@@ -101,7 +100,7 @@ def run(
             else torch.zeros(T, 0, 3, dtype=torch.float64)
         )  # [T, N_dyn, 3]
     out = {
-        "format": FORMAT,
+        "format": metrics_file.FORMAT,
         "scene": doc["scene"],
         "stage": config.final_stage(method),
         "iteration": ckpt["iteration"],

@@ -20,7 +20,18 @@ import numpy as np
 import torch
 import trimesh
 
-from chord import cameras, config, job_size, out_of_memory, peak_memory, ply, rng, tiers, train
+from chord import (
+    cameras,
+    config,
+    job_size,
+    out_of_memory,
+    peak_memory,
+    plan,
+    ply,
+    rng,
+    tiers,
+    train,
+)
 from chord import scene as sc
 from chord.distributed import Group
 from chord.errors import InputError
@@ -382,7 +393,7 @@ def run(
     tiers (``<tier>@<rank>``: in that rank only)."""
     from chord import gpus, launch
 
-    spec = conf.scenes[scene]
+    spec = plan.run_spec(conf, scene)  # a seed sweep's run (<scene>/seed_<s>): its seed
     table = tiers.parse(conf.tiers)
     chosen = table[tier]
     job = tiers.training_job(spec.method, conf.memory, chosen, scene=scene)

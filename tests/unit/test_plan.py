@@ -43,11 +43,13 @@ def test_named_and_record_are_each_others_inverse():
         "sources": {},
         "loss_logs": {"coarse": Path("l.tsv")},
         "metrics": {},
+        "videos": {"1": Path("r/s/seed_1/export/ref_view.mp4")},
         "external": [Path("x.bin"), Path("y.png")],
     }
     flat = plan.named(rec)
     assert flat["ply_obj_1"] == "b.ply" and flat["vox_obj_1"] == "b.npz"
     assert flat["losses_coarse"] == "l.tsv" and flat["external"] == ["x.bin", "y.png"]
+    assert flat["video_1"] == "r/s/seed_1/export/ref_view.mp4"
     assert plan.record(flat) == rec
     assert plan.record(iter(flat.items())) == rec  # snakemake.input.items(): a generator
 
@@ -138,3 +140,78 @@ def test_the_plan_imports_no_torch():
     code = "import sys, chord.plan, chord.job_size; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def swept(tmp_path: Path, seeds_cell: str | None, **config) -> cc.Config:
+    """A one-scene sheet with a ``seeds`` column (``seeds_cell``; None: the column empty)."""
+    data = three_objects(tmp_path / "data" / "toy")
+    write_still_motion(data, ("obj_1", "obj_2"))
+    sheet = tmp_path / "scenes.tsv"
+    sheet.write_text(f"scene\tdata\tprompt\tseeds\ntoy\t{data}\tp\t{seeds_cell or ''}\n")
+    base = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    base.update(scenes=str(sheet), results=str(tmp_path / "results"), **config)
+    return cc.load(base)
+
+
+def test_a_seed_sweep_plans_one_run_per_seed_sharing_everything_before_training(tmp_path):
+    conf = swept(tmp_path, "3 1,2")
+    p = plan.scene(conf, "toy")
+    results = tmp_path / "results"
+    assert [r.run for r in p.runs()] == ["toy/seed_3", "toy/seed_1", "toy/seed_2"]
+    for run in p.runs():
+        seed = run.seed
+        assert run.final_state() == results / "toy" / f"seed_{seed}" / "train" / "coarse.pt"
+        train = run.train_inputs()  # the scene's files, the same for every seed
+        assert train == p.train_inputs()
+        assert train["plys"]["obj_0"] == P.gaussians_ply(results, "toy", "obj_0")
+        assert run.evaluate_inputs()["ref"] == P.reference_png(results, "toy")
+        assert run.evaluate_inputs()["state"] == run.final_state()
+        assert plan.run_spec(conf, run.run).method.seed == seed
+        assert p.for_run(run.run) == run
+    targets = p.targets()
+    assert len(targets) == len(set(targets))
+    shared = [P.scene_json(results, "toy"), P.reference_png(results, "toy")]
+    assert all(str(f) in targets for f in shared)
+    for seed in (1, 2, 3):
+        assert str(P.metrics_json(results, f"toy/seed_{seed}")) in targets
+        assert str(P.viewer_html(results, f"toy/seed_{seed}")) in targets
+    assert str(P.metrics_json(results, "toy")) not in targets  # no unswept run
+    assert str(P.best_json(results, "toy")) in targets
+    sweep = p.sweep_inputs()
+    assert sweep["metrics"] == {str(s): P.metrics_json(results, f"toy/seed_{s}") for s in (3, 1, 2)}
+    agg = plan.aggregate_inputs({"toy": p})
+    assert list(agg["metrics"]) == ["toy/seed_3", "toy/seed_1", "toy/seed_2"]
+    with pytest.raises(cc.ConfigError, match="seed 7 is not one of its seeds"):
+        plan.run_spec(conf, "toy/seed_7")
+
+
+def test_the_config_sweeps_every_scene_and_a_sheet_cell_overrides_it(tmp_path):
+    conf = swept(tmp_path, None, sweep={"seeds": [5, 6]})
+    assert [r.run for r in plan.scene(conf, "toy").runs()] == ["toy/seed_5", "toy/seed_6"]
+    conf = swept(tmp_path, "9", sweep={"seeds": [5, 6]})
+    assert [r.run for r in plan.scene(conf, "toy").runs()] == ["toy/seed_9"]
+    unswept = plan.scene(swept(tmp_path, None), "toy")
+    assert [r.run for r in unswept.runs()] == ["toy"]  # today's paths, unchanged
+    assert unswept.final_state() == tmp_path / "results" / "toy" / "train" / "coarse.pt"
+    assert str(P.best_json(tmp_path / "results", "toy")) not in unswept.targets()
+
+
+@pytest.mark.parametrize(
+    ("cell", "message"),
+    [
+        ("1 x", "seeds: '1 x' does not match"),
+        ("0 1 0", "scene 'toy': seeds: '0 1 0' repeats seed\\(s\\) 0"),
+    ],
+)
+def test_a_bad_seeds_cell_names_the_sheet_line(tmp_path, cell, message):
+    with pytest.raises(cc.ConfigError, match=f"scenes.tsv, line 2: {message}"):
+        swept(tmp_path, cell)
+
+
+def test_run_names_and_their_parts_are_inverse():
+    assert P.run_parts(P.run_name("a-b_c", None)) == ("a-b_c", None)
+    assert P.run_parts(P.run_name("a", 12)) == ("a", 12)
+    import re
+
+    assert re.fullmatch(P.RUN_PATTERN, "hop/seed_3") and re.fullmatch(P.RUN_PATTERN, "hop")
+    assert not re.fullmatch(P.RUN_PATTERN, "hop/seed_x")

@@ -6,7 +6,7 @@ from chord.stages import export
 from chord.stages.adapter import scene_spec, stage_logging
 
 with stage_logging(snakemake.log[0]):
-    spec = scene_spec(snakemake.config, snakemake.wildcards.scene)
+    spec = scene_spec(snakemake.config, snakemake.wildcards.run)
     inp, out = plan.record(snakemake.input.items()), snakemake.output
     export.run(
         scene_json=inp["scene_json"],

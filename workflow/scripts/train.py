@@ -15,7 +15,7 @@ with stage_logging(snakemake.log[0], history=ckpt / "train.log"), input_error_on
     train.run(
         snakemake.rule.removeprefix("train_"),
         conf=cc.load(snakemake.config),
-        scene=snakemake.wildcards.scene,
+        scene=snakemake.wildcards.run,
         tier=snakemake.resources.tier,
         inputs={"scene_json": inp["scene_json"], "plys": inp["plys"], "voxels": inp["voxels"], "text_path": inp["text"]},
         out=Path(snakemake.output.state),

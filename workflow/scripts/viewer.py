@@ -5,7 +5,7 @@ from chord.stages import viewer
 from chord.stages.adapter import scene_spec, stage_logging
 
 with stage_logging(snakemake.log[0]):
-    scene = snakemake.wildcards.scene
+    scene = snakemake.wildcards.run
     viewer.run(
         glb=Path(snakemake.input.glb),
         out=Path(snakemake.output.html),

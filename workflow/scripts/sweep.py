@@ -1,0 +1,19 @@
+# Adapter: rule sweep -> chord.stages.sweep.run
+from pathlib import Path
+
+from chord import config as cc
+from chord import plan
+from chord.stages import sweep
+from chord.stages.adapter import stage_logging
+
+with stage_logging(snakemake.log[0]):
+    inp, out = plan.record(snakemake.input.items()), snakemake.output
+    sweep.run(
+        scene=snakemake.wildcards.scene,
+        videos={int(s): p for s, p in inp["videos"].items()},
+        metrics={int(s): p for s, p in inp["metrics"].items()},
+        rule=cc.load(snakemake.config).sweep,
+        out_png=Path(out.png),
+        out_tsv=Path(out.tsv),
+        out_json=Path(out.best),
+    )
