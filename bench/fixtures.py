@@ -104,7 +104,7 @@ class MethodTimer:
     """Seconds per named phase, summed over calls, of functions and bound methods it wraps in
     place (:meth:`wrap`). ``clock``: the time source (time.perf_counter: wall seconds,
     time.process_time: CPU seconds); ``sync``: called before each reading (torch.cuda.synchronize
-    on a GPU). Unlike chord.trainer.PhaseClock (phases inside Trainer.step, the last call's wall
+    on a GPU). Unlike chord.phase_clock.PhaseClock (phases inside Trainer.step, the last call's wall
     time, the CUDA peak reset per phase) it times any callable from outside and leaves the
     memory counters alone."""
 

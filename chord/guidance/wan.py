@@ -355,7 +355,7 @@ class WanGuidance:
     def use_float32(self) -> None:
         """The non-finite fallback: compute in float32 from now on (weights and arithmetic:
         no autocast, no TF32), with twice the expert's memory; the caller checks that it fits
-        first (:meth:`chord.trainer.Trainer.float32_fallback_problem`). The log line says what
+        first (:func:`chord.float32_fallback.problem`). The log line says what
         it costs (:func:`float32_slowdown`).
 
         The resident expert is dropped, and the next pass loads it from the folder in float32,

@@ -20,7 +20,18 @@ import numpy as np
 import torch
 import trimesh
 
-from chord import cameras, config, job_size, out_of_memory, peak_memory, ply, rng, tiers, train
+from chord import (
+    cameras,
+    config,
+    job_size,
+    out_of_memory,
+    peak_memory,
+    ply,
+    rng,
+    tiers,
+    train,
+    trainer_checkpoint,
+)
 from chord import scene as sc
 from chord.distributed import Group
 from chord.errors import InputError
@@ -298,9 +309,9 @@ def run_stage(
     stop = method.add_cp_layer_iter if stage == "coarse" and method.add_cp_objs else N + 1
     start = 1
     if start_ckpt is not None:
-        start = trainer.load_checkpoint(start_ckpt)
+        start = trainer_checkpoint.restore(trainer, start_ckpt)
     if resume is not None and resume["iteration"] + 1 > start:
-        start = trainer.load_checkpoint(resume)
+        start = trainer_checkpoint.restore(trainer, resume)
         logger.info("resuming %s from iteration %d", stage, start)
     early = (2 * N) // 3 if method.early_stop else None
     timings = ()
@@ -340,7 +351,7 @@ def run_stage(
         shutil.copyfile(history, loss_log)
     if writer:  # the hand-off records the size trained at (a lowres tier changes it) and the tier
         final = {
-            **trainer.checkpoint(last, h),
+            **trainer_checkpoint.contents(trainer, last, h),
             "size": method.size,
             "tier": tier,
             # every stage's tier, coarse first: the result's provenance (metrics.tsv)

@@ -11,7 +11,7 @@ import signal
 import pytest
 import torch
 
-from chord import peak_memory, train
+from chord import float32_fallback, peak_memory, train, trainer_checkpoint
 from chord.guidance import text, tiny_models, wan
 from chord.trainer import Trainer
 from tests.unit.test_train import FlakyTeacher, H, T, W, make_trainer, method, tiny_scene
@@ -93,7 +93,7 @@ def test_float32_fallback_is_refused_where_the_job_host_ram_cannot_hold_the_floa
         if switches:
             assert "float32 fallback taken after 2 non-finite steps" in caplog.text
             continue
-        problem = tr.float32_fallback_problem()
+        problem = float32_fallback.problem(tr)
         gib = peak_memory.GiB
         assert f"needs {need / gib:.1f} GiB of host RAM" in problem
         assert f"the job may use {job / gib:.1f} GiB" in problem
@@ -184,7 +184,7 @@ def test_a_run_resumed_after_the_fallback_computes_in_float32_and_ends_as_one_ru
 
     resumed = wan_trainer(folder, embeddings, m, broken=True)  # a new process: bf16 again
     assert resumed.guidance.compute_dtype == torch.bfloat16
-    start = resumed.load_checkpoint(ckpt)
+    start = trainer_checkpoint.restore(resumed, ckpt)
     assert start == 5
     assert resumed.guidance.compute_dtype == torch.float32  # before the first step
     assert resumed.float32_fallback and ckpt["float32_fallback"] is True
@@ -198,7 +198,7 @@ def test_a_run_resumed_after_the_fallback_computes_in_float32_and_ends_as_one_ru
 
     old = {k: v for k, v in ckpt.items() if k != "float32_fallback"}  # before the field
     older = wan_trainer(folder, embeddings, m, broken=False)
-    assert older.load_checkpoint(old) == 5
+    assert trainer_checkpoint.restore(older, old) == 5
     assert older.guidance.compute_dtype == torch.bfloat16 and not older.float32_fallback
 
 
