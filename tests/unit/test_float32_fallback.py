@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from chord import float32_fallback, peak_memory, train, trainer_checkpoint
-from chord.guidance import text, tiny_models, wan
+from chord.guidance import text, tiny_models, wan, wan_float32, wan_folder
 from chord.trainer import Trainer
 from tests.unit.test_train import FlakyTeacher, H, T, W, make_trainer, method, tiny_scene
 
@@ -32,7 +32,7 @@ def folder(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def embeddings(folder):
-    tok, enc = wan.load_text_encoder(folder)
+    tok, enc = wan_folder.load_text_encoder(folder)
     e, _ = text.encode_prompts(tok, enc, ["a block hops", text.resolve_negative(".")])
     return {"prompt": e[0], "negative": e[1]}
 
@@ -216,7 +216,7 @@ def test_the_switch_logs_its_slowdown_and_keeps_tf32_off_only_inside_the_dit_pas
     assert "H100/H200 SXM 989 vs 67, A100 SXM 312 vs 19.5" in caplog.text
     assert "TF32 off (matmuls and convolutions in IEEE float32" in caplog.text
 
-    switches = wan._tf32_switches()
+    switches = wan_float32.tf32_switches()
     allowed = {"fp32_precision": "tf32", "allow_tf32": True}  # TF32 on, as a user may set it
     saved = [getattr(obj, name) for obj, name, _ in switches]
     seen = []

@@ -12,7 +12,7 @@ import trimesh
 
 from chord import config as cc
 from chord import float32_fallback, gaussians, runtime, train, trainer_checkpoint
-from chord.guidance import text, tiny_models, wan
+from chord.guidance import text, tiny_models, wan, wan_folder
 from chord.guidance.oracle import OracleGuidance
 from chord.motion.model import DynamicObject, MotionScene
 from chord.render import splat_tensors
@@ -74,7 +74,7 @@ def method(**kw):
 @pytest.fixture(scope="module")
 def wan_guidance(tmp_path_factory):
     folder = tiny_models.write_tiny_wan(tmp_path_factory.mktemp("wan") / "w")
-    tok, enc = wan.load_text_encoder(folder)
+    tok, enc = wan_folder.load_text_encoder(folder)
     e, _ = text.encode_prompts(tok, enc, ["a block hops", text.resolve_negative(".")])
     return wan.WanGuidance(folder), {"prompt": e[0], "negative": e[1]}
 
@@ -161,7 +161,7 @@ def test_tiny_vae_checkpoints_give_the_default_gradients(memory, tmp_path):
     from chord.guidance.tiny_vae import TinyVAEEncoder
 
     folder = tiny_models.write_tiny_wan(tmp_path / "w")
-    tok, enc = wan.load_text_encoder(folder)
+    tok, enc = wan_folder.load_text_encoder(folder)
     e, _ = text.encode_prompts(tok, enc, ["a block hops", text.resolve_negative(".")])
     torch.manual_seed(0)
     guidance = wan.WanGuidance(folder, tiny_vae=TinyVAEEncoder())
