@@ -66,9 +66,9 @@ def block_scene(gaussians: int = 4000, frames: int = 41, *, seed: int = 0, defor
 def tiny_text(folder: Path) -> dict:
     """{"prompt", "negative"}: embeddings [L, D] of a short prompt and the default negative
     prompt by the tiny text encoder of a folder of chord.guidance.tiny_models.write_tiny_wan."""
-    from chord.guidance import text, wan
+    from chord.guidance import text, wan_folder
 
-    tok, enc = wan.load_text_encoder(folder)
+    tok, enc = wan_folder.load_text_encoder(folder)
     e, _ = text.encode_prompts(tok, enc, ["a block hops", text.resolve_negative(".")])
     return {"prompt": e[0], "negative": e[1]}
 
@@ -104,7 +104,7 @@ class MethodTimer:
     """Seconds per named phase, summed over calls, of functions and bound methods it wraps in
     place (:meth:`wrap`). ``clock``: the time source (time.perf_counter: wall seconds,
     time.process_time: CPU seconds); ``sync``: called before each reading (torch.cuda.synchronize
-    on a GPU). Unlike chord.trainer.PhaseClock (phases inside Trainer.step, the last call's wall
+    on a GPU). Unlike chord.phase_clock.PhaseClock (phases inside Trainer.step, the last call's wall
     time, the CUDA peak reset per phase) it times any callable from outside and leaves the
     memory counters alone."""
 

@@ -47,7 +47,7 @@ to mmgp). Then the extras (--extras), each failing soft the same way:
     reload         the expert, saved once in the setup with save_pretrained (bf16, 28.6 GB on
                    disk, as transformer_2; transformer hard-links its files), loaded the way a
                    high -> low noise switch loads it: the high-noise expert loaded and resident,
-                   then _activate("transformer_2"): release (gc, CUDA cache), wan.load_expert
+                   then _activate("transformer_2"): release (gc, CUDA cache), wan_folder.load_expert
                    to the CPU, .to(device). Seconds of the save, the first load and each part
                    of the switch, the host RSS peak above its level before the switch, and the
                    GPU's allocated bytes before the switch and at its peak (one expert's worth
@@ -536,11 +536,12 @@ def print_row(row: dict, cuda: bool, flush: bool = False) -> None:
 def reload_row(ctx, keep: dict) -> dict:
     """A high -> low noise switch as WanGuidance makes it: the high-noise expert loaded from
     the folder and resident, then ``_activate("transformer_2")`` drops it (``release``: gc and
-    the CUDA cache) and loads the other (``wan.load_expert`` to the CPU, then ``.to(device)``).
+    the CUDA cache) and loads the other (``wan_folder.load_expert`` to the CPU, then
+    ``.to(device)``).
     Seconds of each, the host RSS peak above its level before the switch, the GPU's allocated
     bytes before and at the peak of the switch (one expert's worth: the old one is gone
     first). The loaded expert goes to ``keep["model"]`` for the float32 row."""
-    from chord.guidance import wan
+    from chord.guidance import wan_folder
 
     clock = timer(ctx["cuda"])
     guide = make_guidance(ctx["folder"], None, ctx["device"])
@@ -549,8 +550,8 @@ def reload_row(ctx, keep: dict) -> dict:
     guide._activate("transformer")
     clock.sync()
     first = time.perf_counter() - start
-    host, original = Peak(False), wan.load_expert
-    clock.wrap(wan, "load_expert", "load")
+    host, original = Peak(False), wan_folder.load_expert
+    clock.wrap(wan_folder, "load_expert", "load")
     clock.wrap(guide, "release", "release")
     try:
         host.reset()
@@ -564,7 +565,7 @@ def reload_row(ctx, keep: dict) -> dict:
         switch = time.perf_counter() - start
         host_peak, _ = host.read()
     finally:
-        wan.load_expert = original
+        wan_folder.load_expert = original
         host.disarm()
     t = clock.times
     keep["model"] = guide.experts["transformer_2"]

@@ -40,9 +40,9 @@ PREVIEW_LATENT_CHANNELS = 118
 
 
 def preview_host_bytes(flags, *, model: str | ModelShape = "A14B", expert_bytes: int = 2) -> int:
-    """Host RAM of the teacher preview: one expert (:class:`chord.guidance.wan.PreviewExperts`
-    releases one before loading the other) and the process, as for a training; with
-    ``enable_mmgp`` mmgp's pinned staging of the expert's blocks besides."""
+    """Host RAM of the teacher preview: one expert (:class:`chord.guidance.wan_preview.
+    PreviewExperts` releases one before loading the other) and the process, as for a training;
+    with ``enable_mmgp`` mmgp's pinned staging of the expert's blocks besides."""
     s = MODELS[model] if isinstance(model, str) else model
     expert = dit_params(s) * expert_bytes
     host = expert + HOST_BASE_GIB * GiB
@@ -60,9 +60,9 @@ def preview_estimate(
     model: str | ModelShape = "A14B",
     expert_bytes: int = 2,
 ) -> dict:
-    """Peak GPU memory and host RAM of the teacher preview (:func:`chord.guidance.wan.
-    sample_video`): diffusers' ``WanImageToVideoPipeline`` at the SDS size and ``frame_num``,
-    inference only, one expert resident at a time.
+    """Peak GPU memory and host RAM of the teacher preview (:func:`chord.guidance.
+    wan_preview.sample_video`): diffusers' ``WanImageToVideoPipeline`` at the SDS size and
+    ``frame_num``, inference only, one expert resident at a time.
 
     Weights: the expert whole (bf16), or with ``enable_mmgp`` mmgp's streaming window as in
     :func:`estimate`; the Wan VAE (float32) and the two text embeddings. Phases, each on top

@@ -247,11 +247,11 @@ def check_wan_folder(guidance) -> Check:
     """The Wan folder complete (every component's config and weights) and I2V A14B-shaped."""
     if guidance.backend != "wan":
         return Check("wan folder", NA, f"guidance.backend is {guidance.backend}: no Wan weights")
-    from chord.guidance import wan
+    from chord.guidance import wan_folder
 
     folder = Path(guidance.ckpt_dir)
     try:
-        index = wan.check_folder(folder)
+        index = wan_folder.check_folder(folder)
     except ValueError as exc:
         return Check(
             "wan folder", FAIL, str(exc), "copy the whole Wan2.2-I2V-A14B-Diffusers folder"

@@ -11,8 +11,10 @@ from pathlib import Path
 
 import torch
 
+from chord import float32_fallback, trainer_checkpoint
 from chord.errors import InputError
-from chord.trainer import CKPT_FORMAT, Trainer
+from chord.trainer import Trainer
+from chord.trainer_checkpoint import CKPT_FORMAT
 
 logger = logging.getLogger(__name__)
 
@@ -133,9 +135,10 @@ def run(
                         "float32) and the learning rates"
                     )
                 rolled_back_to = ckpts[-1]
-                it = trainer.load_checkpoint(load_checkpoint(ckpts[-1]))
+                it = trainer_checkpoint.restore(trainer, load_checkpoint(ckpts[-1]))
                 if fallback == "float32" and hasattr(trainer.guidance, "use_float32"):
-                    trainer.fall_back_to_float32(
+                    float32_fallback.fall_back(
+                        trainer,
                         f"after {trainer.nonfinite} non-finite steps in a row",
                         "retrying at the guidance's precision",
                     )
@@ -155,7 +158,7 @@ def run(
             # before the SIGTERM checkpoint below, yet resumes from its last iteration.
             if writer and checkpoint_dir is not None and (kept or trainer.nonfinite == 0):
                 path = Path(checkpoint_dir) / f"ckpt_{it:06d}.pt"
-                save_checkpoint(path, trainer.checkpoint(it, config_hash))
+                save_checkpoint(path, trainer_checkpoint.contents(trainer, it, config_hash))
                 if newest is not None:
                     newest.unlink(missing_ok=True)
                 newest = None if kept else path

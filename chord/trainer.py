@@ -1,13 +1,12 @@
 """The Trainer (METHOD §15–§18): one iteration of the optimisation, with its regularisers,
 RF-SDS in every memory mode, the table operations at their iterations, Adam, the ranks'
-collectives and its checkpoint contents; the run loop around it is :mod:`chord.train`."""
+collectives; its checkpoint contents are :mod:`chord.trainer_checkpoint`, its float32 fallback
+:mod:`chord.float32_fallback`, the run loop around it :mod:`chord.train`."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
-import time
 from dataclasses import dataclass, field
 
 import torch
@@ -16,42 +15,12 @@ from torch import Tensor
 from chord import cameras, losses, optim, rng, runtime
 from chord.distributed import Group
 from chord.guidance import rfsds
-from chord.motion import fenwick, state
+from chord.motion import fenwick
 from chord.motion.model import MotionScene, plan_second_layer
+from chord.phase_clock import PhaseClock
 from chord.render import render_video, resolve_backend
 
 logger = logging.getLogger(__name__)
-
-CKPT_FORMAT = "chord-train/1"
-CKPT_FORMAT = "chord-train/1"
-
-
-class PhaseClock:
-    """``log_run_time`` (METHOD §15): wall seconds (synchronised on CUDA) and, on CUDA, the
-    peak allocated memory per phase; a no-op when disabled."""
-
-    def __init__(self, enabled: bool):
-        self.enabled, self.times = enabled, {}
-
-    def __call__(self, name: str):
-        if not self.enabled:
-            return contextlib.nullcontext()
-        return self._phase(name)
-
-    @contextlib.contextmanager
-    def _phase(self, name: str):
-        cuda = torch.cuda.is_available()
-        if cuda:
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            if cuda:
-                torch.cuda.synchronize()
-                self.times[f"{name}_peak_mb"] = torch.cuda.max_memory_allocated() / 2**20
-            self.times[f"{name}_s"] = time.perf_counter() - start
 
 
 @dataclass
@@ -100,7 +69,7 @@ class Trainer:
             name: optim.make_optimizer(obj.param_groups(), m, 1)
             for name, obj in self.scene.dynamic.items()
         }
-        self._arap = {}
+        self.arap_connectivity = {}
         self.nonfinite = 0
         self.float32_fallback = False  # the guidance computes in float32 (checkpointed)
         self.teacher_nan = 0  # NaN entries of the teacher's velocities this iteration
@@ -214,9 +183,9 @@ class Trainer:
                 total = total + loss
                 out["temporal"] += float(loss.detach())
             if lam_a > 0:
-                if name not in self._arap:
-                    self._arap[name] = losses.arap_connectivity(obj.surface)
-                nbr, mask = self._arap[name]
+                if name not in self.arap_connectivity:
+                    self.arap_connectivity[name] = losses.arap_connectivity(obj.surface)
+                nbr, mask = self.arap_connectivity[name]
                 X, _ = obj.deform(self.frames, points="surface", detach_weights=True)
                 sample = torch.cat(
                     [  # one draw of n per video (METHOD §16)
@@ -360,7 +329,7 @@ class Trainer:
         obj.add_second_layer(
             t(centres), t(surface), mult_rot_way=m.mult_rot_way, detach_first=m.add_cp_detach_first
         )
-        self._arap.pop(name, None)
+        self.arap_connectivity.pop(name, None)
         optim.add_groups(self.optimizers[name], obj.param_groups(), m, it)
         logger.info("it %d: %s gets a second layer of %d control points", it, name, len(centres))
 
@@ -460,106 +429,3 @@ class Trainer:
             p for opt in self.optimizers.values() for g in opt.param_groups for p in g["params"]
         ]
         return self.group.average_gradients(params, counts or {})
-
-    def float32_fallback_problem(self) -> str | None:
-        """Why the guidance cannot switch to float32 here, or None: mmgp keeps bf16, and the
-        memory model (:mod:`chord.peak_memory` with the expert in float32: twice its weights
-        and activations) must fit the device's memory and the job's host RAM, where a switch
-        of expert loads the next one in float32 (each figure unknown off CUDA: no limit)."""
-        g = self.guidance
-        if getattr(g, "mmgp", None) is not None:
-            return "enable_mmgp keeps the experts in bf16"
-        if self.gpu_memory_bytes is None and self.host_memory_bytes is None:
-            return None
-        from chord import peak_memory
-
-        GiB = peak_memory.GiB
-        m = self.method
-        dynamic = sum(
-            self.scene.slices[n].stop - self.scene.slices[n].start for n in self.scene.dynamic
-        )
-        e = peak_memory.estimate(
-            self.memory,
-            width=self.width,
-            height=self.height,
-            frames=m.frame_num,
-            batch=m.batch_size,
-            gaussians=int(self.scene.means.shape[0]),
-            dynamic_gaussians=dynamic,
-            model=getattr(g, "model_shape", peak_memory.A14B),
-            use_tiny_vae=getattr(g, "tiny_vae", None) is not None,
-            expert_bytes=4,
-            gpus=self.world_size,  # the host RAM of every rank on this node
-        )
-        weights = e["parts"]["dit_weights"] / GiB
-        problems = []
-        need = e["reserved_bytes"] + peak_memory.CUDA_CONTEXT_GIB * GiB
-        if self.gpu_memory_bytes is not None and need > self.gpu_memory_bytes:
-            problems.append(
-                f"in float32 the memory model predicts {need / GiB:.1f} GiB "
-                f"({e['phase']}; expert weights {weights:.1f} GiB) on a "
-                f"{self.gpu_memory_bytes / GiB:.0f} GiB GPU"
-            )
-        host = e["host_bytes"]
-        if self.host_memory_bytes is not None and host > self.host_memory_bytes:
-            ranks = f"{self.world_size} ranks, each " if self.world_size > 1 else ""
-            problems.append(
-                f"in float32 the memory model needs {host / GiB:.1f} GiB of host RAM ({ranks}"
-                f"the expert's float32 weights {weights:.1f} GiB + "
-                f"{peak_memory.HOST_BASE_GIB:g} GiB for the process), but the job may use "
-                f"{self.host_memory_bytes / GiB:.1f} GiB"
-            )
-        return "; ".join(problems) or None
-
-    def fall_back_to_float32(self, why: str, otherwise: str) -> bool:
-        """Switch the guidance to float32 (``why``: for the log) where
-        :meth:`float32_fallback_problem` allows; else log the reason and ``otherwise`` (what
-        the run does instead). Returns whether the guidance computes in float32 now."""
-        if self.float32_fallback:
-            return True
-        problem = self.float32_fallback_problem()
-        if problem is None and not hasattr(self.guidance, "use_float32"):
-            problem = f"the {type(self.guidance).__name__} guidance has no float32 mode"
-        if problem is not None:
-            logger.warning("float32 fallback not taken: %s; %s", problem, otherwise)
-            return False
-        self.guidance.use_float32()
-        self.float32_fallback = True
-        logger.warning("float32 fallback taken %s", why)
-        return True
-
-    # -- checkpoints -----------------------------------------------------------------------
-    def checkpoint(self, it: int, config_hash: str) -> dict:
-        """Everything needed to continue after iteration ``it`` (weights-only loadable)."""
-        tensors, meta = state.to_dict(self.scene)
-        return {
-            "format": CKPT_FORMAT,
-            "iteration": it,
-            "seed": self.seed,
-            "config_hash": config_hash,
-            "motion": tensors,
-            "motion_meta": meta,
-            "optimizers": {n: o.state_dict() for n, o in self.optimizers.items()},
-            "surface_voxel_size": self.surface_voxel_size,
-            # the guidance fell back to float32: a resumed run computes as this one did
-            "float32_fallback": self.float32_fallback,
-        }
-
-    def load_checkpoint(self, ckpt: dict) -> int:
-        """Restore a :meth:`checkpoint`; returns the next iteration to run. A checkpoint
-        written after the float32 fallback switches the guidance to float32 again (before the
-        first step: a resumed or requeued run, the fine stage after the coarse); one without
-        the field (older) leaves the guidance as it is."""
-        state.restore(self.scene, ckpt["motion"], ckpt["motion_meta"])
-        for name, obj in self.scene.dynamic.items():
-            opt = optim.make_optimizer(obj.param_groups(), self.method, ckpt["iteration"])
-            opt.load_state_dict(ckpt["optimizers"][name])
-            self.optimizers[name] = opt
-        self._arap.clear()
-        self.seed = ckpt["seed"]
-        if ckpt.get("float32_fallback", False):
-            self.fall_back_to_float32(
-                f"again: the checkpoint of iteration {ckpt['iteration']} was computed in float32",
-                "continuing at the guidance's precision",
-            )
-        return ckpt["iteration"] + 1

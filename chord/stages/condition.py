@@ -31,10 +31,12 @@ def text_encoder_for(guidance, device: str = "cpu"):
     """(tokenizer, encoder, description) for the configured guidance; the Wan folder's UMT5 on
     ``device`` (bf16 on CUDA, float32 on the CPU)."""
     if guidance.ckpt_dir:
-        from chord.guidance import wan
+        from chord.guidance import wan_folder
 
         dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
-        tokenizer, encoder = wan.load_text_encoder(guidance.ckpt_dir, device=device, dtype=dtype)
+        tokenizer, encoder = wan_folder.load_text_encoder(
+            guidance.ckpt_dir, device=device, dtype=dtype
+        )
         return tokenizer, encoder, f"umt5 from {guidance.ckpt_dir}"
     if guidance.backend == "wan":
         raise InputError(

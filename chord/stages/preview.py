@@ -46,7 +46,7 @@ def run(
 ) -> dict:
     """Write the teacher preview of one scene; ``settings``: the config's ``preview``;
     ``memory``: the memory flags of the scene's tier (its ``enable_mmgp`` makes mmgp keep the
-    Wan expert's weights in host RAM, :func:`chord.guidance.wan.sample_video`)."""
+    Wan expert's weights in host RAM, :func:`chord.guidance.wan_preview.sample_video`)."""
     width, height = config.parse_size(method.size, where="method: size")
     T = method.frame_num
     if guidance.backend == "oracle":
@@ -61,7 +61,7 @@ def run(
         source = "the oracle's scripted target video"
     else:
         from chord import job_memory, peak_memory
-        from chord.guidance import wan
+        from chord.guidance import wan_preview
 
         image = Image.open(ref_png).convert("RGB")
         if image.size != (width, height):
@@ -83,7 +83,7 @@ def run(
             e["phase"],
             e["host_bytes"] / peak_memory.GiB,
         )
-        frames = wan.sample_video(
+        frames = wan_preview.sample_video(
             guidance.ckpt_dir,
             image,
             text_cond.read(text_path)[0],

@@ -4,16 +4,10 @@ state (coarse.pt / fine.pt) and the loss log."""
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import dataclasses
-import json
 import logging
 import shutil
-import signal
-import subprocess
-import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -29,8 +23,10 @@ from chord import (
     plan,
     ply,
     rng,
+    slurm_time_limit,
     tiers,
     train,
+    trainer_checkpoint,
 )
 from chord import scene as sc
 from chord.distributed import Group
@@ -46,10 +42,6 @@ logger = logging.getLogger(__name__)
 # Beside a configuration's checkpoints: its loss log across attempts (copied to the output).
 LOSS_HISTORY = "losses.tsv"
 LOG_FIELDS = ("it", "sds", "ground", "temporal", "arap", "t", "cfg", "skipped", "nan")
-# Beside a stage's checkpoints while a Slurm job trains: the job, the end of its time limit and
-# the newest checkpoint it started from. Removed when the training exits before that end; one
-# left behind by a job killed at its time limit tells the next job whether that one progressed.
-TIME_LIMIT_RECORD = "time_limit.json"
 
 
 def build(
@@ -309,9 +301,9 @@ def run_stage(
     stop = method.add_cp_layer_iter if stage == "coarse" and method.add_cp_objs else N + 1
     start = 1
     if start_ckpt is not None:
-        start = trainer.load_checkpoint(start_ckpt)
+        start = trainer_checkpoint.restore(trainer, start_ckpt)
     if resume is not None and resume["iteration"] + 1 > start:
-        start = trainer.load_checkpoint(resume)
+        start = trainer_checkpoint.restore(trainer, resume)
         logger.info("resuming %s from iteration %d", stage, start)
     early = (2 * N) // 3 if method.early_stop else None
     timings = ()
@@ -351,7 +343,7 @@ def run_stage(
         shutil.copyfile(history, loss_log)
     if writer:  # the hand-off records the size trained at (a lowres tier changes it) and the tier
         final = {
-            **trainer.checkpoint(last, h),
+            **trainer_checkpoint.contents(trainer, last, h),
             "size": method.size,
             "tier": tier,
             # every stage's tier, coarse first: the result's provenance (metrics.tsv)
@@ -413,11 +405,11 @@ def run(
         "render_backend": conf.render_backend,
     }
     order = list(table)
-    deadline = kwargs["deadline"] = slurm_deadline(env)
+    deadline = kwargs["deadline"] = slurm_time_limit.slurm_deadline(env)
     with (
         gpus.job_gpus(env, chosen.gpus),
         out_of_memory.recorded(record, chosen.name, order=order),
-        time_limit(checkpoint_dir, chosen, env, deadline, scene=scene),
+        slurm_time_limit.time_limit(checkpoint_dir, chosen, env, deadline, scene=scene),
     ):
         cuda = torch.cuda.is_available()
         if chosen.gpus == 1:
@@ -444,137 +436,3 @@ def run(
         return launch.launch(
             target, chosen.gpus, env=env, kwargs={"stage": stage, "env": env, **kwargs}
         )
-
-
-def slurm_deadline(env) -> float | None:
-    """The end of this Slurm job's time limit (seconds since the epoch, from ``squeue``), or
-    None outside a Slurm job (no ``SLURM_JOB_ID`` in ``env``), without a limit, or when
-    ``squeue`` does not answer (logged)."""
-    job = env.get("SLURM_JOB_ID")
-    if not job:
-        return None
-    cmd = ["squeue", "--noheader", "--jobs", job, "--format", "%e"]
-    try:
-        proc = subprocess.run(
-            cmd,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env={**env, "SLURM_TIME_FORMAT": "%s"},  # the end as seconds since the epoch
-        )
-    except (OSError, subprocess.SubprocessError) as exc:
-        logger.warning("Slurm job %s: no end time (%s); training without one", job, exc)
-        return None
-    out = proc.stdout.strip()
-    if proc.returncode != 0 or not out.isdigit():
-        if out not in ("Unknown", "NONE", "N/A") or proc.returncode != 0:
-            logger.warning(
-                "Slurm job %s: no end time from %s (%s); training without one",
-                job,
-                " ".join(cmd),
-                (proc.stderr.strip() or out or f"status {proc.returncode}"),
-            )
-        return None
-    return float(out)
-
-
-def _newest_checkpoint_file(folder: Path) -> str | None:
-    """The newest checkpoint file of any configuration in a stage's ``folder`` (name and
-    modification time): a new one means an iteration finished."""
-    files = [(p.stat().st_mtime_ns, p) for p in Path(folder).glob("*/ckpt_*.pt")]
-    if not files:
-        return None
-    mtime, path = max(files)
-    return f"{path.relative_to(folder)}@{mtime}"
-
-
-@contextlib.contextmanager
-def time_limit(folder: Path, tier: tiers.Tier, env, deadline: float | None, scene: str = ""):
-    """A training in a Slurm job whose time limit ends at ``deadline`` (None: nothing to do).
-
-    Before it trains: if the job before it on this tier was killed at its time limit (its
-    :data:`TIME_LIMIT_RECORD` is left and its deadline past) without finishing an iteration (no
-    newer checkpoint), a ConfigError names the tier's runtime_h: this job would end the same
-    way. When the training stops for the time limit (:class:`chord.train.TimeLimit`), the job
-    requeues itself (``scontrol requeue``: the same job id, pending again; its next run resumes
-    from the checkpoint just written); if Slurm refuses, the job fails and a Snakemake retry
-    resubmits it on the same tier."""
-    if deadline is None:
-        yield
-        return
-    path = Path(folder) / TIME_LIMIT_RECORD
-    newest = _newest_checkpoint_file(folder)
-    try:
-        before = json.loads(path.read_text())
-    except (OSError, ValueError):
-        before = None
-    if (
-        isinstance(before, dict)
-        and before.get("checkpoint") == newest
-        and before.get("tier") == tier.name
-        and tier.runtime_h <= before.get("runtime_h", 0)
-        and time.time() >= before.get("deadline", float("inf"))
-    ):
-        raise config.ConfigError(
-            f"scene {scene}: Slurm job {before.get('job')} of this training reached its time "
-            f"limit ({tier.runtime_min} min, tiers.{tier.name}.runtime_h: {tier.runtime_h:g}) "
-            f"without finishing an iteration after {newest or 'the start'}: loading and one "
-            f"iteration do not fit in it, so no job on tier {tier.name} can progress. Raise "
-            f"tiers.{tier.name}.runtime_h (and the partition's time limit); to try this "
-            f"tier's time again as it is, delete {path}"
-        )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    record = {
-        "job": env.get("SLURM_JOB_ID"),
-        "deadline": deadline,
-        "tier": tier.name,
-        "runtime_h": tier.runtime_h,
-        "checkpoint": newest,
-    }
-    path.write_text(json.dumps(record) + "\n")
-
-    def stopped(signum, frame):  # SIGTERM while loading (train.run handles its own)
-        raise train.Interrupted("SIGTERM before the first iteration")
-
-    # a cancelled or preempted job stops through the finally below: its record goes, and only
-    # a job killed at its time limit leaves one
-    old = None
-    if threading.current_thread() is threading.main_thread():
-        old = signal.signal(signal.SIGTERM, stopped)
-    try:
-        yield
-    except train.TimeLimit as exc:
-        requeue(env, str(exc))
-        raise
-    finally:
-        if old is not None:
-            signal.signal(signal.SIGTERM, old)
-        if time.time() < deadline:  # ended before its time limit
-            path.unlink(missing_ok=True)
-
-
-def requeue(env, why: str) -> bool:
-    """``scontrol requeue`` this Slurm job (its next run resumes from the checkpoints);
-    whether Slurm took it, logged either way."""
-    job = env["SLURM_JOB_ID"]
-    try:
-        proc = subprocess.run(
-            ["scontrol", "requeue", job], capture_output=True, text=True, timeout=60, env=env
-        )
-        problem = None
-        if proc.returncode != 0:
-            problem = proc.stderr.strip() or proc.stdout.strip() or f"status {proc.returncode}"
-    except (OSError, subprocess.SubprocessError) as exc:
-        problem = str(exc)
-    if problem is None:
-        logger.info("%s; requeued Slurm job %s to continue", why, job)
-        return True
-    logger.error(
-        "%s; Slurm job %s could not requeue itself (scontrol requeue: %s): the job fails and "
-        "a Snakemake retry resubmits it on the same tier (submit training jobs with --requeue: "
-        "the profile's slurm-requeue: true)",
-        why,
-        job,
-        problem,
-    )
-    return False

@@ -15,7 +15,7 @@ from PIL import Image
 
 from chord import config as cc
 from chord import demo, media, paths, runs, tiers
-from chord.guidance import mmgp_residency, text, tiny_models, wan
+from chord.guidance import mmgp_residency, text, tiny_models, wan_folder, wan_preview
 from chord.stages import condition, preview, reference
 
 W, H, T = 48, 32, 5
@@ -108,7 +108,7 @@ class Experts:
         from diffusers import AutoencoderKLWan
 
         self.loaded, self.events, self.runs = [], [], []
-        load, decode = wan.load_expert, AutoencoderKLWan.decode
+        load, decode = wan_folder.load_expert, AutoencoderKLWan.decode
 
         def spy_load(ckpt_dir, name, *, dtype):
             self.events.append(("load", name, self.resident()))
@@ -125,7 +125,7 @@ class Experts:
             self.events.append(("decode", self.resident()))
             return decode(vae, *args, **kwargs)
 
-        monkeypatch.setattr(wan, "load_expert", spy_load)
+        monkeypatch.setattr(wan_folder, "load_expert", spy_load)
         monkeypatch.setattr(AutoencoderKLWan, "decode", spy_decode)
 
     def resident(self) -> list[str]:
@@ -259,14 +259,14 @@ def test_one_expert_at_a_time_samples_what_the_pipeline_with_both_does(wan_hop, 
     cached, _ = text.read(inputs["text_path"])
     image = Image.open(inputs["ref_png"]).convert("RGB")
     args = {"frames": T, "steps": 4, "guidance_scale": 2.0, "guidance_scale_2": 3.0, "seed": 3}
-    ours = wan.sample_video(folder, image, cached, **args)
+    ours = wan_preview.sample_video(folder, image, cached, **args)
     pipe = WanImageToVideoPipeline(
         tokenizer=None,
         text_encoder=None,
-        vae=wan.load_vae(folder),
-        scheduler=wan.load_scheduler(folder),
-        transformer=wan.load_expert(folder, "transformer", dtype=torch.float32),
-        transformer_2=wan.load_expert(folder, "transformer_2", dtype=torch.float32),
+        vae=wan_folder.load_vae(folder),
+        scheduler=wan_folder.load_scheduler(folder),
+        transformer=wan_folder.load_expert(folder, "transformer", dtype=torch.float32),
+        transformer_2=wan_folder.load_expert(folder, "transformer_2", dtype=torch.float32),
         boundary_ratio=0.9,
     )
     both = pipe(
@@ -296,7 +296,7 @@ def test_a_boundary_at_an_end_loads_only_the_expert_its_steps_use(
     spy = Experts(monkeypatch)
     cached, _ = text.read(inputs["text_path"])
     image = Image.open(inputs["ref_png"]).convert("RGB")
-    wan.sample_video(
+    wan_preview.sample_video(
         conf.guidance.ckpt_dir,
         image,
         cached,

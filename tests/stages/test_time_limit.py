@@ -16,7 +16,7 @@ import time
 import pytest
 
 from chord import config as cc
-from chord import train
+from chord import slurm_time_limit, train
 from chord.stages import train as train_stage
 from tests.conftest import REPO
 from tests.processes.test_train_cli import assert_same_state, read_loss_log
@@ -99,7 +99,7 @@ def test_a_job_near_its_time_limit_requeues_itself_and_its_runs_end_as_one_run(h
     whole = train.load_checkpoint(root / "whole/coarse.pt")
     assert_same_state(train.load_checkpoint(root / "limited/coarse.pt"), whole)
     assert read_loss_log(root / "limited/losses.tsv") == read_loss_log(root / "whole/losses.tsv")
-    assert not (root / "limited/ckpt" / train_stage.TIME_LIMIT_RECORD).exists()
+    assert not (root / "limited/ckpt" / slurm_time_limit.TIME_LIMIT_RECORD).exists()
 
 
 RUN_IN_CHILD = """
@@ -117,7 +117,7 @@ def test_a_job_killed_at_its_limit_before_an_iteration_stops_the_next_one(hop, s
     root = hop[0]
     args = tmp_path / "args.pkl"
     args.write_bytes(pickle.dumps(kwargs(hop, "stuck", env)))
-    record = root / "stuck/ckpt" / train_stage.TIME_LIMIT_RECORD
+    record = root / "stuck/ckpt" / slurm_time_limit.TIME_LIMIT_RECORD
     job_ends_in(fake, 5)
     child = subprocess.Popen(
         [sys.executable, "-c", RUN_IN_CHILD, str(args)],

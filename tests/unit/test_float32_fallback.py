@@ -11,8 +11,8 @@ import signal
 import pytest
 import torch
 
-from chord import peak_memory, train
-from chord.guidance import text, tiny_models, wan
+from chord import float32_fallback, peak_memory, train, trainer_checkpoint
+from chord.guidance import text, tiny_models, wan, wan_float32, wan_folder
 from chord.trainer import Trainer
 from tests.unit.test_train import FlakyTeacher, H, T, W, make_trainer, method, tiny_scene
 
@@ -32,7 +32,7 @@ def folder(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def embeddings(folder):
-    tok, enc = wan.load_text_encoder(folder)
+    tok, enc = wan_folder.load_text_encoder(folder)
     e, _ = text.encode_prompts(tok, enc, ["a block hops", text.resolve_negative(".")])
     return {"prompt": e[0], "negative": e[1]}
 
@@ -93,7 +93,7 @@ def test_float32_fallback_is_refused_where_the_job_host_ram_cannot_hold_the_floa
         if switches:
             assert "float32 fallback taken after 2 non-finite steps" in caplog.text
             continue
-        problem = tr.float32_fallback_problem()
+        problem = float32_fallback.problem(tr)
         gib = peak_memory.GiB
         assert f"needs {need / gib:.1f} GiB of host RAM" in problem
         assert f"the job may use {job / gib:.1f} GiB" in problem
@@ -184,7 +184,7 @@ def test_a_run_resumed_after_the_fallback_computes_in_float32_and_ends_as_one_ru
 
     resumed = wan_trainer(folder, embeddings, m, broken=True)  # a new process: bf16 again
     assert resumed.guidance.compute_dtype == torch.bfloat16
-    start = resumed.load_checkpoint(ckpt)
+    start = trainer_checkpoint.restore(resumed, ckpt)
     assert start == 5
     assert resumed.guidance.compute_dtype == torch.float32  # before the first step
     assert resumed.float32_fallback and ckpt["float32_fallback"] is True
@@ -198,7 +198,7 @@ def test_a_run_resumed_after_the_fallback_computes_in_float32_and_ends_as_one_ru
 
     old = {k: v for k, v in ckpt.items() if k != "float32_fallback"}  # before the field
     older = wan_trainer(folder, embeddings, m, broken=False)
-    assert older.load_checkpoint(old) == 5
+    assert trainer_checkpoint.restore(older, old) == 5
     assert older.guidance.compute_dtype == torch.bfloat16 and not older.float32_fallback
 
 
@@ -216,7 +216,7 @@ def test_the_switch_logs_its_slowdown_and_keeps_tf32_off_only_inside_the_dit_pas
     assert "H100/H200 SXM 989 vs 67, A100 SXM 312 vs 19.5" in caplog.text
     assert "TF32 off (matmuls and convolutions in IEEE float32" in caplog.text
 
-    switches = wan._tf32_switches()
+    switches = wan_float32.tf32_switches()
     allowed = {"fp32_precision": "tf32", "allow_tf32": True}  # TF32 on, as a user may set it
     saved = [getattr(obj, name) for obj, name, _ in switches]
     seen = []

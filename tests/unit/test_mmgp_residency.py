@@ -8,6 +8,7 @@ import torch
 
 from chord.guidance import mmgp_residency, tiny_models, wan
 from chord.guidance.mmgp_residency import NO_CUDA_MESSAGE, MMGPResidency
+from chord.guidance.wan_folder import load_expert
 from tests.fake_mmgp import FakeMMGP
 
 
@@ -167,7 +168,7 @@ def test_wrapping_keeps_the_dtypes_from_pretrained_gives_a_bf16_expert(wan_folde
     the dtypes diffusers loads a bf16 Wan expert in: its ``_keep_in_fp32_modules``
     (``scale_shift_table``, ``time_embedder``, the blocks' affine ``norm2``) in float32, the rest
     in bf16. So does an expert loaded in float32 (the CPU guidance's), after wrapping."""
-    loaded = wan.load_expert(wan_folder, "transformer", dtype=torch.bfloat16)
+    loaded = load_expert(wan_folder, "transformer", dtype=torch.bfloat16)
     reference = dtypes(loaded)
     kept = {n for n, d in reference.items() if d == torch.float32}
     assert {
@@ -178,7 +179,7 @@ def test_wrapping_keeps_the_dtypes_from_pretrained_gives_a_bf16_expert(wan_folde
     } <= kept
     for dtype in (torch.bfloat16, torch.float32):
         res, _ = residency()
-        model = wan.load_expert(wan_folder, "transformer", dtype=dtype)
+        model = load_expert(wan_folder, "transformer", dtype=dtype)
         res.activate("transformer", model)
         assert dtypes(model) == reference, dtype
         assert model.norm_out._lock_dtype == torch.float32  # its float32 input stays float32

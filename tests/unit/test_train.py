@@ -11,8 +11,8 @@ import torch
 import trimesh
 
 from chord import config as cc
-from chord import gaussians, runtime, train
-from chord.guidance import text, tiny_models, wan
+from chord import float32_fallback, gaussians, runtime, train, trainer_checkpoint
+from chord.guidance import text, tiny_models, wan, wan_folder
 from chord.guidance.oracle import OracleGuidance
 from chord.motion.model import DynamicObject, MotionScene
 from chord.render import splat_tensors
@@ -74,7 +74,7 @@ def method(**kw):
 @pytest.fixture(scope="module")
 def wan_guidance(tmp_path_factory):
     folder = tiny_models.write_tiny_wan(tmp_path_factory.mktemp("wan") / "w")
-    tok, enc = wan.load_text_encoder(folder)
+    tok, enc = wan_folder.load_text_encoder(folder)
     e, _ = text.encode_prompts(tok, enc, ["a block hops", text.resolve_negative(".")])
     return wan.WanGuidance(folder), {"prompt": e[0], "negative": e[1]}
 
@@ -161,7 +161,7 @@ def test_tiny_vae_checkpoints_give_the_default_gradients(memory, tmp_path):
     from chord.guidance.tiny_vae import TinyVAEEncoder
 
     folder = tiny_models.write_tiny_wan(tmp_path / "w")
-    tok, enc = wan.load_text_encoder(folder)
+    tok, enc = wan_folder.load_text_encoder(folder)
     e, _ = text.encode_prompts(tok, enc, ["a block hops", text.resolve_negative(".")])
     torch.manual_seed(0)
     guidance = wan.WanGuidance(folder, tiny_vae=TinyVAEEncoder())
@@ -229,9 +229,9 @@ def test_coarse_then_fine_equals_one_run(tmp_path):
     run_steps(one, 1, 9)
     coarse = make_trainer(m)
     run_steps(coarse, 1, 5)
-    train.save_checkpoint(tmp_path / "coarse.pt", coarse.checkpoint(4, "h"))
+    train.save_checkpoint(tmp_path / "coarse.pt", trainer_checkpoint.contents(coarse, 4, "h"))
     fine = make_trainer(m)
-    start = fine.load_checkpoint(train.load_checkpoint(tmp_path / "coarse.pt"))
+    start = trainer_checkpoint.restore(fine, train.load_checkpoint(tmp_path / "coarse.pt"))
     assert start == 5
     run_steps(fine, start, 9)
     a, b = one.scene.dynamic["obj_0"], fine.scene.dynamic["obj_0"]
@@ -426,7 +426,7 @@ def test_float32_fallback_is_not_taken_where_the_memory_model_says_it_will_not_f
             train.run(tr, 3, 7, config_hash="h", checkpoint_dir=folder, max_nonfinite_steps=2)
             assert tr.guidance.fp32
             continue
-        assert "in float32 the memory model predicts" in tr.float32_fallback_problem()
+        assert "in float32 the memory model predicts" in float32_fallback.problem(tr)
         with pytest.raises(RuntimeError, match="persist after rolling back"):
             train.run(tr, 3, 7, config_hash="h", checkpoint_dir=folder, max_nonfinite_steps=2)
         assert not tr.guidance.fp32

@@ -8,7 +8,7 @@ import shutil
 import pytest
 import torch
 
-from chord.guidance import text, tiny_models, wan
+from chord.guidance import text, tiny_models, wan, wan_folder
 from tests.fake_mmgp import FakeMMGP
 
 T = 41
@@ -27,7 +27,7 @@ def guidance(folder):
 
 @pytest.fixture(scope="module")
 def embeddings(folder):
-    tok, enc = wan.load_text_encoder(folder)
+    tok, enc = wan_folder.load_text_encoder(folder)
     e, _ = text.encode_prompts(tok, enc, ["a block hops", text.resolve_negative(".")])
     return {"prompt": e[0], "negative": e[1]}
 
@@ -39,16 +39,16 @@ def video(seed=0):
 
 def test_folder_check_lists_what_is_missing(folder, tmp_path):
     with pytest.raises(ValueError, match="folder not found"):
-        wan.check_folder(tmp_path / "nowhere")
+        wan_folder.check_folder(tmp_path / "nowhere")
     broken = tmp_path / "broken"
     shutil.copytree(folder, broken)
     shutil.rmtree(broken / "transformer_2")
     (broken / "vae" / "diffusion_pytorch_model.safetensors").unlink()
     with pytest.raises(ValueError) as err:
-        wan.check_folder(broken)
+        wan_folder.check_folder(broken)
     msg = str(err.value)
     assert str(broken) in msg and "transformer_2/config.json" in msg and "vae/ weights" in msg
-    assert wan.check_folder(folder)["boundary_ratio"] == 0.9
+    assert wan_folder.check_folder(folder)["boundary_ratio"] == 0.9
 
 
 def test_conditioning_layout_for_41_frames(guidance, embeddings):
@@ -85,7 +85,7 @@ def test_one_expert_in_memory_routed_at_the_boundary_and_reloaded_after_a_switch
     """Both A14B experts held at once are ~57 GB of host RAM: a switch drops the other one,
     and an expert needed again (after a roll-back) is loaded anew."""
     loaded, calls = [], []
-    load = wan.load_expert
+    load = wan_folder.load_expert
 
     def counting_load(ckpt_dir, name, *, dtype):
         model = load(ckpt_dir, name, dtype=dtype)
@@ -93,7 +93,7 @@ def test_one_expert_in_memory_routed_at_the_boundary_and_reloaded_after_a_switch
         model.register_forward_hook(lambda m, a, o: calls.append(name))
         return model
 
-    monkeypatch.setattr(wan, "load_expert", counting_load)
+    monkeypatch.setattr(wan_folder, "load_expert", counting_load)
     g = wan.WanGuidance(folder)
     z = torch.randn(1, 16, 11, H // 8, W // 8)
     y = g.condition(video())
