@@ -2,6 +2,7 @@ import pytest
 import yaml
 
 from chord import config as cc
+from chord import result_keys as rk
 from tests.conftest import REPO, write_config
 
 # Where the shipped config departs from the release's flag defaults (the schema's, which
@@ -181,11 +182,11 @@ def test_every_guidance_key_that_changes_the_teacher_changes_the_training_hash(b
     }
     assert set(edits) == set(schema)  # a new guidance key needs a line here
     method = cc.method_from_mapping({"use_tiny_vae": True})
-    before = cc.training_hash(method, cc.guidance_from_mapping(base))
+    before = rk.training_hash(method, cc.guidance_from_mapping(base))
     changed = {
         key
         for key, value in edits.items()
-        if cc.training_hash(method, cc.guidance_from_mapping({**base, key: value})) != before
+        if rk.training_hash(method, cc.guidance_from_mapping({**base, key: value})) != before
     }
     teacher = {"backend", "ckpt_dir", "oracle_pool", "oracle_gain"}
     assert changed == (teacher | {"tiny_vae_path", "tiny_vae_normalize"} if backend == "wan"
@@ -193,14 +194,14 @@ def test_every_guidance_key_that_changes_the_teacher_changes_the_training_hash(b
     without = cc.method_from_mapping({"use_tiny_vae": False})
     for key in ("tiny_vae_path", "tiny_vae_normalize"):
         other = cc.guidance_from_mapping({**base, key: edits[key]})
-        assert cc.training_hash(without, other) == cc.training_hash(
+        assert rk.training_hash(without, other) == rk.training_hash(
             without, cc.guidance_from_mapping(base)
         )
 
 
 def test_values_hash_is_stable():
-    assert cc.values_hash({"a": 1, "b": [1, 2]}) == cc.values_hash({"b": [1, 2], "a": 1})
-    assert cc.values_hash({"a": 1}) != cc.values_hash({"a": 2})
+    assert rk.values_hash({"a": 1, "b": [1, 2]}) == rk.values_hash({"b": [1, 2], "a": 1})
+    assert rk.values_hash({"a": 1}) != rk.values_hash({"a": 2})
 
 
 def test_presets_travel_with_the_sheet_rows(tmp_path):
