@@ -28,7 +28,7 @@ from chord.guidance import oracle
 from chord.guidance import text as text_cond
 from chord.motion.model import build_scene
 from chord.render import describe_backend, resolve_backend
-from chord.result_keys import training_hash
+from chord.result_keys import stage_config, training_hash
 from chord.trainer import Trainer
 
 logger = logging.getLogger(__name__)
@@ -243,6 +243,7 @@ def run_stage(
     agree up to floating-point reordering. ``deadline``: the job's end (seconds since the
     epoch), before which the training stops (:func:`chord.train.run`).
     """
+    method = stage_config(method, "train")  # only the keys it reads
     if torch.device(device).type == "cpu":
         torch.use_deterministic_algorithms(True)
     start_ckpt = None
