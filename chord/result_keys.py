@@ -21,6 +21,7 @@ start.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 from collections.abc import Callable
@@ -28,19 +29,11 @@ from typing import Any
 
 from chord import config as cc
 
-# The stages that read method or guidance keys (chord.stages.<stage>; train: train_coarse and
-# train_fine, preview: teacher_preview).
-STAGES = (
-    "ingest",
-    "gaussians",
-    "voxelize",
-    "reference",
-    "condition",
-    "train",
-    "export",
-    "evaluate",
-    "preview",
-)
+# The stages that read method or guidance keys, in DAG order: chord.sources.STAGES (each
+# chord.stages.<stage>; train: train_coarse and train_fine, preview: teacher_preview) but demo,
+# viewer and aggregate, which read none.
+_NAMES = "ingest gaussians voxelize reference condition train export evaluate preview"
+STAGES = tuple(_NAMES.split())
 # The stages whose outputs a training reads: their keys key its checkpoints too, so a resume
 # never continues a checkpoint made from other inputs.
 TRAIN_INPUTS = ("ingest", "gaussians", "voxelize", "condition")
@@ -95,41 +88,53 @@ def _missing(self, name: str):
     )
 
 
-def _narrowed(kind: str, stage: str, keys: tuple[str, ...]) -> type:
-    name = f"{stage.capitalize()}{kind}"
+# The narrowed classes are made on first use, not at import: the DAG build imports this module
+# and needs none of them (a 90-field dataclass takes tens of milliseconds to make).
+_CLASSES = {
+    f"{stage.capitalize()}{kind}": (kind, stage)
+    for kind in ("Method", "Guidance")
+    for stage in STAGES
+}
+
+
+@functools.cache
+def _narrowed(kind: str, stage: str) -> type:
+    keys = (STAGE_KEYS if kind == "Method" else GUIDANCE_KEYS)[stage]
     cls = dataclasses.make_dataclass(
-        name,
+        f"{stage.capitalize()}{kind}",
         [(key, Any) for key in keys],
         frozen=True,
         namespace={"__module__": __name__, "__getattr__": _missing, "stage": stage},
     )
     cls.__doc__ = f"The {kind.lower()} keys that stage {stage} reads (x-stages), no other."
-    globals()[name] = cls  # picklable by name
     return cls
 
 
-_METHOD_CLASSES = {s: _narrowed("Method", s, STAGE_KEYS[s]) for s in STAGES}
-_GUIDANCE_CLASSES = {s: _narrowed("Guidance", s, GUIDANCE_KEYS[s]) for s in STAGES}
+def __getattr__(name: str) -> type:
+    """The narrowed classes by name (``TrainMethod``...), as pickle finds them."""
+    if name in _CLASSES:
+        return _narrowed(*_CLASSES[name])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _narrow(classes: dict[str, type], keys: dict[str, tuple[str, ...]], values, stage: str):
-    if stage not in classes:
+def _narrow(kind: str, values, stage: str):
+    if stage not in STAGES:
         raise ValueError(f"stage: {stage!r} is not one of {STAGES}")
-    cls = classes[stage]
+    cls = _narrowed(kind, stage)
     if isinstance(values, cls):
         return values
-    return cls(**{key: getattr(values, key) for key in keys[stage]})
+    return cls(**{key: getattr(values, key) for key in cls.__dataclass_fields__})
 
 
 def stage_config(method: Any, stage: str) -> Any:
     """``method`` (a MethodConfig, or this stage's config already) narrowed to the keys
     ``stage`` reads: a frozen dataclass whose other attributes raise AttributeError."""
-    return _narrow(_METHOD_CLASSES, STAGE_KEYS, method, stage)
+    return _narrow("Method", method, stage)
 
 
 def guidance_config(guidance: Any, stage: str) -> Any:
     """``guidance`` narrowed to the keys ``stage`` reads, as :func:`stage_config`."""
-    return _narrow(_GUIDANCE_CLASSES, GUIDANCE_KEYS, guidance, stage)
+    return _narrow("Guidance", guidance, stage)
 
 
 def stage_params(method: Any, stage: str) -> dict:

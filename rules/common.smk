@@ -325,8 +325,8 @@ def aggregate_inputs(wildcards):
 
 
 def preview_params(scene):
-    """What changes a preview: the sampling settings, the scene's result-changing method and
-    teacher (the training hash) and the keys only the preview reads of the rest (its view)."""
+    """What changes a preview: its sampling settings, the training hash (the scene's
+    result-changing method and teacher) and the other keys it reads (its view)."""
     view = {
         k: v
         for k, v in stage_params(scene, "preview").items()

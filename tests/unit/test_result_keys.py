@@ -13,6 +13,7 @@ import pytest
 
 from chord import config as cc
 from chord import result_keys as rk
+from chord import sources
 from tests.conftest import REPO
 
 SCHEMA = cc.read_schema(cc.CONFIG_SCHEMA)["properties"]
@@ -35,6 +36,10 @@ def test_every_key_names_the_stages_that_read_it_or_why_none_does(section):
             assert spec.get("x-neutral"), f"{where}: no stage reads it; x-neutral must say why"
         if "x-if" in spec:
             assert section == "guidance" and spec["x-if"] in rk.CONDITIONS, where
+
+
+def test_the_stages_with_a_config_are_the_workflow_stages_that_read_keys():
+    assert rk.STAGES == tuple(s for s in sources.STAGES if s not in ("demo", "viewer", "aggregate"))
 
 
 def test_memory_flags_are_in_no_stage_config():
