@@ -3,7 +3,9 @@
 The JSON schemas in ``chord/schemas/`` are the single source of truth for every key, type and
 default (METHOD.md's defaults under ``method:``). Snakemake validates the same files at
 workflow start; the ``chord`` CLI and the stages call :func:`load` here. Code below this edge
-never sees a raw dict.
+never sees a raw dict. The scene sheet is read in :mod:`chord.sheet`; which keys change which
+stage's result (its narrowed config, its rule's params, the training hash) is
+:mod:`chord.result_keys`, from the schema's ``x-stages``.
 """
 
 from __future__ import annotations
