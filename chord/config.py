@@ -3,7 +3,9 @@
 The JSON schemas in ``chord/schemas/`` are the single source of truth for every key, type and
 default (METHOD.md's defaults under ``method:``). Snakemake validates the same files at
 workflow start; the ``chord`` CLI and the stages call :func:`load` here. Code below this edge
-never sees a raw dict.
+never sees a raw dict. The scene sheet is read in :mod:`chord.sheet`; which keys change which
+stage's result (its narrowed config, its rule's params, the training hash) is
+:mod:`chord.result_keys`, from the schema's ``x-stages``.
 """
 
 from __future__ import annotations
@@ -11,8 +13,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-import hashlib
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,53 +26,6 @@ from chord.errors import InputError
 SCHEMA_DIR = Path(__file__).parent / "schemas"
 CONFIG_SCHEMA = SCHEMA_DIR / "config.schema.yaml"
 SCENES_SCHEMA = SCHEMA_DIR / "scenes.schema.yaml"
-SCENE_ID = re.compile(r"^[A-Za-z0-9_-]+$")
-SHEET_COLUMNS = ("scene", "data", "prompt", "n_prompt", "gaussians", "tier", "preset", "seeds")
-
-# Which method keys change each stage's result: these (and only these) are a stage's params.
-_CAMERA_KEYS = ("size", "fovy", "elev_l", "elev_r", "ref_azim", "ref_cam_radius", "cam_height")
-STAGE_KEYS: dict[str, tuple[str, ...]] = {
-    "ingest": ("obj_num", "static_id", "additional_static_objs", "avoid_objs", "ground_level"),
-    "gaussians": ("gs_init_num", "gs_init_nums", "gs_init_scale", "sh_degree", "ply_space"),
-    "voxelize": (
-        "init_voxel_size",
-        "br_range",
-        "surface_target_num",
-        "cp_num",
-        "cp_nums",
-        "n_cp_num",
-        "cp_surface_only_objs",
-    ),
-    "reference": (
-        "size",
-        "fovy",
-        "elev_l",
-        "elev_r",
-        "ref_azim",
-        "ref_cam_radius",
-        "cam_radius",
-        "cam_height",
-        "recenter_cam",
-    ),
-    # beyond their input files (the trained state), export and evaluate read the view
-    "export": (
-        *_CAMERA_KEYS,
-        "cam_radius",
-        "recenter_cam",
-        "invert_bg_prob",
-        "save_fps",
-        "sh_degree",
-        "export_size",
-    ),
-    "evaluate": (
-        *_CAMERA_KEYS,
-        "recenter_cam",
-        "invert_bg_prob",
-        "ground_level",
-        "sh_degree",
-        "static_threshold",
-    ),
-}
 
 
 class ConfigError(InputError):
@@ -311,59 +264,6 @@ def validate_config(config: dict) -> dict:
     return validate(config, read_schema(CONFIG_SCHEMA), where="config")
 
 
-def read_sheet(path: Path) -> list[dict]:
-    """Read the scene sheet (TSV): every cell a string, empty optional cells as None."""
-    import pandas as pd
-
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"scene sheet {path}: file not found")
-    try:
-        df = pd.read_csv(path, sep="\t", dtype=str, keep_default_na=False, comment="#")
-    except (pd.errors.ParserError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"scene sheet {path}: not a readable TSV ({exc})") from exc
-    df.columns = [c.strip() for c in df.columns]
-    rows = []
-    for i, rec in enumerate(df.to_dict("records"), start=2):  # line 1 is the header
-        row = {k: (v.strip() if isinstance(v, str) else v) for k, v in rec.items()}
-        for key in SHEET_COLUMNS[3:]:
-            if row.get(key) == "":
-                row[key] = None
-        row["_line"] = i
-        rows.append(row)
-    return rows
-
-
-def validate_sheet(rows: list[dict], *, path: Path | str = "scenes.tsv") -> list[dict]:
-    """Validate each row against the sheet schema; scene ids unique and path-safe."""
-    schema = read_schema(SCENES_SCHEMA)
-    seen: dict[str, int] = {}
-    for row in rows:
-        line = row.get("_line", "?")
-        clean = {k: v for k, v in row.items() if k != "_line"}
-        if clean.get("prompt") in (None, ""):
-            name = clean.get("scene", "?")
-            raise ConfigError(f"scene sheet {path}, line {line}: scene {name!r}: prompt is missing")
-        validate(clean, schema, where=f"scene sheet {path}, line {line}", set_default=False)
-        name = clean["scene"]
-        if name in seen:
-            raise ConfigError(
-                f"scene sheet {path}, line {line}: scene {name!r} duplicates line {seen[name]}"
-            )
-        seen[name] = line
-    return rows
-
-
-def sheet_seeds(cell: str, *, where: str) -> tuple[int, ...]:
-    """A sheet row's ``seeds`` cell ("0 1 2" or "0,1,2", the schema's pattern) as seeds; a
-    repeated seed is a ConfigError naming ``where``."""
-    seeds = tuple(int(s) for s in re.split(r"[ ,]+", cell.strip()))
-    repeated = sorted({s for s in seeds if seeds.count(s) > 1})
-    if repeated:
-        raise ConfigError(f"{where}: {cell!r} repeats seed(s) {few(repeated)}")
-    return seeds
-
-
 def few(names, n: int = 5) -> str:
     """At most ``n`` names for an error message, e.g. "a, b, c, d, e (+995 more)"."""
     names = list(names)
@@ -378,6 +278,9 @@ def load(config: dict, *, base: Path | None = None) -> Config:
     then its ``scene_overrides`` entry, each over the one before. ``base`` resolves relative
     paths (default: the current directory, as Snakemake does).
     """
+    # the sheet module uses this one's schema: imported here, not at the top
+    from chord.sheet import read_sheet, sheet_seeds, validate_sheet
+
     config = validate_config(_copy(config))
     base = Path(base or ".")
     sheet_path = base / config["scenes"]
@@ -489,79 +392,18 @@ def load_file(path: Path, *over: Path) -> Config:
     return load(data)
 
 
-def stage_params(method: Any, stage: str) -> dict:
-    """The method values that change ``stage``'s result (Snakemake ``params:``)."""
-    return {k: getattr(method, k) for k in STAGE_KEYS[stage]}
-
-
-# Read only by the reference view, export, evaluation and naming, never by training: a change to
-# them must not re-run hours of training (the one exception to "the training hash is the whole
-# method").
-VIEW_KEYS = ("ref_azim", "ref_cam_radius", "save_fps", "ex_name", "export_size", "static_threshold")
-
-
-def values_hash(values: dict) -> str:
-    """A stable hash of result-changing configuration values (JSON, sorted keys)."""
-    text = json.dumps(values, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def training_hash(method: Any, guidance: Any, world_size: int = 1) -> str:
-    """Hash of everything that changes a training's result: the method (memory flags are not
-    part of it; its view-only keys are left out) and the teacher. It names the checkpoint
-    folder and is the training rules' ``params``. Torch-free, so the workflow's DAG build does
-    not import torch.
-
-    ``world_size``: the ranks that each train ``method.batch_size`` videos (METHOD §18). They
-    train what one process with ``world_size`` times that batch trains, so they hash as it
-    does: a multi-GPU tier's ranks (``batch_size`` / gpus each) share the scene's checkpoints
-    and hand-off with its single-GPU tiers."""
-    values = {k: v for k, v in dataclasses.asdict(method).items() if k not in VIEW_KEYS}
-    values["batch_size"] = method.batch_size * int(world_size)
-    values["guidance"] = teacher_values(method, guidance)
-    return values_hash(values)
-
-
-def teacher_values(method: Any, guidance: Any) -> dict:
-    """The guidance values that change a training's teacher: which teacher and its weights;
-    the oracle's latent pooling and gain; the Wan teacher's Tiny VAE (its weights and whether
-    its outputs are normalised) where the method encodes with it. The non-finite-step policy
-    (``max_nonfinite_steps``, ``nonfinite_fallback``) is how a run recovers, not what it
-    distils."""
-    values = {
-        "backend": guidance.backend,
-        "ckpt_dir": guidance.ckpt_dir,
-        "oracle_pool": guidance.oracle_pool,
-        "oracle_gain": guidance.oracle_gain,
-    }
-    if guidance.backend == "wan" and method.use_tiny_vae:
-        values["tiny_vae_path"] = guidance.tiny_vae_path
-        values["tiny_vae_normalize"] = guidance.tiny_vae_normalize
-    return values
-
-
 def final_stage(method: Any) -> str:
     """The training stage whose state is the result: fine with a second layer, else coarse
     (which then runs every iteration)."""
     return "fine" if method.add_cp_objs else "coarse"
 
 
-def object_roles(method: Any, n: int) -> dict[str, str]:
-    """METHOD §1 roles for ids 0..n-1: 'static', 'dynamic' or 'avoided'."""
+def scene_roles(method: Any, n: int) -> dict[str, str]:
+    """METHOD §1 roles for ids 0..n-1: 'static', 'dynamic' or 'avoided' (what ingest reads:
+    ``static_id``, ``additional_static_objs`` and ``avoid_objs``, each checked against ``n``)."""
     if not 0 <= method.static_id < n:
         raise ConfigError(f"method: static_id: {method.static_id} is outside [0, {n}) objects")
-    for key in (
-        "additional_static_objs",
-        "avoid_objs",
-        "add_cp_objs",
-        "cp_surface_only_objs",
-        "gl_objects",
-    ):
-        for name in getattr(method, key):
-            if int(name.split("_")[1]) >= n:
-                raise ConfigError(
-                    f"method: {key}: {name} does not exist (the scene has {n} objects)"
-                )
+    _check_objects(method, n, ("additional_static_objs", "avoid_objs"))
     roles = {}
     for i in range(n):
         name = f"obj_{i}"
@@ -571,7 +413,24 @@ def object_roles(method: Any, n: int) -> dict[str, str]:
             roles[name] = "static"
         else:
             roles[name] = "dynamic"
+    return roles
+
+
+def object_roles(method: Any, n: int) -> dict[str, str]:
+    """:func:`scene_roles`, with every object list of the method checked against them (the
+    plan's check, before any job starts)."""
+    roles = scene_roles(method, n)
+    _check_objects(method, n, ("add_cp_objs", "cp_surface_only_objs", "gl_objects"))
     for name in method.add_cp_objs:
         if roles[name] != "dynamic":
             raise ConfigError(f"method: add_cp_objs: {name} is {roles[name]}, not dynamic")
     return roles
+
+
+def _check_objects(method: Any, n: int, keys: tuple[str, ...]) -> None:
+    for key in keys:
+        for name in getattr(method, key):
+            if int(name.split("_")[1]) >= n:
+                raise ConfigError(
+                    f"method: {key}: {name} does not exist (the scene has {n} objects)"
+                )

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chord import config as cc
-from chord import gpus
+from chord import gpus, result_keys
 
 logger = logging.getLogger(__name__)
 
@@ -357,9 +357,9 @@ class TrainingJob:
     rank_method: Any
 
     def config_hash(self, guidance) -> str:
-        """The training's hash (:func:`chord.config.training_hash`): its checkpoint folder and
-        the training rules' params; a multi-GPU tier's ranks hash as one process does."""
-        return cc.training_hash(self.method, guidance)
+        """The training's hash (:func:`chord.result_keys.training_hash`): its checkpoint folder
+        and the training rules' params; a multi-GPU tier's ranks hash as one process does."""
+        return result_keys.training_hash(self.method, guidance)
 
 
 def training_job(method, memory, tier: Tier, *, scene: str | None = None) -> TrainingJob:

@@ -18,6 +18,8 @@ import chord.job_memory
 import chord.job_size
 import chord.paths as P
 import chord.plan
+import chord.result_keys as rk
+import chord.sheet
 import chord.sources
 import chord.tiers as ct
 
@@ -30,7 +32,7 @@ if DEBUG_SCENE:  # a debug run: one scene, the debug method values, its own resu
     _over = config["scene_overrides"].get(DEBUG_SCENE, {})
     config["scene_overrides"][DEBUG_SCENE] = {**_over, **config["debug"]["method"]}
 try:
-    _rows = cc.read_sheet(config["scenes"])
+    _rows = chord.sheet.read_sheet(config["scenes"])
     if DEBUG_SCENE and DEBUG_SCENE not in [r["scene"] for r in _rows]:
         raise cc.ConfigError(
             f"debug_scene: {DEBUG_SCENE!r} is not a scene of {config['scenes']}"
@@ -117,8 +119,9 @@ def demo_frame_num(name):
 
 
 def stage_params(name, stage):
-    """A stage's result-changing method values, of a scene or a run (chord.config)."""
-    return cc.stage_params(run_spec(name).method, stage)
+    """The fields of a stage's config (chord.result_keys): the method keys it reads, of a
+    scene or a run."""
+    return rk.stage_params(run_spec(name).method, stage)
 
 
 def run_spec(name):
@@ -127,13 +130,14 @@ def run_spec(name):
 
 
 def condition_params(scene):
-    """What changes a scene's text embeddings: the prompts and the encoder."""
+    """What changes a scene's text embeddings: the prompts (the sheet's negative prompt, else
+    the method's) and the condition stage's method and guidance keys (the encoder)."""
     spec = CONF.scenes[scene]
     return {
         "prompt": spec.prompt,
+        **stage_params(scene, "condition"),
         "n_prompt": spec.n_prompt,
-        "encoder": CONF.guidance.ckpt_dir or "tiny",
-        "t5_cpu": spec.method.t5_cpu,
+        "guidance": rk.guidance_params(CONF.guidance, "condition"),
     }
 
 
@@ -359,9 +363,14 @@ def sweep_inputs(wildcards):
 
 
 def preview_params(scene):
-    """What changes a preview: the sampling settings and the scene's result-changing method
-    and teacher (the training hash)."""
-    return {"preview": vars(CONF.preview), "method": train_params(scene)}
+    """What changes a preview: its sampling settings, the training hash (the scene's
+    result-changing method and teacher) and the other keys it reads (its view)."""
+    view = {
+        k: v
+        for k, v in stage_params(scene, "preview").items()
+        if k not in rk.STAGE_KEYS["train"]
+    }
+    return {"preview": vars(CONF.preview), "method": train_params(scene), "view": view}
 
 
 def debug_inputs(wildcards):

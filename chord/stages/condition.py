@@ -21,6 +21,7 @@ from chord.errors import InputError
 from chord.gpus import job_gpu
 from chord.guidance import text
 from chord.job_size import condition_gpus
+from chord.result_keys import guidance_config, stage_config
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +75,7 @@ def run(
     is); with 0 it empties ``CUDA_VISIBLE_DEVICES``, so the process takes no GPU it did not ask
     for. None (``chord train``, which trains on in the same process): the environment stays as
     it is and the GPU is used where one is visible and ``t5_cpu`` is false."""
+    method, guidance = stage_config(method, "condition"), guidance_config(guidance, "condition")
     negative = text.resolve_negative(n_prompt)
     if env is None:
         cuda = bool(condition_gpus(guidance, method)) and torch.cuda.is_available()

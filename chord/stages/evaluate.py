@@ -15,6 +15,7 @@ from chord import cameras, config, losses, media, metrics, metrics_file, plots, 
 from chord.errors import InputError
 from chord.io import write_json
 from chord.motion import scripted
+from chord.result_keys import stage_config
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +84,7 @@ def run(
     out_losses: Path,
 ) -> dict:
     """Compute and write the metrics of one trained scene; returns them."""
+    method = stage_config(method, "evaluate")  # only the keys it reads
     doc, scene, ckpt = trained.load_trained(
         scene_json=scene_json,
         plys=plys,

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from chord import cameras, export, gaussians, media, paths, ply, trained
+from chord.result_keys import stage_config
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +45,7 @@ def run(
 ) -> dict:
     """Render and write every export of a trained scene, the videos at ``export_size``
     (default: the SDS ``size``)."""
+    method = stage_config(method, "export")  # only the keys it reads
     width, height = trained.export_size(method)
     chunk = frames_per_chunk(width, height)
     doc, scene, ckpt = trained.load_trained(

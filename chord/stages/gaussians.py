@@ -9,12 +9,14 @@ from pathlib import Path
 from chord import gaussians as gs
 from chord import ply
 from chord import scene as sc
+from chord.result_keys import stage_config
 
 logger = logging.getLogger(__name__)
 
 
 def run(*, scene_json: Path, obj: str, out: Path, method, fitted: Path | None = None) -> None:
     """Write ``out`` for object ``obj``; ``fitted`` is the sheet's ``gaussians`` folder or None."""
+    method = stage_config(method, "gaussians")  # only the keys it reads
     doc = sc.read_scene_json(scene_json)
     index = int(obj.split("_")[1])
     if fitted is not None:

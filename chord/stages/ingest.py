@@ -10,6 +10,7 @@ import trimesh
 from chord import config as cfg
 from chord import scene as sc
 from chord.io import atomic_dir, write_json
+from chord.result_keys import stage_config
 
 logger = logging.getLogger(__name__)
 
@@ -23,9 +24,10 @@ def run(*, data: Path, out_json: Path, out_meshes: Path, method, scene: str) -> 
     and in scene.json. Avoided objects are recorded but get no mesh. Returns the scene.json
     mapping.
     """
+    method = stage_config(method, "ingest")  # only the keys it reads
     data = Path(data)
     paths = sc.discover_objects(data, method.obj_num)
-    roles = cfg.object_roles(method, len(paths))
+    roles = cfg.scene_roles(method, len(paths))
     scene_path = sc.scene_file(data)
     scene_source, scene_parts = sc.load_source(scene_path)
     centre, scale = sc.normalisation(sc.bounds_of(scene_parts), scene_path)

@@ -19,6 +19,7 @@ from chord import scene as sc
 from chord.guidance import oracle
 from chord.guidance import text as text_cond
 from chord.io import atomic_path
+from chord.result_keys import stage_config
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +48,7 @@ def run(
     """Write the teacher preview of one scene; ``settings``: the config's ``preview``;
     ``memory``: the memory flags of the scene's tier (its ``enable_mmgp`` makes mmgp keep the
     Wan expert's weights in host RAM, :func:`chord.guidance.wan_preview.sample_video`)."""
+    method = stage_config(method, "preview")  # only the keys it reads
     width, height = config.parse_size(method.size, where="method: size")
     T = method.frame_num
     if guidance.backend == "oracle":

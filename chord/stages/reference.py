@@ -12,6 +12,7 @@ from chord import cameras, config, gaussians, media, ply
 from chord import scene as sc
 from chord.errors import InputError
 from chord.render import render_views, splat_tensors
+from chord.result_keys import stage_config
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +31,7 @@ def scene_splats(scene_json: Path, plys: dict[str, Path], *, dtype=torch.float32
 
 
 def run(*, scene_json: Path, plys: dict[str, Path], out_png: Path, out_orbit: Path, method) -> None:
+    method = stage_config(method, "reference")  # only the keys it reads
     width, height = config.parse_size(method.size, where="method: size")
     doc = sc.read_scene_json(scene_json)
     splats = scene_splats(scene_json, plys)

@@ -35,6 +35,7 @@ from chord.guidance import oracle
 from chord.guidance import text as text_cond
 from chord.motion.model import build_scene
 from chord.render import describe_backend, resolve_backend
+from chord.result_keys import stage_config, training_hash
 from chord.trainer import Trainer
 
 logger = logging.getLogger(__name__)
@@ -245,6 +246,7 @@ def run_stage(
     agree up to floating-point reordering. ``deadline``: the job's end (seconds since the
     epoch), before which the training stops (:func:`chord.train.run`).
     """
+    method = stage_config(method, "train")  # only the keys it reads
     if torch.device(device).type == "cpu":
         torch.use_deterministic_algorithms(True)
     start_ckpt = None
@@ -263,7 +265,7 @@ def run_stage(
         inputs, method, memory, guidance, device, render_backend, tier, checkpoint_dir, env
     )
     # N ranks of batch_size videos train what one process of N·batch_size does: one hash
-    h = config.training_hash(method, guidance, group.world_size if group else 1)
+    h = training_hash(method, guidance, group.world_size if group else 1)
     seed = rng.base_seed(method.seed)
     if start_ckpt is not None:
         if start_ckpt["config_hash"] != h:

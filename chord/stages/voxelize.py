@@ -14,12 +14,14 @@ from chord import scene as sc
 from chord import voxels as vx
 from chord.errors import InputError
 from chord.io import atomic_path
+from chord.result_keys import stage_config
 
 logger = logging.getLogger(__name__)
 
 
 def run(*, scene_json: Path, obj: str, gaussians: Path, out: Path, method) -> dict:
     """Write ``out`` (npz: solid, surface, control_points, voxel_size, surface_voxel_size)."""
+    method = stage_config(method, "voxelize")  # only the keys it reads
     doc = sc.read_scene_json(scene_json)
     entry = next(o for o in doc["objects"] if o["name"] == obj)
     if entry["role"] != "dynamic":

@@ -14,6 +14,7 @@ import yaml
 
 from chord import config as cc
 from chord import demo, out_of_memory, train
+from chord import result_keys as rk
 from chord.stages import train as train_stage
 from chord.trainer import Trainer
 from tests.conftest import REPO
@@ -234,7 +235,7 @@ def test_a_multi_gpu_tier_shares_the_configuration_of_one_gpu(hop, solo_and_duo)
     count: a retry on another tier resumes, a fine stage continues the coarse hand-off."""
     (_, one), (_, two) = solo_and_duo
     root, conf = hop[0], hop[1]
-    h = cc.training_hash(conf.scenes["hop"].method, conf.guidance)
+    h = rk.training_hash(conf.scenes["hop"].method, conf.guidance)
     assert one["config_hash"] == h
     assert two["config_hash"] == h
     assert [p.name for p in (root / "duo/ckpt").iterdir() if p.is_dir()] == [h]

@@ -18,6 +18,7 @@ from PIL import Image
 
 from chord import cameras, cli, demo, gaussians, gltf_io, media, paths, ply, runs, trained
 from chord import config as cc
+from chord import result_keys as rk
 from chord.export import render_frames
 from chord.stages import aggregate, evaluate, reference
 from chord.stages import export as export_stage
@@ -467,7 +468,7 @@ def test_skinned_glb_keeps_morph_targets_for_a_second_layer(
 
 def test_export_renders_its_videos_at_export_size(sway, tmp_path):
     m = cc.method_from_mapping({**dataclasses.asdict(sway.m), "export_size": "64*48"})
-    assert cc.stage_params(m, "export")["export_size"] == "64*48"
+    assert rk.stage_params(m, "export")["export_size"] == "64*48"
     outs = {
         "out_ref_view": tmp_path / "ref_view.mp4",
         "out_orbit": tmp_path / "orbit.mp4",

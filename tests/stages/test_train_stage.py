@@ -12,6 +12,7 @@ import torch
 
 from chord import config as cc
 from chord import demo, ply, preflight, train
+from chord import result_keys as rk
 from chord import scene as sc
 from chord.render import BackendUnavailable, gsplat_backend
 from chord.stages import train as train_stage
@@ -60,7 +61,7 @@ def test_coarse_stage_writes_the_hand_off_and_resumes(hop):
     assert ckpt["iteration"] == 4 and ckpt["seed"] == 3
     assert (ckpt["render_backend"], ckpt["device"]) == ("torch", "cpu")  # what rendered, where
     (folder,) = ckpts.iterdir()  # one folder per configuration hash
-    assert folder.name == cc.training_hash(m, guidance)
+    assert folder.name == rk.training_hash(m, guidance)
     assert sorted(p.name for p in folder.iterdir()) == [
         "ckpt_000001.pt",
         "ckpt_000002.pt",

@@ -9,6 +9,7 @@ import yaml
 
 from chord import config as cc
 from chord import gpus, job_size, peak_memory, tiers
+from chord import result_keys as rk
 from tests.conftest import REPO
 
 MEM = cc.memory_from_mapping({})
@@ -72,8 +73,8 @@ def test_each_gpu_trains_its_share_of_the_batch():
     assert tiers.per_gpu(m, t["full"]) is m
     assert tiers.per_gpu(m, t["duo48"]).batch_size == 2
     assert tiers.per_gpu(m, t["quad24"]).batch_size == 1
-    assert cc.training_hash(tiers.per_gpu(m, t["quad24"]), cc.guidance_from_mapping({}), 4) == (
-        cc.training_hash(m, cc.guidance_from_mapping({}))
+    assert rk.training_hash(tiers.per_gpu(m, t["quad24"]), cc.guidance_from_mapping({}), 4) == (
+        rk.training_hash(m, cc.guidance_from_mapping({}))
     )  # 4 ranks of 1 video hash as one process of 4
     with pytest.raises(cc.ConfigError) as err:
         tiers.per_gpu(documented(batch_size=2), t["quad24"], scene="s")
@@ -233,7 +234,7 @@ def test_a_training_job_applies_its_tier_once_for_the_job_and_its_ranks():
     assert job.rank_method.size == "416*240" and job.rank_method.batch_size == 1
     assert {k: getattr(job.memory, k) for k in OFFLOAD} == OFFLOAD
     guidance = cc.guidance_from_mapping({})
-    assert job.config_hash(guidance) == cc.training_hash(job.rank_method, guidance, 4)
+    assert job.config_hash(guidance) == rk.training_hash(job.rank_method, guidance, 4)
     assert job.config_hash(guidance) != tiers.training_job(m, MEM, t["full"]).config_hash(guidance)
     solo = tiers.training_job(m, MEM, t["full"])
     assert solo.rank_method == solo.method == m  # a lower size only: 832*480 stays

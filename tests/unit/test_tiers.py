@@ -9,6 +9,7 @@ import yaml
 
 from chord import config as cc
 from chord import gpus, job_size, out_of_memory, tiers
+from chord import result_keys as rk
 from chord.stages import adapter
 from tests.conftest import REPO
 
@@ -89,14 +90,14 @@ def test_memory_flags_keep_the_hash_and_a_lower_size_changes_it(default_tiers):
     method = cc.method_from_mapping({"size": "832*480"})
     mem = cc.memory_from_mapping({})
     guidance = cc.guidance_from_mapping({})
-    h = cc.training_hash(method, guidance)
+    h = rk.training_hash(method, guidance)
     for name in ("full", "split", "offload"):
         applied, _ = tiers.apply(method, mem, default_tiers[name])
-        assert applied == method and cc.training_hash(applied, guidance) == h, name
+        assert applied == method and rk.training_hash(applied, guidance) == h, name
     _, offload = tiers.apply(method, mem, default_tiers["offload"])
     assert offload.enable_mmgp and offload.split_render_chunk_size == 21
     lowres, _ = tiers.apply(method, mem, default_tiers["lowres"])
-    assert lowres.size == "576*320" and cc.training_hash(lowres, guidance) != h
+    assert lowres.size == "576*320" and rk.training_hash(lowres, guidance) != h
     # the size only ever goes down: a small method size is kept
     small = cc.method_from_mapping({"size": "64*32"})
     assert tiers.apply(small, mem, default_tiers["lowres"])[0].size == "64*32"
@@ -195,8 +196,8 @@ def test_lowres_size_is_recorded_and_the_fine_stage_continues_at_it(tmp_path):
     fine = torch.load(tmp_path / "fine.pt", weights_only=True)
     assert (coarse["tier"], coarse["size"], coarse["iteration"]) == ("tiny", "32*16", 2)
     assert (fine["tier"], fine["size"], fine["iteration"]) == ("full", "32*16", 4)
-    h = cc.training_hash(lean, guidance)
-    assert h != cc.training_hash(m, guidance) and coarse["config_hash"] == fine["config_hash"] == h
+    h = rk.training_hash(lean, guidance)
+    assert h != rk.training_hash(m, guidance) and coarse["config_hash"] == fine["config_hash"] == h
     assert [p.name for p in (ckpts / "coarse").iterdir()] == [h]
     assert [p.name for p in (ckpts / "fine").iterdir()] == [h]
 
