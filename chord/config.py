@@ -71,6 +71,7 @@ STAGE_KEYS: dict[str, tuple[str, ...]] = {
         "ground_level",
         "sh_degree",
         "static_threshold",
+        "penetration_threshold",
     ),
 }
 
@@ -468,7 +469,15 @@ def stage_params(method: Any, stage: str) -> dict:
 # Read only by the reference view, export, evaluation and naming, never by training: a change to
 # them must not re-run hours of training (the one exception to "the training hash is the whole
 # method").
-VIEW_KEYS = ("ref_azim", "ref_cam_radius", "save_fps", "ex_name", "export_size", "static_threshold")
+VIEW_KEYS = (
+    "ref_azim",
+    "ref_cam_radius",
+    "save_fps",
+    "ex_name",
+    "export_size",
+    "static_threshold",
+    "penetration_threshold",
+)
 
 
 def values_hash(values: dict) -> str:
