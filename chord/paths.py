@@ -130,6 +130,11 @@ def loss_png(results, scene: str) -> Path:
     return eval_dir(results, scene) / "losses.png"
 
 
+def interaction_png(results, scene: str) -> Path:
+    """Per frame and object pair: interpenetration (share inside, deepest) and floating."""
+    return eval_dir(results, scene) / "interaction.png"
+
+
 def metrics_tsv(results) -> Path:
     """One row per scene."""
     return Path(results) / "metrics.tsv"

@@ -157,3 +157,38 @@ def frame0_comparison(
     fig.suptitle(f"frame-0 fidelity: PSNR {psnr:.2f} dB, SSIM {ssim:.4f}", fontsize=10)
     fig.tight_layout()
     _save(fig, path)
+
+
+def interaction(path: Path | str, pairs: list[dict], *, threshold: float, title: str) -> None:
+    """Per frame, one line per ordered object pair (``object`` → ``other``, the records of
+    :func:`chord.stages.evaluate.interaction` after :func:`chord.metrics.interaction_summary`):
+    the share of the object's surface samples inside the other, the deepest of them (with the
+    warning level: the pair's rest depth + ``threshold``) and, for resting pairs, the gap that
+    opens. Lengths in normalised scene units."""
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    share, depth, gap = axes
+    colours = plt.cm.tab10(np.arange(max(len(pairs), 1)) % 10)
+    for p, colour in zip(pairs, colours, strict=False):
+        label = f"{p['object']} → {p['other']}"
+        frames = np.arange(len(p["depth"]))
+        share.plot(frames, 100 * np.asarray(p["fraction"]), color=colour, marker=".", label=label)
+        depth.plot(frames, p["depth"], color=colour, marker=".", label=label)
+        depth.axhline(p["depth"][0] + threshold, color=colour, linestyle="--", linewidth=0.8)
+        if p.get("gap") is not None:
+            gap.plot(frames, p["gap"], color=colour, marker=".", label=label)
+    share.set_title("surface inside the other (%)", fontsize=9)
+    depth.set_title(f"deepest inside (scene units; dashed: rest + {threshold:g})", fontsize=9)
+    if not any(p.get("gap") is not None for p in pairs):
+        gap.text(0.5, 0.5, "no resting pairs", ha="center", va="center", transform=gap.transAxes)
+    gap.set_title("gap opened by resting pairs (scene units)", fontsize=9)
+    for ax in axes:
+        ax.set_xlabel("frame")
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"{title}: interaction between objects")
+    if pairs:  # one legend under the panels, clear of the curves
+        handles, labels = share.get_legend_handles_labels()
+        fig.legend(handles, labels, loc="lower center", ncol=min(len(pairs), 6), fontsize=8)
+        fig.tight_layout(rect=(0, 0.1, 1, 1))
+    else:
+        fig.tight_layout()
+    _save(fig, path)

@@ -24,6 +24,13 @@ rule evaluate:
             subcategory="plots",
             labels={"scene": "{scene}", "figure": "training losses"},
         ),
+        interaction=report(
+            P.interaction_png(RESULTS, "{scene}"),
+            caption="../workflow/report/interaction.rst",
+            category="{scene}",
+            subcategory="plots",
+            labels={"scene": "{scene}", "figure": "interaction between objects"},
+        ),
     log:
         P.log(RESULTS, "{scene}", "evaluate"),
     benchmark:

@@ -24,6 +24,7 @@ def test_a_scene_that_barely_moves_is_flagged(sway, tmp_path, caplog, monkeypatc
         "motion_json": None,
         "out_frame0": tmp_path / "frame0.png",
         "out_losses": tmp_path / "losses.png",
+        "out_interaction": tmp_path / "interaction.png",
     }
     moved = evaluate.run(**kw, method=sway.m, out_json=tmp_path / "a.json")["mean_displacement"]
     assert moved > 0
@@ -121,6 +122,7 @@ def test_static_warning_flips_exactly_at_the_scripted_displacement(sway, tmp_pat
         "motion_json": None,
         "out_frame0": tmp_path / "frame0.png",
         "out_losses": tmp_path / "losses.png",
+        "out_interaction": tmp_path / "interaction.png",
     }
     for name, threshold, flagged in (
         ("above", d * (1 - eps), False),
@@ -175,6 +177,7 @@ def test_static_warning_measures_the_dynamic_objects_only(sway, tmp_path, monkey
         out_json=tmp_path / "still.json",
         out_frame0=tmp_path / "frame0.png",
         out_losses=tmp_path / "losses.png",
+        out_interaction=tmp_path / "interaction.png",
     )
     assert out["static_warning"] is True
     assert out["mean_displacement"] == 0.0 and out["max_displacement"] == 0.0
