@@ -226,7 +226,7 @@ def run(
     out.update(inter)
     # the "passes through" failure: the motion drives a surface deeper into another object
     # than the rest pose holds it
-    out["penetration_warning"] = inter["penetration_excess"] > method.penetration_threshold
+    out["penetration_warning"] = bool(inter["penetration_excess"] > method.penetration_threshold)
     if out["penetration_warning"]:
         worst = max(pairs, key=lambda p: max(p["depth"][1:], default=0.0) - p["depth"][0])
         logger.warning(
