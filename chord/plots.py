@@ -30,6 +30,8 @@ BAR_METRICS = {
     "ssim_frame0": "frame-0 SSIM",
     "ground_depth": "ground penetration depth",
     "ground_fraction": "fraction below ground",
+    "penetration_depth": "deepest interpenetration",
+    "float_gap": "floating gap (resting pairs)",
     "recovery_error": "recovery error (mean)",
     "recovery_relative": "recovery error / scripted motion",
 }
@@ -111,19 +113,22 @@ def metric_bars(path: Path | str, table: pd.DataFrame) -> None:
     fig, axes = plt.subplots(nrow, ncol, figsize=(3.6 * ncol, 2.9 * nrow), squeeze=False)
     scenes = [str(s) for s in table.index]
     colours = plt.cm.tab10(np.arange(len(scenes)) % 10)
-    static = (
-        table["static_warning"].fillna(False).astype(bool).to_numpy()
-        if "static_warning" in table.columns
-        else np.zeros(len(scenes), dtype=bool)
-    )
-    if static.any():  # the "it did not move" scenes: hatched and named in the x labels
-        scenes = [f"{s} (static!)" if flag else s for s, flag in zip(scenes, static, strict=True)]
+    # the warned scenes, hatched and named in the x labels: "it did not move" (//) and
+    # "passes through" (xx)
+    hatches = [""] * len(scenes)
+    for column, hatch, note in (("static_warning", "//", "static!"),
+                                ("penetration_warning", "xx", "penetrates!")):  # fmt: skip
+        if column not in table.columns:
+            continue
+        flags = table[column].fillna(False).astype(bool).to_numpy()
+        scenes = [f"{s} ({note})" if f else s for s, f in zip(scenes, flags, strict=True)]
+        hatches = [h + hatch if f else h for h, f in zip(hatches, flags, strict=True)]
     for ax, col in zip(axes.flat, cols, strict=False):
         vals = table[col].astype(float).to_numpy()
         bars = ax.bar(scenes, np.nan_to_num(vals), color=colours)
-        for bar, flag in zip(bars, static, strict=True):
-            if flag:
-                bar.set_hatch("//")
+        for bar, hatch in zip(bars, hatches, strict=True):
+            if hatch:
+                bar.set_hatch(hatch)
                 bar.set_edgecolor("red")
         for x, v in enumerate(vals):
             ax.annotate("n/a" if np.isnan(v) else f"{v:.3g}", (x, np.nan_to_num(v)),

@@ -256,7 +256,7 @@ def share_bound(p: float, n: int) -> float:
     return 5 * (p * (1 - p) / n) ** 0.5 + 1 / n
 
 
-def test_a_block_sinking_into_the_slab_by_known_depths(sway, tmp_path, caplog):  # noqa: F811
+def test_a_block_sinking_into_the_slab_by_known_depths(sway, tmp_path, caplog, monkeypatch):  # noqa: F811
     """The block translates down by t·δ (δ a twelfth of the slab's thickness: at most a
     third of it deep, so the slab's top face stays the nearest) while the column stands
     still. Its samples inside the slab are its bottom and the lower d_t − band of its sides:
@@ -309,6 +309,8 @@ def test_a_block_sinking_into_the_slab_by_known_depths(sway, tmp_path, caplog): 
     with Image.open(tmp_path / "ok.png") as im:
         assert im.format == "PNG" and im.size[0] > 600
 
+    shown = {}
+    monkeypatch.setattr(plots, "_save", lambda fig, path: shown.setdefault(path.name, fig))
     aggregate.run(
         metrics={name: tmp_path / f"{name}.json" for name in out},
         loss_logs={
@@ -322,6 +324,10 @@ def test_a_block_sinking_into_the_slab_by_known_depths(sway, tmp_path, caplog): 
     assert table["penetration_warning"].to_dict() == {"deep": True, "ok": False}
     assert table.loc["ok", "penetration_depth"] == pytest.approx(D, rel=eps + 1e-5)  # %.6g
     assert table.loc["ok", "resting_pairs"] == 2  # column and block on the slab
+    ax = shown["bars.png"].axes[0]  # the warned scene is named and cross-hatched
+    labels = [t.get_text() for t in ax.get_xticklabels()]
+    assert ["(penetrates!)" in label for label in labels] == [True, False]
+    assert ["xx" in (bar.get_hatch() or "") for bar in ax.patches] == [True, False]
 
 
 def test_a_block_lifting_off_the_slab_floats_by_the_lift(sway, tmp_path):  # noqa: F811
