@@ -150,6 +150,24 @@ def surface_samples(vertices: np.ndarray, faces: np.ndarray, n: int, seed: int) 
     return (1 - r1)[:, None] * a + (r1 * (1 - r2))[:, None] * b + (r1 * r2)[:, None] * c
 
 
+def _against(P: np.ndarray, V: np.ndarray, F: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Points [S, 3] against a mesh: (inside [S] bool, distance to its surface [S])."""
+    P = np.ascontiguousarray(P, dtype=np.float64)
+    V = np.ascontiguousarray(V, dtype=np.float64)
+    F = np.ascontiguousarray(F, dtype=np.int64)
+    w = igl.fast_winding_number(V, F, P)  # [S]
+    dist = np.sqrt(igl.point_mesh_squared_distance(P, V, F)[0])  # [S]
+    return (np.abs(w) >= 0.5) & (dist > CONTACT_BAND), dist
+
+
+def _summary(inside: np.ndarray, dist: np.ndarray) -> dict[str, float]:
+    return {
+        "fraction": float(inside.mean()),
+        "depth": float(dist[inside].max()) if inside.any() else 0.0,
+        "separation": 0.0 if inside.any() else float(dist.min()),
+    }
+
+
 def penetration(points: np.ndarray, vertices: np.ndarray, faces: np.ndarray) -> dict[str, float]:
     """How points [S, 3] (one object's surface samples) sit against a mesh ([V, 3], [F, 3]):
 
@@ -161,28 +179,23 @@ def penetration(points: np.ndarray, vertices: np.ndarray, faces: np.ndarray) -> 
     - ``separation``: the smallest distance of any point to the surface, 0 when any point is
       inside (the two are in contact or overlap).
     """
-    P = np.ascontiguousarray(points, dtype=np.float64)
-    V = np.ascontiguousarray(vertices, dtype=np.float64)
-    F = np.ascontiguousarray(faces, dtype=np.int64)
-    w = igl.fast_winding_number(V, F, P)  # [S]
-    dist = np.sqrt(igl.point_mesh_squared_distance(P, V, F)[0])  # [S]
-    inside = (np.abs(w) >= 0.5) & (dist > CONTACT_BAND)
-    return {
-        "fraction": float(inside.mean()),
-        "depth": float(dist[inside].max()) if inside.any() else 0.0,
-        "separation": 0.0 if inside.any() else float(dist.min()),
-    }
+    return _summary(*_against(points, vertices, faces))
 
 
 def pair_interaction(P: np.ndarray, V: np.ndarray, faces: np.ndarray) -> dict[str, list[float]]:
     """:func:`penetration` per frame of an object's surface samples P [T, S, 3] against
-    another object's mesh, vertices V [T, V, 3] (deformed per frame) or [V, 3] (static),
-    faces [F, 3]: lists [T] of ``fraction``, ``depth`` and ``separation``."""
-    T = P.shape[0]
+    another object's mesh, vertices V [T, V, 3] (deformed per frame) or [V, 3] (static: every
+    frame's samples in one query, one build of libigl's trees), faces [F, 3]: lists [T] of
+    ``fraction``, ``depth`` and ``separation``."""
+    T, S = P.shape[:2]
+    if V.ndim == 2:
+        inside, dist = _against(P.reshape(T * S, 3), V, faces)
+        frames = [(inside[t * S : (t + 1) * S], dist[t * S : (t + 1) * S]) for t in range(T)]
+    else:
+        frames = [_against(P[t], V[t], faces) for t in range(T)]
     out = {"fraction": [], "depth": [], "separation": []}
-    for t in range(T):
-        r = penetration(P[t], V[t] if V.ndim == 3 else V, faces)
-        for k, v in r.items():
+    for inside, dist in frames:
+        for k, v in _summary(inside, dist).items():
             out[k].append(v)
     return out
 

@@ -221,3 +221,20 @@ def test_a_block_lifting_off_the_slab_floats_by_the_lift():
     assert s["per_frame"]["float_gap"] == pairs[0]["gap"]
     alone = metrics.interaction_summary(pairs[1:], rest_tolerance=0.5)
     assert alone["float_gap"] is None and alone["per_frame"]["float_gap"] is None
+
+
+def test_a_moving_other_mesh_is_taken_per_frame():
+    """The slab rising d_t under a cube at rest is the cube sinking d_t: per-frame vertices
+    [T, V, 3] give what the sinking cube gives against the static slab, and a static slab
+    given per frame gives what the batched static query gives."""
+    d = 0.1 * np.arange(5)
+    V, F = SLAB
+    rising = V[None] + np.stack([(0.0, x, 0.0) for x in d])[:, None]  # [T, V, 3]
+    still = cube_samples([(0, 0, 0)] * 5)
+    moved = metrics.pair_interaction(still, rising, F)
+    sunk = metrics.pair_interaction(cube_samples([(0, -x, 0) for x in d]), V, F)
+    assert moved["fraction"] == sunk["fraction"]  # the same samples, the same side of 0
+    for a, b in zip(moved["depth"], sunk["depth"], strict=True):
+        assert abs(a - b) <= DIST_TOL
+    per_frame = metrics.pair_interaction(still, np.broadcast_to(V, (5, *V.shape)), F)
+    assert per_frame == metrics.pair_interaction(still, V, F)
