@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -13,6 +15,7 @@ import torch
 from PIL import Image
 
 from chord import metrics, paths, plots, train, trained
+from chord.errors import InputError
 from chord.motion.model import MotionScene
 from chord.stages import aggregate, evaluate
 from tests.stages.test_export_stage import sway  # noqa: F401 (a trained demo scene)
@@ -348,3 +351,14 @@ def test_a_block_lifting_off_the_slab_floats_by_the_lift(sway, tmp_path):  # noq
     apart = pair(out, "obj_2", "obj_0")  # block and column stand apart: not resting
     assert not apart["resting"] and apart["gap"] is None
     assert apart["separation"][0] > evaluate.REST_TOLERANCE
+
+
+def test_a_missing_normalised_mesh_is_an_input_error_naming_it(sway, tmp_path):  # noqa: F811
+    """The interaction checks read scene/meshes/: a mesh gone from there is named."""
+    scene_dir = tmp_path / "scene"
+    shutil.copytree(sway.inputs["scene_json"].parent, scene_dir)
+    (scene_dir / "meshes" / "obj_2.glb").unlink()
+    inputs = {**sway.inputs, "scene_json": scene_dir / "scene.json"}
+    with pytest.raises(InputError, match=r"obj_2\.glb"):
+        run_scripted(SimpleNamespace(**{**vars(sway), "inputs": inputs}), tmp_path,
+                     paths.train_state(sway.res, sway.s, "coarse"), "missing")  # fmt: skip
