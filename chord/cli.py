@@ -173,6 +173,7 @@ def cmd_evaluate(args) -> int:
         out_json=paths.metrics_json(conf.results, spec.scene),
         out_frame0=paths.frame0_png(conf.results, spec.scene),
         out_losses=paths.loss_png(conf.results, spec.scene),
+        out_interaction=paths.interaction_png(conf.results, spec.scene),
     )
     print(paths.metrics_json(conf.results, spec.scene))
     logger.debug("%s", out)

@@ -208,7 +208,7 @@ class SweepConfig:
     """How a seed sweep picks its best seed (``sweep:``; the seeds are each scene's)."""
 
     seeds: tuple[int, ...] = ()
-    metric: str = "arap_residual_mean"
+    metric: str = "penetration_excess"
     mode: str = "min"
     require_moved: bool = True
 

@@ -170,6 +170,11 @@ def best_json(results, scene: str) -> Path:
     return scene_dir(results, scene) / "best" / "selection.json"
 
 
+def interaction_png(results, scene: str) -> Path:
+    """Per frame and object pair: interpenetration (share inside, deepest) and floating."""
+    return eval_dir(results, scene) / "interaction.png"
+
+
 def metrics_tsv(results) -> Path:
     """One row per run (a scene, or a swept scene's seed)."""
     return Path(results) / "metrics.tsv"

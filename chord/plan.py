@@ -234,10 +234,12 @@ class ScenePlan:
         return {**self.trained_inputs(), "sources": sources, "external": external}
 
     def evaluate_inputs(self) -> dict:
-        """trained_inputs plus ref.png, the loss logs and the scripted motion if any."""
+        """trained_inputs plus the normalised meshes (the interaction checks), ref.png, the
+        loss logs and the scripted motion if any."""
         motion = self.scripted_motion()
         return {
             **self.trained_inputs(),
+            "meshes": P.meshes_dir(self.results, self.scene),
             "ref": P.reference_png(self.results, self.scene),
             "loss_logs": self.loss_logs(),
             **({"motion": motion} if motion else {}),

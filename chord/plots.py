@@ -30,6 +30,8 @@ BAR_METRICS = {
     "ssim_frame0": "frame-0 SSIM",
     "ground_depth": "ground penetration depth",
     "ground_fraction": "fraction below ground",
+    "penetration_depth": "deepest interpenetration",
+    "float_gap": "floating gap (resting pairs)",
     "recovery_error": "recovery error (mean)",
     "recovery_relative": "recovery error / scripted motion",
 }
@@ -111,19 +113,22 @@ def metric_bars(path: Path | str, table: pd.DataFrame) -> None:
     fig, axes = plt.subplots(nrow, ncol, figsize=(3.6 * ncol, 2.9 * nrow), squeeze=False)
     scenes = [str(s) for s in table.index]
     colours = plt.cm.tab10(np.arange(len(scenes)) % 10)
-    static = (
-        table["static_warning"].fillna(False).astype(bool).to_numpy()
-        if "static_warning" in table.columns
-        else np.zeros(len(scenes), dtype=bool)
-    )
-    if static.any():  # the "it did not move" scenes: hatched and named in the x labels
-        scenes = [f"{s} (static!)" if flag else s for s, flag in zip(scenes, static, strict=True)]
+    # the warned scenes, hatched and named in the x labels: "it did not move" (//) and
+    # "passes through" (xx)
+    hatches = [""] * len(scenes)
+    for column, hatch, note in (("static_warning", "//", "static!"),
+                                ("penetration_warning", "xx", "penetrates!")):  # fmt: skip
+        if column not in table.columns:
+            continue
+        flags = table[column].fillna(False).astype(bool).to_numpy()
+        scenes = [f"{s} ({note})" if f else s for s, f in zip(scenes, flags, strict=True)]
+        hatches = [h + hatch if f else h for h, f in zip(hatches, flags, strict=True)]
     for ax, col in zip(axes.flat, cols, strict=False):
         vals = table[col].astype(float).to_numpy()
         bars = ax.bar(scenes, np.nan_to_num(vals), color=colours)
-        for bar, flag in zip(bars, static, strict=True):
-            if flag:
-                bar.set_hatch("//")
+        for bar, hatch in zip(bars, hatches, strict=True):
+            if hatch:
+                bar.set_hatch(hatch)
                 bar.set_edgecolor("red")
         for x, v in enumerate(vals):
             ax.annotate("n/a" if np.isnan(v) else f"{v:.3g}", (x, np.nan_to_num(v)),
@@ -193,4 +198,38 @@ def seed_sweep(
                           va="center", color=colour)  # fmt: skip
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
+
+
+def interaction(path: Path | str, pairs: list[dict], *, threshold: float, title: str) -> None:
+    """Per frame, one line per ordered object pair (``object`` → ``other``, the records of
+    :func:`chord.stages.evaluate.interaction` after :func:`chord.metrics.interaction_summary`):
+    the share of the object's surface samples inside the other, the deepest of them (with the
+    warning level: the pair's rest depth + ``threshold``) and, for resting pairs, the gap that
+    opens. Lengths in normalised scene units."""
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    share, depth, gap = axes
+    colours = plt.cm.tab10(np.arange(max(len(pairs), 1)) % 10)
+    for p, colour in zip(pairs, colours, strict=False):
+        label = f"{p['object']} → {p['other']}"
+        frames = np.arange(len(p["depth"]))
+        share.plot(frames, 100 * np.asarray(p["fraction"]), color=colour, marker=".", label=label)
+        depth.plot(frames, p["depth"], color=colour, marker=".", label=label)
+        depth.axhline(p["depth"][0] + threshold, color=colour, linestyle="--", linewidth=0.8)
+        if p.get("gap") is not None:
+            gap.plot(frames, p["gap"], color=colour, marker=".", label=label)
+    share.set_title("surface inside the other (%)", fontsize=9)
+    depth.set_title(f"deepest inside (scene units; dashed: rest + {threshold:g})", fontsize=9)
+    if not any(p.get("gap") is not None for p in pairs):
+        gap.text(0.5, 0.5, "no resting pairs", ha="center", va="center", transform=gap.transAxes)
+    gap.set_title("gap opened by resting pairs (scene units)", fontsize=9)
+    for ax in axes:
+        ax.set_xlabel("frame")
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"{title}: interaction between objects")
+    if pairs:  # one legend under the panels, clear of the curves
+        handles, labels = share.get_legend_handles_labels()
+        fig.legend(handles, labels, loc="lower center", ncol=min(len(pairs), 6), fontsize=8)
+        fig.tight_layout(rect=(0, 0.1, 1, 1))
+    else:
+        fig.tight_layout()
     _save(fig, path)

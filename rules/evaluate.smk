@@ -24,6 +24,13 @@ rule evaluate:
             subcategory="plots",
             labels={"scene": "{run}", "figure": "training losses"},
         ),
+        interaction=report(
+            P.interaction_png(RESULTS, "{run}"),
+            caption="../workflow/report/interaction.rst",
+            category="{run}",
+            subcategory="plots",
+            labels={"scene": "{run}", "figure": "interaction between objects"},
+        ),
     log:
         P.log(RESULTS, "{run}", "evaluate"),
     benchmark:

@@ -1,17 +1,21 @@
 """Stage ``evaluate``: the metrics of a trained scene (``metrics.json``, defined in the
-README's "Outputs and metrics"), its loss curves and the frame-0 comparison with ref.png."""
+README's "Outputs and metrics"), its loss curves, the frame-0 comparison with ref.png and the
+per-frame interaction of its objects (interpenetration, floating)."""
 
 from __future__ import annotations
 
 import logging
 import math
+import time
 from pathlib import Path
 
 import numpy as np
 import torch
+import trimesh
 from PIL import Image
 
 from chord import cameras, config, losses, media, metrics, metrics_file, plots, trained
+from chord import scene as sc
 from chord.errors import InputError
 from chord.io import write_json
 from chord.motion import scripted
@@ -20,6 +24,12 @@ from chord.result_keys import stage_config
 logger = logging.getLogger(__name__)
 
 PSNR_WARN = 40.0  # dB: below this, frame 0 does not reproduce the reference render
+# Interaction checks (README "Outputs and metrics"): surface samples per dynamic object, and
+# the frame-0 distance (scene units) under which two objects rest on each other: 0.005 is
+# about 1.3 pixels at the default reference camera and SDS size (radius 2, fovy 49.1°, 480
+# rows: 0.0038 units per pixel), so objects that look in contact count as resting.
+INTERACTION_SAMPLES = 2048
+REST_TOLERANCE = 0.005
 
 
 def _clean(value):
@@ -60,6 +70,40 @@ def rigidity(scene, frames: int) -> list[float]:
     return metrics.arap_residual(torch.cat(Xs, 1), nbr, mask)
 
 
+def object_mesh(scene_json: Path, doc: dict, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """An object's normalised mesh from the ingest stage, its parts as one triangle soup:
+    vertices [V, 3] (float64) and faces [F, 3]."""
+    parts = sc.load_parts(sc.mesh_path(scene_json, doc, name))
+    mesh = trimesh.util.concatenate(
+        [trimesh.Trimesh(p.vertices, p.faces, process=False) for p in parts]
+    )
+    return np.asarray(mesh.vertices, dtype=np.float64), np.asarray(mesh.faces, dtype=np.int64)
+
+
+def interaction(scene_json: Path, doc: dict, scene, frames: int, samples: int) -> list[dict]:
+    """Per-frame :func:`chord.metrics.pair_interaction` of every dynamic object's surface
+    samples (``samples`` per object, area-uniform on its normalised mesh, seeded by its index,
+    moved by its trained deformation) against every other non-avoided object's mesh (its
+    vertices deformed per frame when it is dynamic, as the export's GLB moves them). One
+    record per ordered pair (object, other), in scene order."""
+    meshes = {name: object_mesh(scene_json, doc, name) for name in scene.names}
+    moved = {}  # name -> vertices [T, V, 3] (dynamic) or [V, 3] (static)
+    for name, (V, _) in meshes.items():
+        moved[name] = (
+            trained.deformer(scene.dynamic[name], frames)(V) if name in scene.dynamic else V
+        )
+    index = {o["name"]: o["id"] for o in doc["objects"]}
+    pairs = []
+    for name, obj in scene.dynamic.items():
+        S = metrics.surface_samples(*meshes[name], samples, seed=index[name])  # [S, 3]
+        P = trained.deformer(obj, frames)(S)  # [T, S, 3]
+        for other in scene.names:
+            if other != name:
+                r = metrics.pair_interaction(P, moved[other], meshes[other][1])
+                pairs.append({"object": name, "other": other, **r})
+    return pairs
+
+
 def scripted_means(doc: dict, scene, motion_json: Path, frames: int) -> torch.Tensor:
     """Ground-truth means [T, N_dyn, 3] of the dynamic Gaussians under motion.json."""
     from chord.guidance.oracle import scripted_gaussians
@@ -82,6 +126,7 @@ def run(
     out_json: Path,
     out_frame0: Path,
     out_losses: Path,
+    out_interaction: Path,
 ) -> dict:
     """Compute and write the metrics of one trained scene; returns them."""
     method = stage_config(method, "evaluate")  # only the keys it reads
@@ -163,11 +208,48 @@ def run(
     out["ground_level"] = float(ground)
     out.update(metrics.ground_penetration(X[..., 1], float(ground)))
 
+    # interaction: interpenetration and floating between objects (README "Outputs and metrics")
+    start = time.perf_counter()
+    pairs = interaction(scene_json, doc, scene, T, INTERACTION_SAMPLES)
+    inter = metrics.interaction_summary(pairs, rest_tolerance=REST_TOLERANCE)
+    elapsed = time.perf_counter() - start
+    logger.info(
+        "%s: interaction of %d object pairs over %d frames (%d samples per dynamic object) in "
+        "%.2f s (%.3f s per frame)",
+        doc["scene"],
+        len(pairs),
+        T,
+        INTERACTION_SAMPLES,
+        elapsed,
+        elapsed / T,
+    )
+    inter_frames = inter.pop("per_frame")
+    out.update(inter)
+    # the "passes through" failure: the motion drives a surface deeper into another object
+    # than the rest pose holds it
+    out["penetration_warning"] = bool(inter["penetration_excess"] > method.penetration_threshold)
+    if out["penetration_warning"]:
+        worst = max(pairs, key=lambda p: max(p["depth"][1:], default=0.0) - p["depth"][0])
+        logger.warning(
+            "%s: %s passes into %s, %.3g scene units deeper than at rest "
+            "(> penetration_threshold %.3g): see %s",
+            doc["scene"],
+            worst["object"],
+            worst["other"],
+            inter["penetration_excess"],
+            method.penetration_threshold,
+            out_interaction,
+        )
+    plots.interaction(
+        out_interaction, pairs, threshold=method.penetration_threshold, title=doc["scene"]
+    )
+
     per_frame = {
         "mean_displacement": [float(d) for d in (X - X[:1]).norm(dim=-1).mean(1)]
         if X.shape[1]
         else [0.0] * T,
         "arap_residual": arap,
+        **inter_frames,
     }
     if motion_json is not None and Path(motion_json).is_file():
         rec = metrics.recovery_error(X, scripted_means(doc, scene, Path(motion_json), T))
@@ -176,6 +258,12 @@ def run(
     else:
         out.update(recovery_error=None, recovery_max_error=None, recovery_relative=None)
     out["per_frame"] = per_frame
+    out["interaction"] = {
+        "samples": INTERACTION_SAMPLES,
+        "rest_tolerance": REST_TOLERANCE,
+        "contact_band": metrics.CONTACT_BAND,
+        "pairs": pairs,
+    }
     out = _clean(out)
     write_json(out_json, out)
     plots.loss_curves(out_losses, loss_logs, title=doc["scene"])

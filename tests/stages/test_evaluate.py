@@ -4,11 +4,18 @@ aggregate plot."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import shutil
+from types import SimpleNamespace
 
+import numpy as np
 import pandas as pd
+import pytest
 import torch
+from PIL import Image
 
-from chord import paths, plots, train, trained
+from chord import metrics, paths, plots, train, trained
+from chord.errors import InputError
 from chord.motion.model import MotionScene
 from chord.stages import aggregate, evaluate
 from tests.stages.test_export_stage import sway  # noqa: F401 (a trained demo scene)
@@ -24,6 +31,7 @@ def test_a_scene_that_barely_moves_is_flagged(sway, tmp_path, caplog, monkeypatc
         "motion_json": None,
         "out_frame0": tmp_path / "frame0.png",
         "out_losses": tmp_path / "losses.png",
+        "out_interaction": tmp_path / "interaction.png",
     }
     moved = evaluate.run(**kw, method=sway.m, out_json=tmp_path / "a.json")["mean_displacement"]
     assert moved > 0
@@ -121,6 +129,7 @@ def test_static_warning_flips_exactly_at_the_scripted_displacement(sway, tmp_pat
         "motion_json": None,
         "out_frame0": tmp_path / "frame0.png",
         "out_losses": tmp_path / "losses.png",
+        "out_interaction": tmp_path / "interaction.png",
     }
     for name, threshold, flagged in (
         ("above", d * (1 - eps), False),
@@ -175,7 +184,181 @@ def test_static_warning_measures_the_dynamic_objects_only(sway, tmp_path, monkey
         out_json=tmp_path / "still.json",
         out_frame0=tmp_path / "frame0.png",
         out_losses=tmp_path / "losses.png",
+        out_interaction=tmp_path / "interaction.png",
     )
     assert out["static_warning"] is True
     assert out["mean_displacement"] == 0.0 and out["max_displacement"] == 0.0
     assert out["dynamic_gaussians"] == dynamic < out["gaussians"]
+
+
+# -- interaction: the block (obj_2) scripted into and off the slab (obj_1) --------------------
+
+
+def run_scripted(run, tmp_path, state, name: str, **method) -> dict:
+    """evaluate.run on a scripted state, writing <name>.json and <name>.png."""
+    return evaluate.run(
+        **run.inputs,
+        state_path=state,
+        ref_png=paths.reference_png(run.res, run.s),
+        loss_logs={"coarse": paths.train_losses(run.res, run.s, "coarse")},
+        motion_json=None,
+        method=dataclasses.replace(run.m, **method),
+        out_json=tmp_path / f"{name}.json",
+        out_frame0=tmp_path / "frame0.png",
+        out_losses=tmp_path / "losses.png",
+        out_interaction=tmp_path / f"{name}.png",
+    )
+
+
+def pair(out: dict, a: str, b: str) -> dict:
+    (p,) = [p for p in out["interaction"]["pairs"] if (p["object"], p["other"]) == (a, b)]
+    return p
+
+
+def block_geometry(run) -> dict:
+    """The block's normalised mesh as areas by face direction (bottom, vertical sides, top),
+    its height, and the slab's thickness and the largest coordinate of either mesh."""
+    doc = json.loads(run.inputs["scene_json"].read_text())
+    V, F = evaluate.object_mesh(run.inputs["scene_json"], doc, "obj_2")
+    tri = V[F]
+    n = np.cross(tri[:, 1] - tri[:, 0], tri[:, 2] - tri[:, 0])
+    area = 0.5 * np.linalg.norm(n, axis=1)
+    ny = n[:, 1] / np.linalg.norm(n, axis=1)
+    parts = {"bottom": area[ny < -1 + 1e-6].sum(), "sides": area[np.abs(ny) < 1e-6].sum()}
+    parts["top"] = area[ny > 1 - 1e-6].sum()
+    assert sum(parts.values()) == pytest.approx(area.sum(), rel=1e-9)  # a box, upright
+    S, _ = evaluate.object_mesh(run.inputs["scene_json"], doc, "obj_1")
+    reach = max(np.abs(V).max(), np.abs(S).max())
+    return {**parts, "total": area.sum(), "height": np.ptp(V[:, 1]), "slab": np.ptp(S[:, 1]),
+            "reach": reach}  # fmt: skip
+
+
+def stored_translations(state) -> tuple[np.ndarray, int]:
+    """The block's scripted y translation per frame [T] as stored (float32, in float64), and
+    a bound on its control-point neighbour count K (n_cp_num ≥ min(n_cp_num, M))."""
+    ckpt = train.load_checkpoint(state)
+    table = ckpt["motion"]["obj_2.layer1.cp_deform"]  # [P+1, M, 7], row t+1 is frame t
+    T = ckpt["motion_meta"]["objects"]["obj_2"]["frame_num"]
+    return table[1 : T + 1, 0, 5].double().numpy(), int(
+        ckpt["motion_meta"]["objects"]["obj_2"]["n_cp_num"]
+    )
+
+
+def position_bound(tau: float, K: int, reach: float) -> float:
+    """|error| of a moved sample's coordinate against rest + τ: the sample is cast to float32
+    (u·reach), the LBS adds Σ_k w_k·τ with weights summing to 1 within K·u and K products and
+    K − 1 sums ((2K + 1)·u·|τ|, as in :func:`scripted_displacement`), x + dx rounds once more
+    (u·(reach + |τ|)); the block's bottom and the slab's top rest on float32 normalised
+    coordinates of one world height (2u·reach). Twice the first-order sum."""
+    return 2 * ((2 * K + 1) * U32 * abs(tau) + U32 * (reach + abs(tau)) + 3 * U32 * reach)
+
+
+def share_bound(p: float, n: int) -> float:
+    """Five binomial standard deviations of a share p from n i.i.d. area-uniform samples
+    (probability below 1e-6 to exceed), plus one sample."""
+    return 5 * (p * (1 - p) / n) ** 0.5 + 1 / n
+
+
+def test_a_block_sinking_into_the_slab_by_known_depths(sway, tmp_path, caplog, monkeypatch):  # noqa: F811
+    """The block translates down by t·δ (δ a twelfth of the slab's thickness: at most a
+    third of it deep, so the slab's top face stays the nearest) while the column stands
+    still. Its samples inside the slab are its bottom and the lower d_t − band of its sides:
+    share (A_bottom + A_sides·(d_t − band)/h)/A; the deepest lies on its bottom at d_t; the
+    column touches the slab without entering it. penetration_warning flips at the deepest
+    added depth D·(1 ± ε), ε from the float32 rounding; through to metrics.tsv."""
+    geo = block_geometry(sway)
+    state = tmp_path / "sink.pt"
+    delta = geo["slab"] / 12
+    scripted_state(sway, state, {"obj_0": (0.0, 0.0, 0.0), "obj_2": (0.0, -delta, 0.0)})
+    tau, K = stored_translations(state)
+    T, n = len(tau), evaluate.INTERACTION_SAMPLES
+    D = abs(tau[-1])
+    eps = position_bound(D, K, geo["reach"]) / D
+    assert eps < 1e-4
+    out = {}
+    for name, threshold, flagged in (("deep", D * (1 - eps), True), ("ok", D * (1 + eps), False)):
+        with caplog.at_level("WARNING", logger="chord.stages.evaluate"):
+            caplog.clear()
+            out[name] = run_scripted(sway, tmp_path, state, name, penetration_threshold=threshold)
+        assert out[name]["penetration_warning"] is flagged, name
+        assert ("obj_2 passes into obj_1" in caplog.text) is flagged, name
+    o = out["ok"]
+    sink = pair(o, "obj_2", "obj_1")
+    assert sink["resting"] and sink["fraction"][0] == 0.0 and sink["depth"][0] == 0.0
+    # the same samples at rest: inside at frame t exactly when their height above the
+    # block's bottom is below d_t − band (the slab's footprint holds the block's); samples
+    # within the rounding bound of that level may go either way
+    doc = json.loads(sway.inputs["scene_json"].read_text())
+    V, F = evaluate.object_mesh(sway.inputs["scene_json"], doc, "obj_2")
+    above = metrics.surface_samples(V, F, n, seed=2)[:, 1] - V[:, 1].min()  # [S]
+    for t in range(1, T):
+        d = abs(tau[t])
+        bound = position_bound(d, K, geo["reach"])
+        assert abs(sink["depth"][t] - d) <= bound, t
+        side = geo["sides"] * (d - metrics.CONTACT_BAND) / geo["height"]
+        p = (geo["bottom"] + side) / geo["total"]
+        assert abs(sink["fraction"][t] - p) <= share_bound(p, n), t
+        level = d - metrics.CONTACT_BAND
+        unsure = int((np.abs(above - level) <= bound).sum())
+        count = round(sink["fraction"][t] * n)  # the JSON's 9 digits leave it an integer
+        assert abs(count - int((above < level).sum())) <= unsure, t
+    assert np.all(np.diff(sink["depth"]) > 0) and np.all(np.diff(sink["fraction"]) > 0)
+    assert o["penetration_depth"] == o["penetration_excess"] == sink["depth"][-1]
+    assert o["penetration_depth_rest"] == 0.0 and o["float_gap"] == 0.0
+    still = pair(o, "obj_0", "obj_1")  # the column, in place: touching, never inside
+    assert still["resting"] and still["fraction"] == still["depth"] == [0.0] * T
+    assert still["gap"] == [0.0] * T
+    assert o["per_frame"]["penetration_depth"] == sink["depth"]
+    with Image.open(tmp_path / "ok.png") as im:
+        assert im.format == "PNG" and im.size[0] > 600
+
+    shown = {}
+    monkeypatch.setattr(plots, "_save", lambda fig, path: shown.setdefault(path.name, fig))
+    aggregate.run(
+        metrics={name: tmp_path / f"{name}.json" for name in out},
+        loss_logs={
+            name: {"coarse": paths.train_losses(sway.res, sway.s, "coarse")} for name in out
+        },
+        out_tsv=tmp_path / "metrics.tsv",
+        out_metrics_png=tmp_path / "bars.png",
+        out_losses_png=tmp_path / "all_losses.png",
+    )
+    table = pd.read_csv(tmp_path / "metrics.tsv", sep="\t", index_col="scene")
+    assert table["penetration_warning"].to_dict() == {"deep": True, "ok": False}
+    assert table.loc["ok", "penetration_depth"] == pytest.approx(D, rel=eps + 1e-5)  # %.6g
+    assert table.loc["ok", "resting_pairs"] == 2  # column and block on the slab
+    ax = shown["bars.png"].axes[0]  # the warned scene is named and cross-hatched
+    labels = [t.get_text() for t in ax.get_xticklabels()]
+    assert ["(penetrates!)" in label for label in labels] == [True, False]
+    assert ["xx" in (bar.get_hatch() or "") for bar in ax.patches] == [True, False]
+
+
+def test_a_block_lifting_off_the_slab_floats_by_the_lift(sway, tmp_path):  # noqa: F811
+    """The block rises t·0.01 (the column stays): the gap of its resting pair with the slab is
+    the lift in every frame, nothing is inside anything, no warning."""
+    geo = block_geometry(sway)
+    state = tmp_path / "lift.pt"
+    scripted_state(sway, state, {"obj_0": (0.0, 0.0, 0.0), "obj_2": (0.0, 0.01, 0.0)})
+    tau, K = stored_translations(state)
+    out = run_scripted(sway, tmp_path, state, "lift")
+    lift = pair(out, "obj_2", "obj_1")
+    assert lift["resting"] and lift["separation"][0] == 0.0
+    for t, h in enumerate(tau):
+        assert abs(lift["gap"][t] - h) <= position_bound(h, K, geo["reach"]), t
+    assert out["float_gap"] == lift["gap"][-1] and out["per_frame"]["float_gap"] == lift["gap"]
+    assert out["penetration_fraction"] == out["penetration_depth"] == 0.0
+    assert out["penetration_warning"] is False
+    apart = pair(out, "obj_2", "obj_0")  # block and column stand apart: not resting
+    assert not apart["resting"] and apart["gap"] is None
+    assert apart["separation"][0] > evaluate.REST_TOLERANCE
+
+
+def test_a_missing_normalised_mesh_is_an_input_error_naming_it(sway, tmp_path):  # noqa: F811
+    """The interaction checks read scene/meshes/: a mesh gone from there is named."""
+    scene_dir = tmp_path / "scene"
+    shutil.copytree(sway.inputs["scene_json"].parent, scene_dir)
+    (scene_dir / "meshes" / "obj_2.glb").unlink()
+    inputs = {**sway.inputs, "scene_json": scene_dir / "scene.json"}
+    with pytest.raises(InputError, match=r"obj_2\.glb"):
+        run_scripted(SimpleNamespace(**{**vars(sway), "inputs": inputs}), tmp_path,
+                     paths.train_state(sway.res, sway.s, "coarse"), "missing")  # fmt: skip

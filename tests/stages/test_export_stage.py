@@ -203,6 +203,7 @@ def test_evaluate_and_aggregate(sway, tmp_path):
         "method": sway.m,
         "out_frame0": tmp_path / "frame0.png",
         "out_losses": tmp_path / "losses.png",
+        "out_interaction": tmp_path / "interaction.png",
     }
     out = evaluate.run(**kw, motion_json=sway.data / "motion.json", out_json=tmp_path / "a.json")
     doc = json.loads((tmp_path / "a.json").read_text())
@@ -214,7 +215,11 @@ def test_evaluate_and_aggregate(sway, tmp_path):
     assert 0.5 < doc["recovery_relative"] < 1.2  # two iterations recover little of the motion
     assert {len(v) for v in doc["per_frame"].values()} == {T}
     assert doc["per_frame"]["arap_residual"][0] == 0.0
-    for png in ("frame0.png", "losses.png"):
+    # both dynamic objects stand on the slab at rest; two iterations barely move them
+    rest = {(p["object"], p["other"]) for p in doc["interaction"]["pairs"] if p["resting"]}
+    assert {("obj_0", "obj_1"), ("obj_2", "obj_1")} <= rest and doc["resting_pairs"] == len(rest)
+    assert len(doc["interaction"]["pairs"]) == 4  # 2 dynamic objects x 2 others
+    for png in ("frame0.png", "losses.png", "interaction.png"):
         with Image.open(tmp_path / png) as im:
             assert im.format == "PNG" and im.size[0] > 300
     # without a scripted motion there is no recovery error

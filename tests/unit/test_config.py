@@ -1,7 +1,10 @@
+import dataclasses
+
 import pytest
 import yaml
 
 from chord import config as cc
+from chord import result_keys as rk
 from tests.conftest import REPO, write_config
 
 # Where the shipped config departs from the release's flag defaults (the schema's, which
@@ -198,3 +201,15 @@ def test_presets_travel_with_the_sheet_rows(tmp_path):
     msg = str(err.value)
     assert "unknown scene(s) hop, sway" in msg and "s0, s1, s2, s3, s4 (+995 more)" in msg
     assert len(msg) < 300
+
+
+@pytest.mark.parametrize("key", ["static_threshold", "penetration_threshold"])
+def test_evaluation_thresholds_change_evaluate_but_not_the_training_hash(key):
+    """The warning thresholds are read by evaluate alone: a new value reruns it (its params)
+    but never the training."""
+    method = cc.method_from_mapping({})
+    other = dataclasses.replace(method, **{key: getattr(method, key) * 3})
+    guidance = cc.guidance_from_mapping({})
+    assert rk.training_hash(other, guidance) == rk.training_hash(method, guidance)
+    assert rk.stage_params(other, "evaluate") != rk.stage_params(method, "evaluate")
+    assert key in rk.VIEW_KEYS and key in rk.STAGE_KEYS["evaluate"]

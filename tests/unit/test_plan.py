@@ -76,6 +76,7 @@ def test_roles_stages_and_the_training_inputs_of_a_scene(tmp_path):
     assert set(exported["sources"]) == {"obj_0", "obj_1"}  # the avoided object is not exported
     assert exported["state"] == P.train_state(results, "toy", "fine")
     assert set(p.evaluate_inputs()["loss_logs"]) == {"coarse", "fine"}
+    assert p.evaluate_inputs()["meshes"] == P.meshes_dir(results, "toy")  # interaction checks
     wan = {
         "backend": "wan",
         "ckpt_dir": str(tmp_path / "wan"),

@@ -19,7 +19,9 @@ from tests.conftest import REPO
 SCHEMA = cc.read_schema(cc.CONFIG_SCHEMA)["properties"]
 # The training's view-only keys: what a change to re-runs no training. Pinned, with the hash
 # values below: the hash names checkpoint folders and is in every hand-off state.
-VIEW = {"ref_azim", "ref_cam_radius", "save_fps", "ex_name", "export_size", "static_threshold"}
+# the view-only keys before the construction, and the evaluation's interaction threshold since
+VIEW = {"ref_azim", "ref_cam_radius", "save_fps", "ex_name", "export_size", "static_threshold",
+        "penetration_threshold"}  # fmt: skip
 
 
 @pytest.mark.parametrize("section", ["method", "guidance"])

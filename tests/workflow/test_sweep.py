@@ -70,7 +70,7 @@ def test_the_selection_follows_the_configs_rule(swept):
     docs = {s: json.loads(P.metrics_json(results, f"hop/seed_{s}").read_text()) for s in (0, 1)}
     best = json.loads(P.best_json(results, "hop").read_text())
     metric = best["rule"]["metric"]
-    assert (best["rule"]["mode"], metric) == ("min", "arap_residual_mean")  # the config's default
+    assert (best["rule"]["mode"], metric) == ("min", "penetration_excess")  # the config's default
     assert best["seed"] == min((docs[s][metric], s) for s in (0, 1))[1]
     assert best["folder"] == f"results/hop/seed_{best['seed']}"  # as the config's results
     table = (P.sweep_tsv(results, "hop")).read_text().splitlines()

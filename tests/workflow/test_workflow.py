@@ -226,6 +226,43 @@ def test_demo_trains_and_recovers_the_scripted_motion(demo_run):
         frames, meta = media.read_mp4(export / "ref_view.mp4")
         assert frames.shape[0] == m["frames"] == 21 and meta["fps"] == 10
         assert (export / "dynamic_scene.glb").stat().st_size > 0
+    check_interaction(demo_run, table)
+
+
+INTERACTION_COLUMNS = (
+    "penetration_fraction",
+    "penetration_depth",
+    "penetration_depth_rest",
+    "penetration_excess",
+    "float_gap",
+    "resting_pairs",
+    "penetration_warning",
+)
+
+
+def check_interaction(demo_run, table):
+    """The interaction checks of the demo: columns in metrics.tsv as in metrics.json, the
+    plot, every dynamic object resting on the slab at frame 0 and in contact with nothing
+    inside it there; the warning against the threshold; hop's block lifts off mid-hop (its
+    scripted arc) and lands again."""
+    from chord.stages import evaluate
+
+    conf = yaml.safe_load((demo_run / "config/config.yaml").read_text())
+    threshold = {**conf["method"], **conf["presets"]["cpu_demo"]}["penetration_threshold"]
+    for scene in ("hop", "sway"):
+        m = json.loads((demo_run / f"results/{scene}/metrics.json").read_text())
+        for col in INTERACTION_COLUMNS:
+            assert table.loc[scene, col] == pytest.approx(m[col], rel=1e-5), (scene, col)
+        assert (demo_run / f"results/{scene}/eval/interaction.png").stat().st_size > 0
+        dynamic = {p["object"] for p in m["interaction"]["pairs"]}
+        on_slab = {p["object"] for p in m["interaction"]["pairs"] if p["other"] == "obj_1"}
+        assert dynamic == on_slab and m["resting_pairs"] >= len(dynamic)
+        assert m["penetration_depth_rest"] == 0.0
+        assert m["penetration_warning"] == (m["penetration_excess"] > threshold)
+    gap = json.loads((demo_run / "results/hop/metrics.json").read_text())["per_frame"]["float_gap"]
+    T = len(gap)
+    assert gap[0] == 0.0 and gap[-1] <= evaluate.REST_TOLERANCE  # lands
+    assert T // 3 <= int(np.argmax(gap)) <= 2 * T // 3 and max(gap) > threshold  # mid-hop
 
 
 def test_preview_target_writes_a_teacher_preview_per_scene(demo_run, tmp_path):

@@ -20,4 +20,5 @@ with stage_logging(snakemake.log[0]):
         out_json=Path(out.metrics),
         out_frame0=Path(out.frame0),
         out_losses=Path(out.losses),
+        out_interaction=Path(out.interaction),
     )
