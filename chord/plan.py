@@ -244,6 +244,7 @@ class ScenePlan:
             P.dynamic_skinned_glb(r, s),
             P.dynamic_splats_glb(r, s),
             P.viewer_html(r, s),
+            P.splats_html(r, s),
             P.ply_sequence_dir(r, s),
             P.metrics_json(r, s),
         ]

@@ -1,5 +1,5 @@
-# The scene's 3D viewer: one self-contained HTML page playing its animated GLB (issue 16).
-# Local: it takes well under a second, and the page is a report result.
+# The scene's 3D viewers: self-contained HTML pages playing its skinned GLB (issue 16) and its
+# Gaussians as splats (issue 24). Local: well under a second; both pages are report results.
 localrules:
     viewer,
 
@@ -7,6 +7,7 @@ localrules:
 rule viewer:
     input:
         glb=P.dynamic_skinned_glb(RESULTS, "{scene}"),
+        splats=P.dynamic_splats_glb(RESULTS, "{scene}"),
         code=code("viewer"),
     output:
         html=report(
@@ -15,6 +16,13 @@ rule viewer:
             category="{scene}",
             subcategory="3D",
             labels={"scene": "{scene}", "view": "3D viewer"},
+        ),
+        splats=report(
+            P.splats_html(RESULTS, "{scene}"),
+            caption="../workflow/report/splats.rst",
+            category="{scene}",
+            subcategory="3D",
+            labels={"scene": "{scene}", "view": "splat player"},
         ),
     log:
         P.log(RESULTS, "{scene}", "viewer"),
