@@ -375,9 +375,7 @@ def test_a_skinned_glb_plays_too(tmp_path):
     viewer.write_page(skinned_glb(tmp_path / "skinned.glb"), page, title="skinned", view="mesh")
     shots = [visit(page.as_uri() + f"?t={t}", tmp_path, f"t{t}") for t in (0.0, 1.5)]
     for seen in shots:
-        assert [m.split(" t=")[0] for m in seen["console"]] == [
-            READY + 'title="skinned" view=mesh'
-        ]
+        assert [m.split(" t=")[0] for m in seen["console"]] == [READY + 'title="skinned" view=mesh']
         assert seen["requests"] == []
     x0, x1 = (np.argwhere(block_mask(seen["pixels"]))[:, 1].mean() for seen in shots)
     assert x1 - x0 > 30
@@ -490,10 +488,13 @@ def splat_scene(tmp_path_factory):
     )
 
 
-def reference_frame(S, key: int, orbit, width: int, height: int, objects=None):
+def reference_frame(
+    S, key: int, orbit, width: int, height: int, *, objects=None, rest_rotations=False
+):
     """Frame ``key`` of the package's deformation drawn by chord's torch rasterizer from the
     orbit camera ``orbit`` in world units (x_n/s + c): (RGB [H, W, 3] in 0..255, float,
-    rounded as an 8-bit screenshot is; alpha [H, W])."""
+    rounded as an 8-bit screenshot is; alpha [H, W]). ``rest_rotations``: the Gaussians keep
+    their rest rotations (a negative control)."""
     rows = np.concatenate(
         [np.arange(S.slices[n].start, S.slices[n].stop) for n in objects or S.names]
     )
@@ -502,7 +503,7 @@ def reference_frame(S, key: int, orbit, width: int, height: int, objects=None):
     elev, azim, radius, *target = orbit
     rgb, alpha, _ = rasterize(
         means.float(),
-        S.frames["quats"][key][rows].float(),
+        S.frames["quats"][0 if rest_rotations else key][rows].float(),
         torch.exp(f32(S.rest.log_scales)) / SCALE,
         torch.sigmoid(f32(S.rest.opacity_logits)),
         f32(S.rest.sh),
@@ -518,17 +519,19 @@ def reference_frame(S, key: int, orbit, width: int, height: int, objects=None):
     return rgb, alpha[0, ..., 0].double().numpy()
 
 
-def psnr(a: np.ndarray, b: np.ndarray) -> float:
-    """PSNR in dB of two 0..255 images."""
-    mse = float(np.mean((np.asarray(a, float) - np.asarray(b, float)) ** 2))
+def psnr(a: np.ndarray, b: np.ndarray, where: np.ndarray | None = None) -> float:
+    """PSNR in dB of two 0..255 images [H, W, 3], over the pixels ``where`` [H, W] (all)."""
+    sq = (np.asarray(a, float) - np.asarray(b, float)) ** 2
+    mse = float(np.mean(sq if where is None else sq[where]))
     return 10.0 * np.log10(255.0**2 / max(mse, 1e-12))
 
 
 def canvas(seen: dict) -> np.ndarray:
-    """The page's canvas in a screenshot: the drawing-buffer size the ready line states."""
-    (size,) = [m for m in seen["console"] if m.startswith(READY)]
-    w, h = map(int, re.search(r" size=(\d+)x(\d+)", size).groups())
-    return seen["pixels"][:h, :w].astype(float)
+    """The page's canvas in a screenshot [H, W, 3] (float): the whole shot. Headless Chromium
+    loads the page at the window's inner size (the ready line's size=, e.g. 640x393), then
+    resizes the window to the shot's size; the page redraws at that size (its resize
+    handler), so the canvas fills the shot."""
+    return seen["pixels"].astype(float)
 
 
 def key_query(key: int, orbit=ORBIT) -> str:
@@ -560,3 +563,83 @@ def test_the_splat_page_names_a_bad_camera(splat_visits):
     assert splat_visits["bad_camera"]["console"] == [
         "chord-viewer: ?camera=1,2,3: expected elev,azim,radius,x,y,z (degrees, radius > 0)"
     ]
+
+
+# -- a frame of the splat page against chord's torch rasterizer ---------------------------------
+
+# The page composites in an 8-bit framebuffer: each splat blended over a pixel rounds it to
+# the nearest level (error within ±½, variance 1/12 levels²), and the reference rounds once.
+# Allowing the rounding of up to 25 layers per pixel (variance 25/12, RMS 1.44 levels) gives
+# PSNR ≥ 20·log10(255/1.44) = 44.9 dB: the threshold. Exact float maths on both sides would
+# add nothing visible; a misplaced, mis-timed or mis-rotated splat does (the controls below).
+PSNR_MIN = 20.0 * np.log10(255.0 / np.sqrt(25.0 / 12.0))
+KEYS = (0, 4, 8)
+
+
+@pytest.fixture(scope="module")
+def references(splat_scene, splat_visits) -> dict:
+    """The torch rasterizer's frames at the screenshots' size: keys 0, 3, 4, 5, 8 from ORBIT,
+    key 4 from a camera turned by 1° of azimuth, key 8 with rest rotations; where the moving
+    objects are drawn (alpha ≥ 1/255) at keys 0, 4 and 8."""
+    H, W = canvas(splat_visits["k0"]).shape[:2]
+    S = splat_scene
+    turned = (ORBIT[0], ORBIT[1] + 1.0, *ORBIT[2:])
+    out = {k: reference_frame(S, k, ORBIT, W, H)[0] for k in (0, 3, 4, 5, 8)}
+    out["turned"] = reference_frame(S, 4, turned, W, H)[0]
+    out["rest_rotations"] = reference_frame(S, 8, ORBIT, W, H, rest_rotations=True)[0]
+    for k in KEYS:
+        out[f"moving{k}"] = reference_frame(S, k, ORBIT, W, H, objects=MOVING)[1] >= 1 / 255
+    # how far the 1° turn moves the splats' centres on screen, pixels [N]
+    K = cameras.intrinsics(W, H, FOVY)
+    means = S.frames["means"][4].double() / SCALE + torch.as_tensor(CENTRE)
+    xy = []
+    for orbit in (ORBIT, turned):
+        view = cameras.orbit_viewmats(orbit[0], orbit[1], orbit[2], orbit[3:])
+        cam = means @ view[:3, :3].T + view[:3, 3]
+        xy.append((cam @ K.T)[:, :2] / cam[:, 2:])
+    out["turn_pixels"] = torch.linalg.norm(xy[1] - xy[0], dim=-1).numpy()
+    return out
+
+
+@needs_chromium
+def test_a_splat_frame_matches_chords_rasterizer(splat_visits, references):
+    """Keys 0, 4 and 8 (skinned obj_0 with SH degree 1, static obj_1, morphed obj_2) from the
+    same camera: the page and the torch rasterizer agree within 8-bit compositing, over the
+    whole frame and where the moving objects are drawn."""
+    got = {}
+    for k in KEYS:
+        page = canvas(splat_visits[f"k{k}"])
+        got[f"key {k}"] = psnr(page, references[k])
+        got[f"key {k} moving"] = psnr(page, references[k], references[f"moving{k}"])
+    print(f"splat page vs torch rasterizer, PSNR dB: {got} (threshold {PSNR_MIN:.1f})")
+    assert min(got.values()) >= PSNR_MIN, got
+
+
+@needs_chromium
+def test_the_psnr_threshold_rejects_a_wrong_time_camera_or_rotation(splat_visits, references):
+    """Negative controls, over the moving objects' pixels: the page's key 4 (key 8 for the
+    rotations) against references that are slightly wrong: the neighbouring keys, a camera
+    turned by 1° (the splats' centres move by about a pixel on screen), the skinned and
+    morphed splats at their rest rotations (turned by 5° on average at key 8)."""
+    page4, page8 = canvas(splat_visits["k4"]), canvas(splat_visits["k8"])
+    at4, at8 = references["moving4"], references["moving8"]
+    shift = references["turn_pixels"]
+    assert 0.5 < np.median(shift) < 2.0, np.median(shift)
+    got = {
+        "key 3": psnr(page4, references[3], at4),
+        "key 5": psnr(page4, references[5], at4),
+        f"turned 1° (median {np.median(shift):.2f} px)": psnr(page4, references["turned"], at4),
+        "rest rotations": psnr(page8, references["rest_rotations"], at8),
+    }
+    print(f"negative controls, PSNR dB: {got}")
+    assert max(got.values()) < PSNR_MIN, got
+
+
+@needs_chromium
+def test_the_moving_objects_move_in_the_splat_view(splat_visits, references):
+    """Keys 0 and 8 differ, and only where a moving object is drawn at one of the two keys."""
+    early, late = canvas(splat_visits["k0"]), canvas(splat_visits["k8"])
+    changed = np.abs(early - late).max(-1) > 2  # [H, W]
+    moving = references["moving0"] | references["moving8"]
+    assert changed.mean() > 0.01, changed.mean()
+    assert (changed & ~moving).sum() <= 0.01 * changed.sum()
