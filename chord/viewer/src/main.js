@@ -223,10 +223,17 @@ async function main() {
   document.body.appendChild(renderer.domElement);
   const scene = new Scene();
   scene.background = new Color(BACKGROUND);
-  const camera = new PerspectiveCamera(fixed.fovy, window.innerWidth / window.innerHeight, 0.01, 100);
+  const camera = new PerspectiveCamera(
+    fixed.fovy,
+    window.innerWidth / window.innerHeight,
+    0.01,
+    100,
+  );
   const controls = new OrbitControls(camera, renderer.domElement);
   const view =
-    kind === "mesh" ? meshView(renderer, scene, gltf) : await splatView(renderer, scene, gltf, camera);
+    kind === "mesh"
+      ? meshView(renderer, scene, gltf)
+      : await splatView(renderer, scene, gltf, camera);
 
   const mixer = new AnimationMixer(gltf.scene);
   const duration = Math.max(0, ...gltf.animations.map((clip) => clip.duration));
