@@ -385,20 +385,27 @@ def test_a_skinned_glb_plays_too(tmp_path):
 def test_the_page_plays_in_the_reports_frame(page, tmp_path):
     """The Snakemake report opens an HTML result in an iframe from a data URL (Chromium caps
     those near 2 MB); the same URL, framed the same way, plays and stays offline."""
+    seen = in_report_frame(page, tmp_path)
+    assert block_mask(seen["pixels"]).sum() > 500
+
+
+def in_report_frame(page: Path, folder: Path) -> dict:
+    """A visit to ``page`` framed as the report frames it: no messages but the ready line, no
+    requests."""
     from snakemake.report.common import data_uri_from_file
 
     uri = data_uri_from_file(page)
     assert len(uri) < 2e6
-    frame = tmp_path / "report.html"
+    frame = folder / "report.html"
     frame.write_text(
         '<!doctype html><link rel="icon" href="data:,"><body style="margin:0">'
         f'<iframe src="{uri}" style="width:100vw;height:100vh;border:0"></iframe>'
     )
-    seen = visit(frame.as_uri(), tmp_path, "report")
+    seen = visit(frame.as_uri(), folder, "report")
     assert [m for m in seen["console"] if not m.startswith(READY)] == []
     assert len(seen["console"]) == 1, seen["console"]
     assert seen["requests"] == []
-    assert block_mask(seen["pixels"]).sum() > 500
+    return seen
 
 
 @needs_chromium
@@ -554,6 +561,13 @@ def test_the_splat_page_loads_without_console_messages_or_requests(splat_visits,
     (ready,) = seen["console"]  # the page drew its frame
     assert ready.startswith(READY + 'title="splats" view=splats ') and " splats=1500" in ready
     assert seen["requests"] == []
+    drawn = np.any(np.abs(canvas(seen) - 255.0 * BACKGROUND) > 2, axis=-1)
+    assert drawn.mean() > 0.03, "the splats are not on screen"
+
+
+@needs_chromium
+def test_the_splat_page_plays_in_the_reports_frame(splat_scene, tmp_path):
+    seen = in_report_frame(splat_scene.page, tmp_path)
     drawn = np.any(np.abs(canvas(seen) - 255.0 * BACKGROUND) > 2, axis=-1)
     assert drawn.mean() > 0.03, "the splats are not on screen"
 
