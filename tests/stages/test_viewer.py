@@ -5,6 +5,9 @@ The browser tests drive Chromium's command line (no Python browser package): a s
 visit, console messages from ``--enable-logging=stderr`` and the requests from a net log. The
 scene is a block that the animated GLB (the export stage's writer) moves to the right and up
 over 5 STEP frames at 2 fps, on a grey slab; ``?t=`` picks mid-interval times (BROWSER.md).
+The splat page plays a dynamic_splats.glb of three boxes' Gaussians (skinned, static, morphed)
+written by the export's writer; its frames are compared with chord's torch rasterizer's render
+of the package's own deformation from the same camera (``?camera=``), with negative controls.
 """
 
 from __future__ import annotations
