@@ -128,6 +128,11 @@ def viewer_html(results, scene: str) -> Path:
     return export_dir(results, scene) / "viewer.html"
 
 
+def splats_html(results, scene: str) -> Path:
+    """The scene's splat player: one self-contained page playing its dynamic_splats.glb."""
+    return export_dir(results, scene) / "splats.html"
+
+
 def ply_sequence_dir(results, scene: str) -> Path:
     """Per-frame 3DGS PLYs ``frame_<t>.ply`` of the whole scene."""
     return export_dir(results, scene) / "ply"

@@ -277,6 +277,7 @@ class ScenePlan:
             P.dynamic_skinned_glb(r, run),
             P.dynamic_splats_glb(r, run),
             P.viewer_html(r, run),
+            P.splats_html(r, run),
             P.ply_sequence_dir(r, run),
             P.metrics_json(r, run),
         ]

@@ -1,5 +1,5 @@
-# The scene's 3D viewer: one self-contained HTML page playing its animated GLB (issue 16).
-# Local: it takes well under a second, and the page is a report result.
+# The scene's 3D viewers: self-contained HTML pages playing its skinned GLB (issue 16) and its
+# Gaussians as splats (issue 24). Local: well under a second; both pages are report results.
 localrules:
     viewer,
 
@@ -7,6 +7,7 @@ localrules:
 rule viewer:
     input:
         glb=P.dynamic_skinned_glb(RESULTS, "{run}"),
+        splats=P.dynamic_splats_glb(RESULTS, "{run}"),
         code=code("viewer"),
     output:
         html=report(
@@ -15,6 +16,13 @@ rule viewer:
             category="{run}",
             subcategory="3D",
             labels={"scene": "{run}", "view": "3D viewer"},
+        ),
+        splats=report(
+            P.splats_html(RESULTS, "{run}"),
+            caption="../workflow/report/splats.rst",
+            category="{run}",
+            subcategory="3D",
+            labels={"scene": "{run}", "view": "splat player"},
         ),
     log:
         P.log(RESULTS, "{run}", "viewer"),

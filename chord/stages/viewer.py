@@ -1,10 +1,14 @@
-"""Rule ``viewer``: one self-contained HTML page per scene, ``export/viewer.html``, that plays
-the scene's animated GLB in a loop with orbit controls (issue 16).
+"""Rule ``viewer``: two self-contained HTML pages per scene that play the scene's motion in a
+loop with orbit controls: ``export/viewer.html`` draws the skinned GLB's meshes (issue 16),
+``export/splats.html`` the trained Gaussians of ``dynamic_splats.glb`` as splats (issue 24).
 
-The page inlines the three.js bundle ``chord/viewer/dist/viewer.js`` (built from
-``chord/viewer/src`` by ``npm ci && npm run build`` in ``chord/viewer``, and committed, so no
-node is needed at run time) and the GLB as base64: nothing is fetched at view time. The URL
-parameter ``?t=<seconds>`` pauses the animation at that time (tests, comparing frames).
+Each page inlines the bundle ``chord/viewer/dist/viewer.js`` (three.js and our splat player,
+built from ``chord/viewer/src`` by ``npm ci && npm run build`` in ``chord/viewer``, and
+committed, so no node is needed at run time) and its GLB as base64: nothing is fetched at
+view time. Two pages, not one: the demo's sway scene with both GLBs in one page is 1.57 MB,
+over :data:`REPORT_LIMIT_BYTES`. URL parameters (tests, comparing frames): ``?t=<seconds>``
+pauses at that time; ``?camera=elev,azim,radius,x,y,z`` and ``?fovy=`` fix a camera as
+:mod:`chord.cameras` places one.
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ import logging
 import re
 from pathlib import Path
 
-from chord import gltf_io
+from chord import gltf_io, gltf_splats
+from chord.errors import InputError
 from chord.io import atomic_path
 
 logger = logging.getLogger(__name__)
@@ -43,7 +48,7 @@ canvas {{ display: block; }}</style>
 </head>
 <body>
 <script id="chord-config" type="application/json">{config}</script>
-<script id="chord-glb" type="application/octet-stream">{glb}</script>
+<script id="chord-glb" type="application/octet-stream" data-view="{view}">{glb}</script>
 <script>{script}</script>
 </body>
 </html>
@@ -58,19 +63,27 @@ def _inline(script: str) -> str:
     return script.replace("<!--", "<\\!--")
 
 
-def page(glb_bytes: bytes, *, title: str, script: str) -> str:
-    """The viewer page's HTML: ``title``, the GLB as base64 and the page ``script``."""
+VIEWS = ("mesh", "splats")
+
+
+def page(glb_bytes: bytes, *, title: str, script: str, view: str = "mesh") -> str:
+    """The viewer page's HTML: ``title``, the GLB as base64, the page ``script`` and the
+    ``view`` it draws the GLB with: "mesh" (three.js meshes) or "splats" (its
+    KHR_gaussian_splatting primitives)."""
+    if view not in VIEWS:
+        raise ValueError(f"view: {view!r} is not one of {VIEWS}")
     config = json.dumps({"title": title}).replace("</", "<\\/")
     return PAGE.format(
         title=html.escape(title),
+        view=view,
         config=config,
         glb=base64.b64encode(glb_bytes).decode("ascii"),
         script=_inline(script),
     )
 
 
-def run(*, glb: Path, out: Path, title: str, bundle: Path = BUNDLE) -> dict:
-    """Write the viewer page of ``glb`` to ``out`` (atomically).
+def write_page(glb: Path, out: Path, *, title: str, view: str, bundle: Path = BUNDLE) -> dict:
+    """Write the page drawing ``glb`` as ``view`` ("mesh" or "splats") to ``out`` (atomically).
 
     The page is written whatever its size; above :data:`REPORT_LIMIT_BYTES` a warning says
     that the self-contained report cannot show it.
@@ -78,6 +91,8 @@ def run(*, glb: Path, out: Path, title: str, bundle: Path = BUNDLE) -> dict:
     Returns a summary: {"bytes": page size, "glb_bytes": GLB size, "animations": clip count}.
     """
     doc, _ = gltf_io.read_glb(glb)  # InputError for a file that is no GLB
+    if view == "splats" and gltf_splats.EXTENSION not in doc.get("extensionsUsed", []):
+        raise InputError(f"{glb}: no {gltf_splats.EXTENSION} primitive to draw as splats")
     animations = len(doc.get("animations", []))
     if not animations:
         logger.warning("%s: no animation; the page shows the scene at rest", glb)
@@ -87,12 +102,17 @@ def run(*, glb: Path, out: Path, title: str, bundle: Path = BUNDLE) -> dict:
             "`npm ci && npm run build` in chord/viewer"
         )
     glb_bytes = Path(glb).read_bytes()
-    text = page(glb_bytes, title=title, script=bundle.read_text(encoding="utf-8"))
+    text = page(glb_bytes, title=title, script=bundle.read_text(encoding="utf-8"), view=view)
     data = text.encode("utf-8")
     with atomic_path(out, suffix=".html") as tmp:
         tmp.write_bytes(data)
     logger.info(
-        "%s: %d bytes (GLB %d bytes, %d animation(s))", out, len(data), len(glb_bytes), animations
+        "%s: %d bytes (%s view, GLB %d bytes, %d animation(s))",
+        out,
+        len(data),
+        view,
+        len(glb_bytes),
+        animations,
     )
     if len(data) > REPORT_LIMIT_BYTES:
         logger.warning(
@@ -103,3 +123,15 @@ def run(*, glb: Path, out: Path, title: str, bundle: Path = BUNDLE) -> dict:
             REPORT_LIMIT_BYTES / 1e6,
         )
     return {"bytes": len(data), "glb_bytes": len(glb_bytes), "animations": animations}
+
+
+def run(
+    *, glb: Path, splats: Path, out: Path, splats_out: Path, title: str, bundle: Path = BUNDLE
+) -> dict:
+    """Write the mesh page of the skinned ``glb`` to ``out`` and the splat page of
+    ``splats`` (dynamic_splats.glb) to ``splats_out``: {"mesh": summary, "splats": summary}
+    (:func:`write_page`)."""
+    return {
+        "mesh": write_page(glb, out, title=title, view="mesh", bundle=bundle),
+        "splats": write_page(splats, splats_out, title=title, view="splats", bundle=bundle),
+    }
