@@ -10,7 +10,6 @@ from snakemake.utils import validate
 import chord
 import chord.config as cc
 import chord.demo as demo
-import chord.ply
 import chord.gpus
 import chord.out_of_memory
 import chord.peak_memory
@@ -140,6 +139,8 @@ def fitted_ply(wildcards):
     folder = CONF.scenes[wildcards.scene].gaussians
     if folder is None:
         return []
+    import chord.ply  # here: it imports trimesh (chord.gaussians), ~2 s the DAG build spares
+
     try:
         return [str(chord.ply.find_fitted_ply(Path(folder) / wildcards.obj))]
     except ValueError:
