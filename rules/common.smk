@@ -75,15 +75,24 @@ def plan(scene):
     return _PLANS[scene]
 
 
+_NAMED = {}
+
+
 def planned(stage):
     """The input function of a stage's rule: its plan's inputs as Snakemake's named inputs
-    (chord.plan.named; the adapter reads them back with chord.plan.record)."""
+    (chord.plan.named; the adapter reads them back with chord.plan.record). Made once per
+    scene and stage (a plan is frozen; gaussians and voxelize ask once per object, the two
+    training stages once each); Snakemake does not change what an input function returns."""
 
     def inputs(wildcards):
-        try:
-            return chord.plan.named(getattr(plan(wildcards.scene), f"{stage}_inputs")())
-        except cc.ConfigError as exc:
-            raise WorkflowError(str(exc))
+        key = (stage, wildcards.scene)  # the inputs depend on the scene alone
+        if key not in _NAMED:
+            try:
+                named = chord.plan.named(getattr(plan(wildcards.scene), f"{stage}_inputs")())
+            except cc.ConfigError as exc:
+                raise WorkflowError(str(exc))
+            _NAMED[key] = named
+        return _NAMED[key]
 
     return inputs
 
@@ -154,15 +163,29 @@ def train_inputs(wildcards):
     return planned("train")(wildcards)
 
 
+_TRAINING_JOB = {}
+
+
 def training_job(scene, tier):
-    """A scene's training on tier (chord.tiers.training_job: the tier's size and flags)."""
-    return ct.training_job(CONF.scenes[scene].method, CONF.memory, tier, scene=scene)
+    """A scene's training on tier (chord.tiers.training_job: the tier's size and flags), made
+    once per scene and tier (the training params and each tier's job request ask)."""
+    if (scene, tier.name) not in _TRAINING_JOB:
+        job = ct.training_job(CONF.scenes[scene].method, CONF.memory, tier, scene=scene)
+        _TRAINING_JOB[scene, tier.name] = job
+    return _TRAINING_JOB[scene, tier.name]
+
+
+_TRAIN_PARAMS = {}
 
 
 def train_params(scene):
     """The result-changing method values and guidance (memory flags are not params; the size
-    of a lowres start tier is)."""
-    return training_job(scene, TIERS[scene_tier(scene)]).config_hash(CONF.guidance)
+    of a lowres start tier is). Hashed once per scene: both training rules (and the preview)
+    ask."""
+    if scene not in _TRAIN_PARAMS:
+        job = training_job(scene, TIERS[scene_tier(scene)])
+        _TRAIN_PARAMS[scene] = job.config_hash(CONF.guidance)
+    return _TRAIN_PARAMS[scene]
 
 
 _NODE = {}
