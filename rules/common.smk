@@ -272,6 +272,16 @@ def train_tier(scene, stage, attempt):
 _JOB_REQUEST = {}
 
 
+def request_method(scene, tier):
+    """The method a job request of scene on tier is sized for: the tier's (training_job);
+    None for the oracle teacher, whose request does not depend on it (chord.job_size.job_request)
+    and whose batch split over the tier's GPUs scene_tier has checked on every tier from the
+    start tier (chord.tiers.start): one tier application per scene, not one per tier."""
+    if CONF.guidance.backend == "oracle":
+        return None
+    return training_job(scene, tier).method
+
+
 def job_request(scene, tier):
     """mem_mb and cpus_per_gpu of a training job of scene on tier: what it needs, the tier's
     values the ceiling (chord.job_size.job_request); a need over the tier's host_mem_gb stops the
@@ -282,7 +292,7 @@ def job_request(scene, tier):
             _JOB_REQUEST[scene, tier.name] = chord.job_size.job_request(
                 tier,
                 backend=CONF.guidance.backend,
-                method=training_job(scene, tier).method,
+                method=request_method(scene, tier),
                 mem=CONF.memory,
                 roles=object_roles(scene),
                 fitted=spec.gaussians,
