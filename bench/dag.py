@@ -17,6 +17,8 @@ but no package code: no config validation, no input functions beyond dict look-u
 no code-digest jobs or code inputs. ``real / toy`` is what the workflow's own Python costs on
 top of Snakemake's per-job work; ``--bare-toy`` gives the toy ``shell: touch`` rules instead
 (Snakemake's handling of ``script:`` and ``conda:`` then counts as the workflow's too).
+``--toy`` picks one of :data:`TOYS` to measure what Snakemake itself spends on each of those
+directives and on the real rules' ``report()`` outputs (``report``: the default toy with them).
 Not collected by pytest.
 """
 
@@ -38,7 +40,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]  # the snakemake runs import this tree's chord
 
 # The real rules' jobs and files (rules/*.smk); plan.json holds the DAG. "# ACTION" becomes
-# SCRIPT (the real rules' directives) or SHELL (--bare-toy).
+# the directives of a toy kind (TOYS: SCRIPT, the real rules' directives; SHELL, --bare-toy).
 TOY = """
 import json
 
@@ -304,6 +306,48 @@ rule aggregate:
 
 SCRIPT = 'conda:\n    "envs/toy.yaml"\nscript:\n    "scripts/touch.py"'
 SHELL = 'shell:\n    "touch {output}"'
+#: toy kind -> its rules' directives; "report" is "script+conda" with the real report() outputs
+TOYS = {
+    "script+conda": SCRIPT,
+    "bare": SHELL,
+    "script": 'script:\n    "scripts/touch.py"',
+    "conda": 'conda:\n    "envs/toy.yaml"\n' + SHELL,
+    "report": SCRIPT,
+}
+#: the outputs the real rules mark report() (rules/export, evaluate, viewer, report.smk)
+REPORTED = {
+    "export": ("ref_view", "orbit", "front", "right", "back", "left", "gif"),
+    "evaluate": ("metrics", "frame0", "losses"),
+    "viewer": ("html",),
+    "aggregate": ("tsv", "bars", "losses"),
+}
+
+
+def reported(snakefile: str) -> str:
+    """``snakefile`` with the :data:`REPORTED` outputs wrapped in ``report()`` as the real rules
+    wrap them (caption, category, subcategory, labels)."""
+    head, *rules = snakefile.split("\nrule ")
+    for i, text in enumerate(rules):
+        name = text.split(":", 1)[0]
+        for key in REPORTED.get(name, ()):
+            scene = name != "aggregate"
+            category = '"{scene}"' if scene else '"all scenes"'
+            labels = (
+                f'{{"scene": "{{scene}}", "view": "{key}"}}' if scene else f'{{"figure": "{key}"}}'
+            )
+            text, n = re.subn(
+                rf'^(\s+){key}=(f".*?"),$',
+                rf'\1{key}=report(\2, caption="report/caption.rst", category={category}, '
+                rf'subcategory="toy", labels={labels}),',
+                text,
+                count=1,
+                flags=re.MULTILINE,
+            )
+            assert n == 1, (name, key)
+        rules[i] = text
+    return "\nrule ".join([head, *rules])
+
+
 TOUCH = "for path in snakemake.output:\n    open(path, 'a').close()\n"
 
 
@@ -325,7 +369,7 @@ def write_workdir(root: Path, n: int) -> Path:
     return root
 
 
-def write_toy(work: Path, bare: bool = False) -> Path:
+def write_toy(work: Path, kind: str = "script+conda") -> Path:
     """The toy Snakefile and its plan.json (each scene's demo files, object roles, final
     training stage and motion.json) for the sheet in ``work``; returns the Snakefile. ``bare``:
     shell rules instead of the real rules' conda and script directives."""
@@ -357,13 +401,16 @@ def write_toy(work: Path, bare: bool = False) -> Path:
     (toy / "scripts").mkdir()
     (toy / "envs/toy.yaml").write_text("channels: [conda-forge]\ndependencies: [python]\n")
     (toy / "scripts/touch.py").write_text(TOUCH)
+    (toy / "report").mkdir()
+    (toy / "report/caption.rst").write_text("A toy result.\n")
     lines = []
     for line in TOY.splitlines(keepends=True):
         if line.strip() == "# ACTION":
             indent = line[: len(line) - len(line.lstrip())]
-            line = "".join(f"{indent}{a}\n" for a in (SHELL if bare else SCRIPT).splitlines())
+            line = "".join(f"{indent}{a}\n" for a in TOYS[kind].splitlines())
         lines.append(line)
-    (toy / "Snakefile").write_text("".join(lines))
+    text = "".join(lines)
+    (toy / "Snakefile").write_text(reported(text) if kind == "report" else text)
     return toy / "Snakefile"
 
 
@@ -401,13 +448,19 @@ def main() -> None:
     parser.add_argument(
         "--bare-toy", action="store_true", help="toy rules without conda and script directives"
     )
+    parser.add_argument(
+        "--toy",
+        choices=list(TOYS),
+        default="script+conda",
+        help="the toy's directives (bare: --bare-toy; report: script+conda and report() outputs)",
+    )
     args = parser.parse_args()
     head = ["scenes", "jobs", "wall (s)", "CPU (s)", "toy jobs", "toy wall", "toy CPU", "ratio"]
     print("  ".join(f"{h:>9}" for h in head))
     for n in args.scenes:
         with tempfile.TemporaryDirectory() as tmp:
             work = write_workdir(Path(tmp), n)
-            toy = write_toy(work, bare=args.bare_toy)
+            toy = write_toy(work, "bare" if args.bare_toy else args.toy)
             real_runs, toy_runs = [], []
             for _ in range(args.repeat):  # interleaved: a load change hits both alike
                 real_runs.append(snakemake(work, "--quiet")[1:])

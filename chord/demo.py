@@ -26,10 +26,12 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import trimesh
+
+if TYPE_CHECKING:  # imported where used, not here: the DAG build imports this module
+    import trimesh
 
 from chord.demo_meshes import (
     BOX_FACES,
@@ -206,6 +208,8 @@ def _ease(s: np.ndarray) -> np.ndarray:
 
 
 def _build_hop(frame_num: int) -> tuple[list[_DemoObject], dict]:
+    import trimesh
+
     ext = (0.30, 0.50, 0.30)
     image, rects = block_texture()
     subdiv = {
@@ -268,6 +272,8 @@ def _build_hop(frame_num: int) -> tuple[list[_DemoObject], dict]:
 
 
 def _build_sway(frame_num: int) -> tuple[list[_DemoObject], dict]:
+    import trimesh
+
     height = 0.9
     stalk = textured_mesh(column_part(height, 0.12, 0.07, 24, 18), column_texture(), "stalk")
     stalk_base = np.array([-0.35, SLAB_TOP_Y, -0.10])
@@ -368,6 +374,8 @@ _BUILDERS: dict[str, Callable[[int], tuple[list[_DemoObject], dict]]] = {
 
 def _export_glb(objects: list[_DemoObject]) -> bytes:
     """GLB bytes of ``objects`` in their world placement (node transforms kept as nodes)."""
+    import trimesh
+
     scene = trimesh.Scene(base_frame="world")
     for obj in objects:
         scene.add_geometry(

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import trimesh
 from PIL import Image, ImageDraw
+
+if TYPE_CHECKING:  # imported where used, not here: the DAG build imports this module
+    import trimesh
 
 SLAB_TOP_Y = 0.0
 SLAB_EXTENTS = (2.0, 0.08, 1.4)
@@ -204,6 +207,8 @@ def checker_texture(n: int = 8, px: int = 16) -> Image.Image:
 
 
 def textured_mesh(part: Part, image: Image.Image, name: str) -> trimesh.Trimesh:
+    import trimesh
+
     material = trimesh.visual.material.PBRMaterial(
         name=f"{name}_material", baseColorTexture=image, metallicFactor=0.0, roughnessFactor=0.9
     )

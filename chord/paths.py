@@ -3,9 +3,11 @@ these names. Called with ``"{scene}"``/``"{obj}"`` they give the Snakemake patte
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 
+@functools.cache  # the DAG build asks ~50 times per scene (bench/dag.py); a Path is immutable
 def scene_dir(results, scene: str) -> Path:
     return Path(results) / scene
 

@@ -8,9 +8,12 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import trimesh
+
+if TYPE_CHECKING:  # imported where used, not here: the DAG build imports this module
+    import trimesh
 
 from chord import gltf_source
 from chord.errors import InputError
@@ -102,6 +105,8 @@ def load_mesh_parts(source: str | os.PathLike | trimesh.Scene) -> list[trimesh.T
     ``dump`` drop. Non-triangle geometry (paths, point clouds) is skipped. Raises
     ``ValueError`` naming the file if it cannot be loaded or holds no triangle mesh.
     """
+    import trimesh
+
     if isinstance(source, trimesh.Scene):
         scene, where = source, "scene"
     else:
@@ -148,6 +153,8 @@ def load_source(path: Path) -> tuple[gltf_source.Source, list[trimesh.Trimesh]]:
     triangle meshes, one per primitive instance; visuals (UVs, materials, vertex colours)
     kept. Errors name the file: unreadable, an unsupported extension, no triangles, zero
     area, non-finite vertices."""
+    import trimesh
+
     path = Path(path)
     try:
         source = gltf_source.read(path)

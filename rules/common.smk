@@ -10,7 +10,6 @@ from snakemake.utils import validate
 import chord
 import chord.config as cc
 import chord.demo as demo
-import chord.ply
 import chord.gpus
 import chord.out_of_memory
 import chord.peak_memory
@@ -89,17 +88,26 @@ def job_name(wildcards):
     return wildcards.get("run") or wildcards.scene
 
 
+_NAMED = {}
+
+
 def planned(stage):
     """The input function of a stage's rule: its plan's inputs as Snakemake's named inputs
-    (chord.plan.named; the adapter reads them back with chord.plan.record)."""
+    (chord.plan.named; the adapter reads them back with chord.plan.record). Made once per
+    scene and stage (a plan is frozen; gaussians and voxelize ask once per object, the two
+    training stages once each); Snakemake does not change what an input function returns.
+    """
 
     def inputs(wildcards):
-        try:
-            return chord.plan.named(
-                getattr(plan(job_name(wildcards)), f"{stage}_inputs")()
-            )
-        except cc.ConfigError as exc:
-            raise WorkflowError(str(exc))
+        name = job_name(wildcards)  # the inputs depend on the scene or run alone
+        key = (stage, name)
+        if key not in _NAMED:
+            try:
+                named = chord.plan.named(getattr(plan(name), f"{stage}_inputs")())
+            except cc.ConfigError as exc:
+                raise WorkflowError(str(exc))
+            _NAMED[key] = named
+        return _NAMED[key]
 
     return inputs
 
@@ -163,6 +171,8 @@ def fitted_ply(wildcards):
     folder = CONF.scenes[wildcards.scene].gaussians
     if folder is None:
         return []
+    import chord.ply  # here: it imports trimesh (chord.gaussians), ~2 s the DAG build spares
+
     try:
         return [str(chord.ply.find_fitted_ply(Path(folder) / wildcards.obj))]
     except ValueError:
@@ -176,17 +186,31 @@ def train_inputs(wildcards):
     return planned("train")(wildcards)
 
 
+_TRAINING_JOB = {}
+
+
 def training_job(name, tier):
     """A scene's or run's training on tier (chord.tiers.training_job: the tier's size and
-    flags)."""
-    return ct.training_job(run_spec(name).method, CONF.memory, tier, scene=name)
+    flags), made once per scene or run and tier (the training params and each tier's job
+    request ask)."""
+    if (name, tier.name) not in _TRAINING_JOB:
+        job = ct.training_job(run_spec(name).method, CONF.memory, tier, scene=name)
+        _TRAINING_JOB[name, tier.name] = job
+    return _TRAINING_JOB[name, tier.name]
+
+
+_TRAIN_PARAMS = {}
 
 
 def train_params(name):
     """The result-changing method values and guidance (memory flags are not params; the size
-    of a lowres start tier is) of a scene's or run's training."""
-    scene = P.run_parts(name)[0]
-    return training_job(name, TIERS[scene_tier(scene)]).config_hash(CONF.guidance)
+    of a lowres start tier is) of a scene's or run's training. Hashed once per run: both
+    training rules (and the preview) ask."""
+    if name not in _TRAIN_PARAMS:
+        scene = P.run_parts(name)[0]
+        job = training_job(name, TIERS[scene_tier(scene)])
+        _TRAIN_PARAMS[name] = job.config_hash(CONF.guidance)
+    return _TRAIN_PARAMS[name]
 
 
 _NODE = {}
@@ -275,6 +299,16 @@ def train_tier(run, stage, attempt):
 _JOB_REQUEST = {}
 
 
+def request_method(scene, tier):
+    """The method a job request of scene on tier is sized for: the tier's (training_job);
+    None for the oracle teacher, whose request does not depend on it (chord.job_size.job_request)
+    and whose batch split over the tier's GPUs scene_tier has checked on every tier from the
+    start tier (chord.tiers.start): one tier application per scene, not one per tier."""
+    if CONF.guidance.backend == "oracle":
+        return None
+    return training_job(scene, tier).method
+
+
 def job_request(scene, tier):
     """mem_mb and cpus_per_gpu of a training job of scene on tier: what it needs, the tier's
     values the ceiling (chord.job_size.job_request); a need over the tier's host_mem_gb stops the
@@ -285,7 +319,7 @@ def job_request(scene, tier):
             _JOB_REQUEST[scene, tier.name] = chord.job_size.job_request(
                 tier,
                 backend=CONF.guidance.backend,
-                method=training_job(scene, tier).method,
+                method=request_method(scene, tier),
                 mem=CONF.memory,
                 roles=object_roles(scene),
                 fitted=spec.gaussians,

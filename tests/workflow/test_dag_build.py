@@ -1,5 +1,6 @@
 """The DAG build loads no torch (README "Many scenes"): Snakemake's own interpreter, on the
-demo config and on the Wan teacher's memory model, plans every job without importing it."""
+demo config and on the Wan teacher's memory model, plans every job without importing it. Nor
+trimesh (and the scipy it brings): about 2 s of every dry run's start-up (bench/dag.py)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ try:
 except SystemExit as exc:
     code = exc.code
 heavy = sorted(m for m in ("torch", "safetensors.torch", "diffusers") if m in sys.modules)
-print(json.dumps({"code": code, "heavy": heavy}), file=sys.stderr)
+meshes = sorted(m for m in ("trimesh", "scipy") if m in sys.modules)
+print(json.dumps({"code": code, "heavy": heavy, "meshes": meshes}), file=sys.stderr)
 """
 
 
@@ -40,6 +42,7 @@ def dry_run_imports(snakefile, workdir, pythonpath) -> dict:
 def test_the_demo_dry_run_imports_no_torch(tmp_path):
     result = dry_run_imports(REPO / "Snakefile", demo_workdir(tmp_path), REPO)
     assert result["heavy"] == []
+    assert result["meshes"] == []
 
 
 def test_the_wan_teachers_dry_run_imports_no_torch(tmp_path):
@@ -48,3 +51,4 @@ def test_the_wan_teachers_dry_run_imports_no_torch(tmp_path):
     work = wan_workdir(tmp_path / "w")
     result = dry_run_imports(work / "wf/Snakefile", work, work / "wf")
     assert result["heavy"] == []
+    assert result["meshes"] == []
