@@ -198,6 +198,7 @@ def seed_sweep(
                           va="center", color=colour)  # fmt: skip
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
+    _save(fig, path)
 
 
 def interaction(path: Path | str, pairs: list[dict], *, threshold: float, title: str) -> None:

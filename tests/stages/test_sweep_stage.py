@@ -37,7 +37,7 @@ def run(tmp_path, specs: dict[int, dict], **rule):
         scene="toy",
         videos={s: f[0] for s, f in files.items()},
         metrics={s: f[1] for s, f in files.items()},
-        rule=SweepConfig(**rule),
+        rule=SweepConfig(**{"metric": "arap_residual_mean", **rule}),  # the files' metric
         out_png=out / "seeds.png",
         out_tsv=out / "seeds.tsv",
         out_json=out / "best" / "selection.json",
