@@ -243,6 +243,16 @@ def joint_channels(out: GltfBuilder, tracks: list, times: int) -> list:
     return channels
 
 
+def motion_channels(out: GltfBuilder, tracks: list, morphed: list, frames: int, fps: float):
+    """The animation's channels: every joint track's keys, then every morphed node's weights,
+    on one key-time accessor (k / fps, k < frames)."""
+    times = key_times(out, frames, fps)
+    channels = joint_channels(out, tracks, times)
+    if morphed:
+        channels += weights_channels(out, morphed, frames, times)
+    return channels
+
+
 def _skin_object(
     out: GltfBuilder, obj: Moving, centre: np.ndarray, scale: float, frames: int
 ) -> tuple[list[int], list]:
@@ -340,12 +350,7 @@ def dynamic_scene_skinned_glb(
                 morph_mesh(out, mesh, obj.world[n], c, scale, obj.motion, frames, str(obj.path))
             morphed += obj.nodes
     set_view_targets(out.doc)
-    channels = []
-    if skinned or morphed:
-        times = key_times(out, frames, fps)
-        channels += joint_channels(out, tracks, times)
-        if morphed:
-            channels += weights_channels(out, morphed, frames, times)
+    channels = motion_channels(out, tracks, morphed, frames, fps) if skinned or morphed else []
     write_glb(out, out_path, roots, channels)
     return {
         "skinned": len(skinned),

@@ -29,16 +29,16 @@ import numpy as np
 
 from chord.errors import InputError
 from chord.gaussians import C0, GaussianSet
-from chord.gltf import key_times, weights_channels, write_glb
+from chord.gltf import write_glb
 from chord.gltf_io import ARRAY_BUFFER, UNSIGNED_BYTE, GltfBuilder
 from chord.gltf_skin import (
     Skinning,
     add_skeleton,
     add_skin,
     check_skinning,
-    joint_channels,
     joint_tracks,
     keyed_rotations,
+    motion_channels,
     normalisation,
     skin_attributes,
 )
@@ -272,12 +272,7 @@ def dynamic_splats_glb(
             node = out.add("nodes", {"name": name, "mesh": mesh})
             roots.append(node)
             morphed.append(node)
-    channels = []
-    if skinned or morphed:
-        times = key_times(out, frames, fps)
-        channels += joint_channels(out, tracks, times)
-        if morphed:
-            channels += weights_channels(out, morphed, frames, times)
+    channels = motion_channels(out, tracks, morphed, frames, fps) if skinned or morphed else []
     write_glb(out, out_path, roots, channels)
     return {
         "gaussians": total,
