@@ -368,9 +368,11 @@ def tier_resource(stage, key):
     attr = {"tier": "name", "runtime": "runtime_min"}.get(key, key)
 
     def resource(wildcards, attempt):
-        tier = train_tier(wildcards.run, stage, attempt)
+        # A training job is a run's; the teacher preview is a scene's (its unswept run).
+        run = wildcards.get("run", wildcards.get("scene"))
+        tier = train_tier(run, stage, attempt)
         if key in ("mem_mb", "cpus_per_gpu"):
-            return job_request(P.run_parts(wildcards.run)[0], tier)[key]
+            return job_request(P.run_parts(run)[0], tier)[key]
         return getattr(tier, attr)
 
     return resource

@@ -20,10 +20,12 @@ PER_RUN = ("train_coarse", "export", "viewer", "evaluate")
 
 
 def sweep_sheet(work, seeds: str, scenes=("hop",)) -> None:
-    """The demo sheet's rows of ``scenes`` with a ``seeds`` cell."""
-    lines = (work / "config/scenes.tsv").read_text().splitlines()
-    rows = [f"{line}\t{seeds}" for line in lines[1:] if line.split("\t")[0] in scenes]
-    (work / "config/scenes.tsv").write_text("\n".join([f"{lines[0]}\tseeds", *rows]) + "\n")
+    """The sheet's rows of ``scenes`` with a ``seeds`` cell (in place of one they had)."""
+    table = [line.split("\t") for line in (work / "config/scenes.tsv").read_text().splitlines()]
+    keep = [i for i, name in enumerate(table[0]) if name != "seeds"]
+    rows = [[row[i] for i in keep] + [seeds] for row in table[1:] if row[0] in scenes]
+    header = [table[0][i] for i in keep] + ["seeds"]
+    (work / "config/scenes.tsv").write_text("".join("\t".join(r) + "\n" for r in [header, *rows]))
 
 
 def test_a_three_seed_dry_run_trains_each_seed_and_shares_the_stages_before(tmp_path):
