@@ -6,7 +6,7 @@ of a few seconds each."""
 from __future__ import annotations
 
 from chord import result_keys as rk
-from tests.workflow.test_scale import extra_config, finished, snakemake  # noqa: F401
+from tests.workflow.test_scale import extra_config, snakemake
 from tests.workflow.test_sources import downstream, rule_graph, stage_rules
 from tests.workflow.test_workflow import planned_jobs
 
@@ -40,7 +40,7 @@ def expected_rules(stages: set[str], readers: dict[str, set[str]]) -> set[str]:
     return downstream(first, readers)
 
 
-def test_editing_a_key_reruns_exactly_the_stages_that_read_it(finished):  # noqa: F811
+def test_editing_a_key_reruns_exactly_the_stages_that_read_it(finished):
     work, _ = finished
     assert planned_jobs(snakemake(work, "-n")) == {}
     readers = rule_graph(work)
@@ -64,7 +64,7 @@ def test_editing_a_key_reruns_exactly_the_stages_that_read_it(finished):  # noqa
     assert not wrong, wrong
 
 
-def test_an_evaluation_only_key_reruns_evaluate_alone(finished):  # noqa: F811
+def test_an_evaluation_only_key_reruns_evaluate_alone(finished):
     work, _ = finished
     extra = extra_config(work, "eval_only", {"scene_overrides": {"hop": {"static_threshold": 0.5}}})
     assert set(planned_jobs(snakemake(work, "-n", "--configfile", extra))) == {

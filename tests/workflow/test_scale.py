@@ -1,9 +1,10 @@
 """The workflow at scale (issue 8): out-of-memory escalation across memory tiers, the Slurm
 profile's submissions per tier, re-run semantics and the debug target.
 
-One tiny demo scene is run end to end once (module fixture, with an injected out-of-memory on
-its first attempt); the re-run tests are dry runs against that finished state, with config
-changes passed as an extra --configfile, so they share it without copying.
+One tiny demo scene is run end to end once (the fixture ``finished`` in conftest.py, with an
+injected out-of-memory on its first attempt); the re-run tests are dry runs against that
+finished state, with config changes passed as an extra --configfile, so they share it without
+copying.
 """
 
 from __future__ import annotations
@@ -85,14 +86,6 @@ def tiny_workdir(work: Path) -> Path:
     (work / "config/config.yaml").write_text(yaml.safe_dump(conf, sort_keys=False))
     write_sheet(work / "config/scenes.tsv", "full")
     return work
-
-
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory):
-    """hop run end to end; attempt 1 of its training runs out of memory on tier full."""
-    work = tiny_workdir(tmp_path_factory.mktemp("scale"))
-    proc = snakemake(work, env={"CHORD_TEST_OOM_TIERS": "full"})
-    return work, proc.stdout + proc.stderr
 
 
 def rules_in_workflow(work: Path) -> set[str]:

@@ -2,8 +2,10 @@
 chord file a stage depends on (chord.sources.sources) re-plans exactly those stages and what
 follows them in the DAG, and editing any other package file re-plans nothing.
 
-Each edit appends a comment and is undone (content and time) before the next: one dry run of
-a few seconds per source file.
+Each file's wiring is read per file from what the code jobs were given (their logs list their
+inputs); the re-plans are dry runs, one per set of files with the same stages (all of them
+edited at once: the same stages re-plan whichever one changed). Each edit appends a comment and
+is undone (content and time) before the next.
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ import os
 import re
 from pathlib import Path
 
+from chord import paths as P
 from chord import sources as cs
-from tests.workflow.test_scale import finished, snakemake  # noqa: F401 (a shared fixture)
+from tests.workflow.test_scale import snakemake
 from tests.workflow.test_workflow import planned_jobs
 
 COMMENT = {".py": "\n# edited\n", ".yaml": "\n# edited\n", ".yml": "\n# edited\n"}
@@ -63,26 +66,29 @@ def dry_run_after_editing(work: Path, paths: list[Path]) -> dict[str, int]:
             os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
 
 
-def test_editing_a_source_reruns_exactly_the_stages_that_depend_on_it(finished):  # noqa: F811
+def test_editing_a_source_reruns_exactly_the_stages_that_depend_on_it(finished):
     work, _ = finished
     pkg = work / "wf/chord"
     assert planned_jobs(snakemake(work, "-n")) == {}
     by_stage = cs.sources_by_stage(root=pkg)
     readers = rule_graph(work)
+    # the stages of the default targets (preview is a target of its own)
+    stages = {stage for stage in by_stage if stage_rules(stage, readers)}
+    for stage in stages:  # each code job was given exactly its stage's files
+        log = P.code_digest(work / "resources", stage).with_suffix(".log")
+        assert sorted(map(Path, log.read_text().split())) == sorted(by_stage[stage]), stage
     used = sorted({f for files in by_stage.values() for f in files})
-    wrong = {}
+    groups: dict[frozenset[str], list[Path]] = {}
     for path in used:
-        # the stages of the default targets (preview is a target of its own)
-        stages = {
-            stage
-            for stage, files in by_stage.items()
-            if path in files and stage_rules(stage, readers)
-        }
-        first = set().union(*(stage_rules(s, readers) for s in stages))
-        expected = {"code"} | downstream(first, readers) if stages else set()
-        jobs = dry_run_after_editing(work, [path])
-        if set(jobs) != expected or jobs.get("code", 0) != len(stages):
-            wrong[path.relative_to(pkg).as_posix()] = (sorted(jobs.items()), sorted(expected))
+        groups.setdefault(frozenset(s for s in stages if path in by_stage[s]), []).append(path)
+    wrong = {}
+    for group_stages, paths in groups.items():
+        first = set().union(*(stage_rules(s, readers) for s in group_stages))
+        expected = {"code"} | downstream(first, readers) if group_stages else set()
+        jobs = dry_run_after_editing(work, paths)
+        if set(jobs) != expected or jobs.get("code", 0) != len(group_stages):
+            names = [p.relative_to(pkg).as_posix() for p in paths]
+            wrong[" ".join(names)] = (sorted(jobs.items()), sorted(expected))
     assert not wrong, wrong
     # every other package file (the exempt modules, the CLI, adapters...) re-plans nothing,
     # all of them edited at once
