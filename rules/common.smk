@@ -11,16 +11,15 @@ import chord
 import chord.config as cc
 import chord.demo as demo
 import chord.gpus
-import chord.out_of_memory
 import chord.peak_memory
 import chord.job_memory
-import chord.job_size
 import chord.paths as P
 import chord.plan
 import chord.result_keys as rk
 import chord.sheet
 import chord.sources
 import chord.tiers as ct
+import chord.workflow_jobs
 
 validate(config, cc.CONFIG_SCHEMA)
 DEBUG_SCENE = config["debug_scene"]
@@ -112,10 +111,6 @@ def planned(stage):
     return inputs
 
 
-def object_roles(scene):
-    return plan(scene).roles
-
-
 def demo_frame_num(name):
     """The frame count of a demo scene's motion.json: that of the sheet rows using it."""
     counts = {CONF.scenes[s].method.frame_num for s in SCENES if plan(s).demo == name}
@@ -179,78 +174,78 @@ def fitted_ply(wildcards):
         return []  # the stage reports what is missing
 
 
-def train_inputs(wildcards):
-    """The plan's training inputs; a job request over its tier's host RAM stops the DAG build
-    first."""
-    check_job_requests(P.run_parts(wildcards.run)[0])
-    return planned("train")(wildcards)
-
-
-_TRAINING_JOB = {}
-
-
-def training_job(name, tier):
-    """A scene's or run's training on tier (chord.tiers.training_job: the tier's size and
-    flags), made once per scene or run and tier (the training params and each tier's job
-    request ask)."""
-    if (name, tier.name) not in _TRAINING_JOB:
-        job = ct.training_job(run_spec(name).method, CONF.memory, tier, scene=name)
-        _TRAINING_JOB[name, tier.name] = job
-    return _TRAINING_JOB[name, tier.name]
-
-
-_TRAIN_PARAMS = {}
-
-
-def train_params(name):
-    """The result-changing method values and guidance (memory flags are not params; the size
-    of a lowres start tier is) of a scene's or run's training. Hashed once per run: both
-    training rules (and the preview) ask."""
-    if name not in _TRAIN_PARAMS:
-        scene = P.run_parts(name)[0]
-        job = training_job(name, TIERS[scene_tier(scene)])
-        _TRAIN_PARAMS[name] = job.config_hash(CONF.guidance)
-    return _TRAIN_PARAMS[name]
-
-
-_NODE = {}
-
-
-def gpu_node():
-    """The GPUs training jobs get, for `auto` tiers: the config's gpu_mem_gb (a card label,
-    set by the profile) and gpus_per_node, else this machine's GPUs (nvidia-smi); None
-    without any (a CPU run)."""
-    if "node" not in _NODE:
-        _NODE["node"] = chord.gpus.node(
-            os.environ,
-            gpu_mem_gb=config["gpu_mem_gb"],
-            gpus_per_node=config["gpus_per_node"],
-        )
-    return _NODE["node"]
-
-
 # The experts' shapes for the memory model: the Wan folder's configs, else A14B.
 MODEL = chord.peak_memory.model_for(CONF.guidance.ckpt_dir)
 # Host RAM of the condition job: the text encoder in float32 (UMT5-XXL ~23 GB).
 CONDITION_MEM_MB = chord.job_memory.condition_mem_mb(
     CONF.guidance.ckpt_dir, CONF.guidance.backend
 )
+# Each scene's start tier, each attempt's tier and job request, the training hashes: worked
+# out once per workflow start (chord.workflow_jobs). The GPUs of `auto` tiers: the config's
+# gpu_mem_gb (a card label the profile sets) and gpus_per_node, else this machine's.
+JOBS = chord.workflow_jobs.WorkflowJobs(
+    CONF,
+    TIERS,
+    scene_plan=plan,
+    node=lambda: chord.gpus.node(
+        os.environ,
+        gpu_mem_gb=config["gpu_mem_gb"],
+        gpus_per_node=config["gpus_per_node"],
+    ),
+    model=MODEL,
+    results=RESULTS,
+    log=logger.info,
+)
+
+
+def asked(question, *args):
+    """A question to JOBS, its input errors (naming the scene) as Snakemake's."""
+    try:
+        return question(*args)
+    except cc.ConfigError as exc:
+        raise WorkflowError(str(exc))
+
+
+def scene_tier(scene):
+    return asked(JOBS.scene_tier, scene)
+
+
+def train_params(run):
+    return asked(JOBS.training_hash, run)
+
+
+def train_inputs(wildcards):
+    """The plan's training inputs; a job request over its tier's host RAM stops the DAG build
+    first."""
+    asked(JOBS.check_job_requests, P.run_parts(wildcards.run)[0])
+    return planned("train")(wildcards)
+
+
+def tier_resource(stage, key):
+    """A training resource as a function of the attempt (chord.workflow_jobs): tier, gpus
+    (the rules' gpu resource), mem_mb, cpus_per_gpu, runtime, gpu_model or slurm_partition.
+    A training job is a run's; the teacher preview is a scene's (its unswept run)."""
+    return lambda wc, attempt: asked(
+        JOBS.resource, wc.get("run", wc.get("scene")), stage, key, attempt
+    )
+
+
+def preview_mem_mb(wildcards, attempt):
+    return asked(JOBS.preview_mem_mb, wildcards.scene, attempt)
+
+
+def attempt_number(wildcards, attempt):
+    """The attempt of a training job (a resource): a retry after a bad input stops at once."""
+    return attempt
 
 
 def condition_gpus(scene):
-    """The condition job's gpu resource (chord.job_size.condition_gpus): 1 where the Wan
-    folder's UMT5 encodes on a GPU (method.t5_cpu false), else 0."""
-    return chord.job_size.condition_gpus(CONF.guidance, CONF.scenes[scene].method)
+    return JOBS.condition_gpus(scene)
 
 
 def condition_gpu_kind(key):
-    """gpu_model or slurm_partition of a condition job that takes a GPU: its scene's start
-    tier's (the kind the scene trains on); unset for one that does not."""
-
     def resource(wildcards):
-        if condition_gpus(wildcards.scene):
-            return getattr(TIERS[scene_tier(wildcards.scene)], key)
-        return None
+        return asked(JOBS.condition_gpu_kind, wildcards.scene, key)
 
     return resource
 
@@ -262,120 +257,6 @@ CONDITION_GPU_KIND = (
     if any(condition_gpus(scene) for scene in SCENES)
     else {}
 )
-_SCENE_TIER = {}
-_TIER_LINES = set()  # each distinct choice is logged once, not once per scene
-
-
-def scene_tier(scene):
-    """The tier a scene's training starts on: its sheet column, or auto (the first tier the
-    node's GPUs match and that the peak-memory model predicts to fit; why each fuller tier was
-    skipped is logged). Cached: the DAG asks many times per scene."""
-    if scene not in _SCENE_TIER:
-        auto = CONF.scenes[scene].tier == ct.AUTO
-        node = gpu_node() if auto else None
-        try:
-            choice = chord.job_size.scene_start(CONF, plan(scene), TIERS, node, MODEL)
-        except cc.ConfigError as exc:
-            raise WorkflowError(str(exc))
-        line = choice.describe()
-        if auto and line not in _TIER_LINES:
-            _TIER_LINES.add(line)
-            logger.info(f"tier auto: scene {scene} (and others alike): {line}")
-        _SCENE_TIER[scene] = choice.tier
-    return _SCENE_TIER[scene]
-
-
-def train_tier(run, stage, attempt):
-    """The tier of a training attempt of a run: its scene's start tier, moved past tiers that
-    ran out of memory (the run's record)."""
-    oom = []
-    if attempt > 1:
-        record = P.checkpoints(RESULTS, run, stage) / chord.out_of_memory.RECORD
-        oom = chord.out_of_memory.read(record)
-    scene = P.run_parts(run)[0]
-    return TIERS[ct.for_attempt(scene_tier(scene), attempt, TIERS, oom)]
-
-
-_JOB_REQUEST = {}
-
-
-def request_method(scene, tier):
-    """The method a job request of scene on tier is sized for: the tier's (training_job);
-    None for the oracle teacher, whose request does not depend on it (chord.job_size.job_request)
-    and whose batch split over the tier's GPUs scene_tier has checked on every tier from the
-    start tier (chord.tiers.start): one tier application per scene, not one per tier."""
-    if CONF.guidance.backend == "oracle":
-        return None
-    return training_job(scene, tier).method
-
-
-def job_request(scene, tier):
-    """mem_mb and cpus_per_gpu of a training job of scene on tier: what it needs, the tier's
-    values the ceiling (chord.job_size.job_request); a need over the tier's host_mem_gb stops the
-    run, naming the scene. Cached: every attempt asks for each resource."""
-    if (scene, tier.name) not in _JOB_REQUEST:
-        spec = CONF.scenes[scene]
-        try:
-            _JOB_REQUEST[scene, tier.name] = chord.job_size.job_request(
-                tier,
-                backend=CONF.guidance.backend,
-                method=request_method(scene, tier),
-                mem=CONF.memory,
-                roles=object_roles(scene),
-                fitted=spec.gaussians,
-                model=MODEL,
-            )
-        except cc.ConfigError as exc:
-            start = scene_tier(scene)
-            retry = (
-                f" (a retry from tier {start} may reach it)"
-                if start != tier.name
-                else ""
-            )
-            raise WorkflowError(f"scene {scene}: {exc}{retry}")
-    return _JOB_REQUEST[scene, tier.name]
-
-
-def check_job_requests(scene):
-    """The job request of every tier a scene's training may run on (its start tier and each
-    one an out-of-memory retry may reach), at DAG build (train_inputs calls it): Snakemake
-    evaluates resources only when a job is to run, after the scene's other stages."""
-    names = list(TIERS)
-    for name in names[names.index(scene_tier(scene)) :]:
-        job_request(scene, TIERS[name])
-
-
-def preview_mem_mb(wildcards, attempt):
-    """Host RAM of a teacher preview on the tier of the scene's training: the oracle's little,
-    else the memory model's (one Wan expert at a time, mmgp's staging on an enable_mmgp tier)
-    with a 10% margin, the tier's host_mem_gb the ceiling."""
-    if CONF.guidance.backend == "oracle":
-        return chord.job_size.ORACLE_HOST_MB
-    tier = train_tier(wildcards.scene, "coarse", attempt)
-    mem = training_job(wildcards.scene, tier).memory
-    return chord.job_memory.preview_mem_mb(mem, ceiling_mb=tier.mem_mb, model=MODEL)
-
-
-def attempt_number(wildcards, attempt):
-    """The attempt of a training job (a resource): a retry after a bad input stops at once."""
-    return attempt
-
-
-def tier_resource(stage, key):
-    """A training resource as a function of the attempt: tier, gpus (the tier's GPU count:
-    the rules' gpu resource), mem_mb, cpus_per_gpu, runtime, gpu_model or slurm_partition
-    (None, i.e. unset, where the tier has none)."""
-    attr = {"tier": "name", "runtime": "runtime_min"}.get(key, key)
-
-    def resource(wildcards, attempt):
-        # A training job is a run's; the teacher preview is a scene's (its unswept run).
-        run = wildcards.get("run", wildcards.get("scene"))
-        tier = train_tier(run, stage, attempt)
-        if key in ("mem_mb", "cpus_per_gpu"):
-            return job_request(P.run_parts(run)[0], tier)[key]
-        return getattr(tier, attr)
-
-    return resource
 
 
 def aggregate_inputs(wildcards):
