@@ -14,8 +14,11 @@ import pytest
 import trimesh
 import yaml
 
+from tests import components
+
 REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = REPO.parent / "shared" / "data"
+# Third-party glTF files the tests read (sources and licences in its README.md).
+KHRONOS = REPO / "tests" / "data" / "khronos"
 
 
 # The suite's tiers follow its folders, so a new test file cannot miss its marker:
@@ -43,9 +46,40 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(config, items):
     tests = Path(__file__).resolve().parent
     for item in items:
-        parts = Path(item.path).resolve().relative_to(tests).parts
+        path = Path(item.path).resolve()
+        parts = path.relative_to(tests).parts if path.is_relative_to(tests) else ()
         for name in FOLDER_MARKERS.get(parts[0], ()) if len(parts) > 1 else ():
             item.add_marker(name)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Under CHORD_CI a skip is a failure unless it names a component CI cannot provide (a
+    CUDA GPU; the CPU-only paths on a GPU machine): see tests/components.py."""
+    outcome = yield
+    report = outcome.get_result()
+    if not (report.skipped and components.in_ci()) or hasattr(report, "wasxfail"):
+        return
+    text = skip_reason(report)
+    found = components.classify(text)
+    if found is None or found.ci:
+        why = "names no known component" if found is None else "is one .ci/run installs"
+        report.outcome = "failed"
+        report.longrepr = f"skipped under CHORD_CI, and the skip {why}: {text}"
+
+
+def skip_reason(report) -> str:
+    longrepr = report.longrepr
+    text = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    return text.removeprefix("Skipped: ")
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The skips grouped by what is missing, each with the command that brings it."""
+    skipped = [r for r in terminalreporter.stats.get("skipped", []) if not hasattr(r, "wasxfail")]
+    terminalreporter.section("skips by missing component")
+    for line in components.summary([skip_reason(r) for r in skipped]):
+        terminalreporter.write_line(line)
 
 
 def box(extents, centre, colour=(200, 80, 40, 255)) -> trimesh.Trimesh:
@@ -112,10 +146,9 @@ def write_config(folder: Path, rows: list[dict], **extra) -> Path:
 
 
 @pytest.fixture
-def shared_data() -> Path:
-    if not (SHARED_DATA / "Duck.glb").is_file():
-        pytest.skip(f"third-party GLBs not found at {SHARED_DATA} (../shared absent)")
-    return SHARED_DATA
+def khronos() -> Path:
+    """The vendored Khronos sample models (Duck.glb, BoxTextured.glb)."""
+    return KHRONOS
 
 
 def copy_glb(src: Path, dst: Path) -> None:
@@ -149,24 +182,16 @@ validator.validateBytes(new Uint8Array(fs.readFileSync(process.argv[3])), {maxIs
 """
 
 
-def unavailable(reason: str):
-    """Skip a test whose tool is not installed, saying how to install it; fail instead under
-    CHORD_CI, where .ci/run installs every tool and a skip would hide a gap."""
-    if os.environ.get("CHORD_CI"):
-        pytest.fail(f"{reason} (CHORD_CI: .ci/run installs it)")
-    pytest.skip(reason)
-
-
 @pytest.fixture(scope="session")
 def gltf_validator() -> Path:
     """The Khronos glTF validator (npm package gltf-validator): $CHORD_GLTF_VALIDATOR, else
     tests/tools' (`cd tests/tools && npm ci`)."""
     if shutil.which("node") is None:
-        unavailable("Node.js is not installed: the Khronos glTF validator needs it")
+        components.missing(components.NODE, "the Khronos glTF validator runs on it")
     tools = REPO / "tests" / "tools" / "node_modules" / "gltf-validator"
     module = Path(os.environ.get("CHORD_GLTF_VALIDATOR") or tools)
     if not (module / "package.json").is_file():
-        unavailable(f"gltf-validator not installed ({module}): run `cd tests/tools && npm ci`")
+        components.missing(components.NPM_TOOLS, f"gltf-validator not installed ({module})")
     return module
 
 

@@ -18,10 +18,10 @@ import trimesh
 from PIL import Image
 
 from chord import gltf_io
-from tests.conftest import REPO, unavailable
+from tests import components
+from tests.conftest import REPO
 
 TOOLS = REPO / "tests" / "tools"
-INSTALL = f"cd {TOOLS.relative_to(REPO)} && npm ci"
 CELL = 8  # texture cells of CELL x CELL texels, so every 4x4 UASTC block is one colour
 
 
@@ -30,12 +30,12 @@ def need_tool(path: Path, what: str) -> Path:
     .ci/run installs it)."""
     if path.exists():
         return path
-    unavailable(f"{what} not installed ({path}): run `{INSTALL}`")
+    components.missing(components.NPM_TOOLS, f"{what} not installed ({path})")
 
 
 def gltf_transform() -> Path:
     if shutil.which("node") is None:
-        need_tool(Path("/nonexistent/node"), "Node.js")
+        components.missing(components.NODE, "glTF Transform's CLI runs on it")
     return need_tool(TOOLS / "node_modules" / ".bin" / "gltf-transform", "glTF Transform's CLI")
 
 

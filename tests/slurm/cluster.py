@@ -5,8 +5,8 @@ folder and stopped again by the PIDs this class started.
 The node is this machine (``slurmd -C``) with fake GPUs of two kinds, one ``big`` and two
 ``small``: gres entries on character-device symlinks (Slurm rejects plain files and drains a
 node with a GPU count but no ``File=``), so a test can see which GPU kind a job asked for.
-No cgroups are needed (``task/none``, ``proctrack/linuxproc``). Facts behind the settings:
-/work/shared/SLURM.md.
+No cgroups are needed (``task/none``, ``proctrack/linuxproc``). The settings follow what was
+measured running a real single-node Slurm on a machine like CI's (the team's SLURM notes).
 
 Needs root (slurmd runs jobs as their user and munged runs as user ``munge``).
 """

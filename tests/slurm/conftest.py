@@ -21,6 +21,8 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
+from tests import components
+from tests.components import require_slurm_plugin
 from tests.conftest import REPO
 from tests.slurm import cluster as sc
 
@@ -39,27 +41,23 @@ def _require_installed() -> None:
     """The suite installs nothing itself: .ci/run (and README "Development") runs INSTALL."""
     missing = sc.missing_commands()
     if missing:
-        reason = (
-            f"Slurm test cluster: not installed ({', '.join(missing)} missing); "
-            f"install it as root with `bash {INSTALL.relative_to(REPO)}`"
-        )
-        if os.environ.get("CHORD_CI"):
-            pytest.fail(f"{reason} (CHORD_CI: .ci/run installs it)")
-        pytest.skip(reason)
+        components.missing(components.SLURM, f"not installed ({', '.join(missing)} missing)")
 
 
 @pytest.fixture(scope="session")
 def slurm_cluster():
     """The session's Slurm cluster (started once, stopped after the last Slurm test)."""
     if sys.platform != "linux" or os.geteuid() != 0:
-        pytest.skip("Slurm test cluster: needs root on Linux (slurmd, munged as user munge)")
+        components.missing(
+            components.SLURM_ROOT, "the test cluster runs slurmd, and munged as user munge"
+        )
     _require_installed()
-    pytest.importorskip("snakemake_executor_plugin_slurm")
+    require_slurm_plugin()
     try:
         cluster = sc.Cluster().start()
     except sc.ClusterError as exc:
         if "/etc/slurm/slurm.conf" in str(exc).splitlines()[0]:
-            pytest.skip(f"Slurm test cluster: {str(exc).splitlines()[0]}")
+            components.missing(components.SLURM, str(exc).splitlines()[0])
         raise
     print(f"\nSlurm test cluster up in {cluster.start_seconds:.1f} s ({cluster.root})")
     try:

@@ -92,12 +92,12 @@ def test_fitted_gaussians_are_imported(toy_scene, tmp_path):
     np.testing.assert_allclose(out.log_scales, np.log(0.01 * 0.6), atol=1e-5)
 
 
-def test_real_models_duck_and_textured_box(shared_data, tmp_path):
+def test_real_models_duck_and_textured_box(khronos, tmp_path):
     """Two third-party glTF samples: the Duck dynamic on a textured box (static)."""
     data = tmp_path / "duckbox"
-    copy_glb(shared_data / "Duck.glb", data / "obj_0.glb")
-    copy_glb(shared_data / "BoxTextured.glb", data / "obj_1.glb")
-    copy_glb(shared_data / "Duck.glb", data / "scene.glb")
+    copy_glb(khronos / "Duck.glb", data / "obj_0.glb")
+    copy_glb(khronos / "BoxTextured.glb", data / "obj_1.glb")
+    copy_glb(khronos / "Duck.glb", data / "scene.glb")
     method = cc.method_from_mapping({"gs_init_num": 20000})
     doc, stats = run_all(data, tmp_path / "r", "duckbox", method)
     duck = plyio.read_ply(paths.gaussians_ply(tmp_path / "r", "duckbox", "obj_0"))

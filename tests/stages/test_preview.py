@@ -17,6 +17,7 @@ from chord import config as cc
 from chord import demo, media, paths, runs, tiers
 from chord.guidance import mmgp_residency, text, tiny_models, wan_folder, wan_preview
 from chord.stages import condition, preview, reference
+from tests import components
 
 W, H, T = 48, 32, 5
 METHOD = {"gs_init_num": 600, "surface_target_num": 200, "cp_num": 8, "size": f"{W}*{H}"} | {
@@ -243,7 +244,7 @@ def test_wan_previews_with_mmgp_residency_on_an_enable_mmgp_tier(wan_hop, tmp_pa
 
 def test_an_enable_mmgp_tier_without_cuda_says_why_and_writes_nothing(wan_hop, tmp_path):
     if torch.cuda.is_available():
-        pytest.skip("this machine has CUDA")
+        components.missing(components.CPU_ONLY, "this machine has CUDA")
     with pytest.raises(RuntimeError, match="enable_mmgp needs a CUDA GPU"):
         preview_on(wan_hop, "offload", tmp_path)
     assert not list(tmp_path.iterdir())

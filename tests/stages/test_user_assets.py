@@ -17,8 +17,9 @@ from chord import gltf, gltf_io, gltf_source, ktx2, ply
 from chord.errors import InputError
 from chord.stages import gaussians, ingest
 from chord.stages.adapter import input_error_once
+from tests import components
 from tests import gltf_corpus as corpus
-from tests.conftest import SHARED_DATA, validate_glb, write_config, write_still_motion
+from tests.conftest import KHRONOS, validate_glb, write_config, write_still_motion
 from tests.stages.test_bad_input import ingest_error, run_cli
 from tests.unit.test_gltf import bend
 
@@ -48,7 +49,7 @@ def test_ingest_reads_a_compressed_scene_as_the_plain_one(tmp_path):
     """scene.glb and objects Draco- and meshopt-compressed: the normalisation and each object's
     bounds and faces as the plain files give them (within a step of the 14-bit grid), and
     scene.json names what was decoded."""
-    duck = SHARED_DATA / "Duck.glb"
+    duck = KHRONOS / "Duck.glb"
     box = corpus.write_glb(corpus.textured_box((3.0, 0.2, 3.0), (0, 0, 0)), tmp_path / "box.glb")
     plain = run_ingest(scene_folder(tmp_path / "plain", [duck, box]), tmp_path / "out_plain")
     packed = [
@@ -100,7 +101,7 @@ def test_the_gaussians_take_the_colours_the_material_defines(tmp_path, feature):
     box = corpus.write_glb(corpus.textured_box(), tmp_path / "box.glb")
     if feature == "ktx2":
         if ktx2.unavailable_reason():
-            pytest.skip(ktx2.unavailable_reason())
+            components.missing(components.NODE, ktx2.unavailable_reason())
         obj = corpus.with_ktx2_textures(
             box, tmp_path / "k.glb", corpus.basisu(tmp_path / "bin"), tmp_path / "work"
         )
@@ -126,7 +127,7 @@ def test_the_export_writes_what_ingest_read(tmp_path, command, gltf_validator):
     src = (
         corpus.shared_mesh_nodes(tmp_path / "shared.glb")[0]
         if command == "instance"
-        else SHARED_DATA / "Duck.glb"
+        else KHRONOS / "Duck.glb"
     )
     packed = corpus.transform(command, src, tmp_path / f"{command}.glb")
     outs = {}

@@ -34,7 +34,9 @@ from chord.errors import InputError
 from chord.motion.model import build_scene
 from chord.render import rasterize
 from chord.stages import viewer
-from tests.conftest import REPO, assert_npm_build_is_committed, box, unavailable, write_scene
+from tests import components
+from tests.components import skip_without
+from tests.conftest import REPO, assert_npm_build_is_committed, box, write_scene
 
 VIEWER_DIR = REPO / "chord" / "viewer"
 FRAMES, FPS = 5, 2.0  # keys at 0, 0.5, ..., 2.0 s; the clip lasts 2 s
@@ -58,7 +60,7 @@ needs_chromium = pytest.mark.usefixtures("chromium_installed")
 @pytest.fixture(scope="session")
 def chromium_installed():
     if CHROMIUM is None:
-        unavailable("no Chromium: `apt-get install chromium` (Debian)")
+        components.missing(components.CHROMIUM, "the viewer's browser tests load pages in it")
 
 
 @pytest.fixture(scope="module")
@@ -229,9 +231,10 @@ def test_the_bundle_leaves_room_for_a_scene():
     assert viewer.BUNDLE.stat().st_size < 0.8e6
 
 
-@pytest.mark.skipif(
-    not (shutil.which("node") and shutil.which("npm")),
-    reason="node and npm not found: checking the committed bundle against src/ needs them",
+@skip_without(
+    components.NODE,
+    bool(shutil.which("node") and shutil.which("npm")),
+    "node and npm build the bundle that is checked against src/",
 )
 def test_the_committed_bundle_is_the_build_of_the_source(tmp_path):
     """`npm ci && npm run build` on a copy of chord/viewer gives the committed dist/viewer.js."""

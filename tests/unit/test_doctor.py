@@ -11,9 +11,11 @@ import torch
 from chord import cli, machine, peak_memory, preflight
 from chord import config as cc
 from chord.guidance import tiny_models
+from tests import components
+from tests.components import skip_without
 from tests.conftest import REPO, write_config
 
-pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU rows")
+pytestmark = skip_without(components.CPU_ONLY, not torch.cuda.is_available(), "checks the CPU rows")
 
 
 def rows(text: str) -> dict[str, str]:

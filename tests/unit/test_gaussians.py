@@ -655,8 +655,8 @@ def test_init_output_round_trips_through_ply(tmp_path):
     _assert_sets_equal(read_ply(tmp_path / "init.ply"), g)
 
 
-def test_duck_is_yellow(shared_data):
-    parts = load_mesh_parts(shared_data / "Duck.glb")
+def test_duck_is_yellow(khronos):
+    parts = load_mesh_parts(khronos / "Duck.glb")
     g = init_from_mesh(parts, 20000, seed=0)
     assert len(g) == 20000
     mean = _rgb(g).mean(axis=0)

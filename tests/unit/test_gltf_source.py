@@ -16,8 +16,9 @@ from chord import gltf_io, gltf_source, ktx2
 from chord import scene as sc
 from chord.errors import InputError
 from chord.mesh_colour import part_colours
+from tests import components
 from tests import gltf_corpus as corpus
-from tests.conftest import SHARED_DATA, validate_glb
+from tests.conftest import KHRONOS, validate_glb
 
 F32 = np.finfo(np.float32).eps
 POSITION_BITS, TEXCOORD_BITS = 14, 12  # glTF Transform's defaults (draco, quantize, meshopt)
@@ -56,8 +57,8 @@ def assert_same_surface(got, want, *, position_tol: float, colour_tol: float):
 
 
 @pytest.fixture
-def duck(shared_data) -> Path:
-    return shared_data / "Duck.glb"
+def duck(khronos) -> Path:
+    return khronos / "Duck.glb"
 
 
 def quantisation_tolerances(path: Path) -> tuple[float, float]:
@@ -127,7 +128,7 @@ def test_sparse_accessors_are_substituted(tmp_path):
 def textured(request, tmp_path) -> Path:
     """A textured GLB: a box over a texture of solid cells, or the Khronos sample asset."""
     if request.param == "BoxTextured":
-        return SHARED_DATA / "BoxTextured.glb"
+        return KHRONOS / "BoxTextured.glb"
     return corpus.write_glb(corpus.textured_box(), tmp_path / "box.glb")
 
 
@@ -202,7 +203,7 @@ def test_ktx2_textures_decode_to_the_same_colours(tmp_path):
     """UASTC KTX2 (basisu) under KHR_texture_basisu, no fallback: a texture of solid 4x4
     blocks, which UASTC stores exactly, gives the PNG's colours exactly."""
     if ktx2.unavailable_reason():
-        pytest.skip(ktx2.unavailable_reason())
+        components.missing(components.NODE, ktx2.unavailable_reason())
     src = corpus.write_glb(corpus.textured_box(), tmp_path / "box.glb")
     encoder = corpus.basisu(tmp_path / "bin")
     out = corpus.with_ktx2_textures(src, tmp_path / "ktx2.glb", encoder, tmp_path / "work")
@@ -255,7 +256,7 @@ def test_files_without_a_surface_are_refused_naming_the_file(tmp_path, make, mes
 
 
 def test_a_folder_where_a_file_should_be_is_refused(tmp_path):
-    (tmp_path / "scene.glb").write_bytes((SHARED_DATA / "Duck.glb").read_bytes())
+    (tmp_path / "scene.glb").write_bytes((KHRONOS / "Duck.glb").read_bytes())
     (tmp_path / "obj_0.glb").mkdir()
     with pytest.raises(sc.SceneError, match="obj_0.glb: is a folder, not a glTF file"):
         sc.discover_objects(tmp_path)

@@ -15,6 +15,8 @@ import yaml
 
 from chord import cli, gpus, job_size, peak_memory, tiers
 from chord import config as cc
+from tests import components
+from tests.components import skip_without
 from tests.conftest import REPO
 from tests.gpu_cards import NodeRow, install_fake_nvidia_smi, nodes
 
@@ -179,7 +181,9 @@ def doctor_tier_rows(config: Path, capsys, *extra: str) -> list[str]:
     return [line for line in out.splitlines() if line.startswith("tier ")]
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="reads the fake nvidia-smi's node")
+@skip_without(
+    components.CPU_ONLY, not torch.cuda.is_available(), "reads the fake nvidia-smi's node"
+)
 @by_id(NODES)
 def test_doctor_names_the_tier_auto_picks_on_the_node(on_node, row, a14b_config, capsys):
     on_node(row)

@@ -15,13 +15,15 @@ import torch
 from bench import fixtures
 from bench import gpu_check as mod
 from chord import peak_memory
+from tests import components
+from tests.components import skip_without
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "gpu_check.py"
 RUN_TIER = mod.run_tier  # the real one, for tests that replace it in main()
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the --tiny run is the CPU check")
+@skip_without(components.CPU_ONLY, not torch.cuda.is_available(), "the --tiny run is the CPU check")
 def test_tiny_run_prints_every_tier_and_fails_soft(tmp_path):
     out = tmp_path / "check.json"
     proc = subprocess.run(
@@ -136,7 +138,7 @@ def test_render_timing_code_path_with_the_torch_rasteriser(monkeypatch):
 
 def test_without_a_gpu_the_full_check_asks_for_tiny():
     if torch.cuda.is_available():
-        pytest.skip("this machine has a GPU")
+        components.missing(components.CPU_ONLY, "this machine has a GPU")
     with pytest.raises(SystemExit):
         mod.main([])
 

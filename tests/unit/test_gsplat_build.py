@@ -18,6 +18,8 @@ from torch.utils.cpp_extension import _get_build_directory
 
 from chord import cli, preflight
 from chord.render import gsplat_backend as gb
+from tests import components
+from tests.components import skip_without
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -101,7 +103,7 @@ def test_the_lock_makes_a_second_job_wait_for_the_first_build(tmp_path):
 
 def test_a_cpu_machine_says_why_it_cannot_build(capsys):
     if torch.cuda.is_available():
-        pytest.skip("this machine has a GPU")
+        components.missing(components.CPU_ONLY, "this machine has a GPU")
     assert cli.main(["build-kernels"]) == 2
     out = capsys.readouterr().out
     assert "gsplat build  fail" in out and "sees no CUDA GPU" in out
@@ -145,7 +147,7 @@ def test_doctor_launches_gsplat_on_the_card_and_a_foreign_build_is_a_failing_row
     assert preflight.check_renderer("torch", parity=False).status == preflight.NA
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="gsplat's kernels need a CUDA GPU")
+@skip_without(components.CUDA, torch.cuda.is_available(), "gsplat's kernels build for it")
 def test_build_kernels_on_a_gpu_builds_for_this_card_and_launches():
     checks = preflight.build_kernels()
     assert [c.status for c in checks] == [preflight.PASS, preflight.PASS], preflight.table(checks)

@@ -9,7 +9,9 @@ import pytest
 
 from chord import ktx2
 from chord.errors import InputError
+from tests import components
 from tests import gltf_corpus as corpus
+from tests.components import skip_without
 from tests.conftest import assert_npm_build_is_committed
 
 BASIS_DIR = ktx2.BUNDLE.parents[1]
@@ -18,7 +20,7 @@ BASIS_DIR = ktx2.BUNDLE.parents[1]
 @pytest.fixture
 def node():
     if ktx2.unavailable_reason():
-        pytest.skip(ktx2.unavailable_reason())
+        components.missing(components.NODE, ktx2.unavailable_reason())
 
 
 @pytest.mark.parametrize("mode", ["uastc", "etc1s"])
@@ -55,9 +57,10 @@ def test_without_node_the_reason_says_what_to_install(monkeypatch, tmp_path):
         ktx2.to_rgba(b"", "t.glb")
 
 
-@pytest.mark.skipif(
-    not (shutil.which("node") and shutil.which("npm")),
-    reason="node and npm not found: checking the committed bundle against src/ needs them",
+@skip_without(
+    components.NODE,
+    bool(shutil.which("node") and shutil.which("npm")),
+    "node and npm build the bundle that is checked against src/",
 )
 def test_the_committed_bundle_is_the_build_of_the_source(tmp_path):
     """`npm ci && npm run build` on a copy of chord/basis gives the committed bundle."""

@@ -9,6 +9,8 @@ import torch
 from chord.guidance import mmgp_residency, tiny_models, wan
 from chord.guidance.mmgp_residency import NO_CUDA_MESSAGE, MMGPResidency
 from chord.guidance.wan_folder import load_expert
+from tests import components
+from tests.components import skip_without
 from tests.fake_mmgp import FakeMMGP
 
 
@@ -113,7 +115,7 @@ def test_bad_arguments():
         res.activate("transformer", object())
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only error")
+@skip_without(components.CPU_ONLY, not torch.cuda.is_available(), "checks the CPU-only error")
 def test_real_path_without_cuda_raises_and_does_not_import_mmgp(monkeypatch):
     for name in [m for m in sys.modules if m == "mmgp" or m.startswith("mmgp.")]:
         monkeypatch.delitem(sys.modules, name)

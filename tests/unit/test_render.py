@@ -9,6 +9,8 @@ import torch
 
 from chord import cameras
 from chord.render import rasterize, torch_backend
+from tests import components
+from tests.components import skip_without
 
 D64 = torch.float64
 
@@ -276,17 +278,17 @@ def test_gsplat_probe_says_why_on_a_machine_without_cuda():
     from chord.render import gsplat_backend
 
     if torch.cuda.is_available():
-        pytest.skip("this machine has a GPU")
+        components.missing(components.CPU_ONLY, "this machine has a GPU")
     assert "sees no CUDA GPU" in gsplat_backend.unavailable_reason()
     assert not gsplat_backend.available()
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="gsplat parity needs a CUDA GPU")
+@skip_without(components.CUDA, torch.cuda.is_available(), "gsplat parity runs its kernels")
 def test_torch_backend_matches_gsplat_on_gpu():
     from chord.render import gsplat_backend
 
     if not gsplat_backend.available():
-        pytest.skip("gsplat's CUDA extension does not load on this machine")
+        components.missing(components.CUDA, "gsplat's CUDA extension does not load on this machine")
     means, quats, scales, opac, colors = tiny_scene(200, seed=4, dtype=torch.float32)
     view = cameras.orbit_viewmats(torch.tensor([15.0]), torch.tensor([60.0]), 2.0).float()
     K = cameras.intrinsics(64, 48).float()[None]

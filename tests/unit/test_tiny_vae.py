@@ -29,7 +29,7 @@ def _memblock_keys(i: int) -> dict[str, tuple]:
     }
 
 
-# The table of /work/shared/TAEHV.md, written out.
+# The TAEHV encoder's layer table (the team's TAEHV notes: madebyollin/taehv's layout), written out.
 EXPECTED = {
     "encoder.0.weight": (64, 3, 3, 3),
     "encoder.0.bias": (64,),

@@ -16,7 +16,7 @@ from safetensors.torch import save_file
 from chord.guidance import tiny_models
 from chord.guidance.tiny_vae import TinyVAEEncoder
 from tests import gltf_corpus as corpus
-from tests.conftest import REPO, SHARED_DATA
+from tests.conftest import KHRONOS, REPO
 from tests.workflow.test_scale import copy_workflow, snakemake
 
 PROMPT = "a rubber duck bobs on a textured box"
@@ -26,7 +26,7 @@ def own_scene(work: Path) -> Path:
     """data/duck: the duck Draco-compressed as scene.glb and obj_0.glb, and a box made plain
     again as obj_1.gltf with its .bin and PNG beside it, meshopt-compressed on the way."""
     data = work / "data" / "duck"
-    duck = corpus.transform("draco", SHARED_DATA / "Duck.glb", data / "obj_0.glb")
+    duck = corpus.transform("draco", KHRONOS / "Duck.glb", data / "obj_0.glb")
     box = corpus.write_glb(corpus.textured_box((3.0, 0.2, 3.0), (0, 0, 0)), work / "box.glb")
     meshopt = corpus.transform("meshopt", box, work / "box_meshopt.glb")
     corpus.transform("copy", meshopt, data / "obj_1.gltf")

@@ -10,6 +10,7 @@ import yaml
 from chord import config as cc
 from chord import job_memory, peak_memory
 from chord import tiers as ct
+from tests.components import require_slurm_plugin
 from tests.conftest import REPO
 from tests.workflow.test_scale import snakemake, wan_workdir
 
@@ -24,7 +25,7 @@ def resources(stdout: str, rule: str) -> dict[str, str]:
 
 @pytest.mark.parametrize(("gpu", "tier"), [(80, "full"), (24, "offload")])
 def test_the_preview_job_asks_for_its_tiers_gpu_kind_and_one_experts_host_ram(tmp_path, gpu, tier):
-    pytest.importorskip("snakemake_executor_plugin_slurm")
+    require_slurm_plugin()
     work = wan_workdir(tmp_path / "w")
     profile = ["--workflow-profile", str(work / "wf/profiles/slurm")]
     targets = ["results/hop/preview/teacher.mp4", "results/hop/train/coarse.pt"]

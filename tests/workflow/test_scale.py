@@ -19,6 +19,7 @@ import pytest
 import torch
 import yaml
 
+from tests.components import require_slurm_plugin
 from tests.conftest import REPO
 from tests.workflow.test_workflow import planned_jobs
 
@@ -249,7 +250,7 @@ exit 1
 def test_slurm_profile_submits_each_tier_with_its_gpu_memory_and_time(tmp_path):
     """With stub Slurm commands on PATH, the submitted sbatch lines carry each tier's GPU kind,
     partition, host memory and wall time (profiles/slurm and its site.yaml)."""
-    pytest.importorskip("snakemake_executor_plugin_slurm")
+    require_slurm_plugin()
     work = tmp_path / "w"
     copy_workflow(work)
     (work / "config").mkdir()
@@ -373,7 +374,7 @@ def test_wan_training_jobs_ask_for_the_models_host_ram_below_the_tiers_ceiling(t
 def test_the_condition_job_asks_slurm_for_the_text_encoders_memory(tmp_path):
     """UMT5-XXL in float32 on a CPU node needs ~23 GB: the slurm profile's dry run gives the
     condition job that (its default-resources give CPU stages 2 GB) as a job of its own."""
-    pytest.importorskip("snakemake_executor_plugin_slurm")
+    require_slurm_plugin()
     work = wan_workdir(tmp_path / "w")
     profile = ["--workflow-profile", str(work / "wf/profiles/slurm")]
     proc = snakemake(work, *profile, "-n", "results/hop/condition/text.safetensors")
