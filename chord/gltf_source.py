@@ -28,7 +28,6 @@ import copy
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import unquote
 
 import numpy as np
 
@@ -62,6 +61,7 @@ from chord.gltf_textures import (
     plain_images,
     texture_infos,
 )
+from chord.gltf_uri import is_data, scene_path
 
 SUFFIXES = (".glb", ".gltf")
 QUANTIZATION = "KHR_mesh_quantization"
@@ -124,25 +124,34 @@ def is_source(path: Path) -> bool:
 
 def external_files(path: Path | str) -> list[Path]:
     """The files a ``.gltf`` refers to (buffers and images by relative URI), for the
-    workflow's inputs; [] for a GLB or a file that cannot be parsed (read reports that)."""
+    workflow's inputs; [] for a GLB or a file that cannot be parsed (read reports that). A
+    URI that leads outside the scene's folder (or is absolute, or of a scheme but ``data:``)
+    is an :class:`InputError` naming the file, the URI and the rule (:mod:`chord.gltf_uri`):
+    nothing outside the folder becomes an input."""
     path = Path(path)
     if path.suffix.lower() != ".gltf" or not path.is_file():
         return []
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         return []
-    uris = [x.get("uri") for key in ("buffers", "images") for x in doc.get(key, [])]
-    return [path.parent / unquote(u) for u in uris if isinstance(u, str) and ":" not in u[:6]]
+    files = []
+    for key, what in (("buffers", "buffer"), ("images", "image")):
+        items = doc.get(key, []) if isinstance(doc, dict) else []
+        for i, item in enumerate(items if isinstance(items, list) else []):
+            uri = item.get("uri") if isinstance(item, dict) else None
+            if uri is not None and not is_data(uri):
+                files.append(scene_path(uri, path.parent, str(path), f"{what} {i}"))
+    return files
 
 
 def _uri_bytes(uri: str, folder: Path, where: str, what: str) -> bytes:
-    if uri.startswith("data:"):
+    if is_data(uri):
         try:
             return base64.b64decode(uri.split(",", 1)[1])
         except (IndexError, ValueError) as exc:
             raise InputError(f"{where}: {what} has an unreadable data URI ({exc})") from exc
-    file = folder / unquote(uri)
+    file = scene_path(uri, folder, where, what)
     if not file.is_file():
         raise InputError(f"{where}: {what} refers to {file}, which does not exist")
     return file.read_bytes()
