@@ -263,7 +263,7 @@ class Checker:
             self.fail(what, f"componentType is {shown(comp, 40)}, not one of {sorted(COMPONENTS)}")
         if not isinstance(acc.get("type"), str) or acc["type"] not in WIDTH:
             self.fail(what, f"type is {shown(acc.get('type'), 40)}, not one of {list(WIDTH)}")
-        count = self.integer(acc, "count", what, required=True)
+        count = self.integer(acc, "count", what, 1, required=True)
         self.typed(acc, "normalized", what, bool)
         elem = np.dtype(COMPONENTS[comp]).itemsize * WIDTH[acc["type"]]
         view = self.ref(acc, "bufferView", what, "bufferViews")
@@ -300,7 +300,8 @@ class Checker:
                 m is None or int(m[2]) > 31
             ):
                 self.fail(what, f"attribute {shown(name, 40)} is not NAME_<set> (set 0 to 31)")
-            acc = self.doc["accessors"][self.ref(attrs, name, what, "accessors")]
+            index = self.ref(attrs, name, what, "accessors")
+            acc = self.doc["accessors"][index]
             if name.startswith("JOINTS_") and acc["componentType"] not in INDEX_TYPES:
                 self.fail(what, f"{name} is of componentType {acc['componentType']}, not unsigned")
             counts[name] = acc["count"]

@@ -160,16 +160,19 @@ def load_mesh_parts(source: str | os.PathLike | trimesh.Scene) -> list[trimesh.T
     return parts
 
 
-def load_source(path: Path) -> tuple[gltf_source.Source, list[trimesh.Trimesh]]:
+def load_source(
+    path: Path, mem_mb: int | None = None
+) -> tuple[gltf_source.Source, list[trimesh.Trimesh]]:
     """A glTF file made plain (:func:`chord.gltf_source.read`) and flattened to world-space
     triangle meshes, one per primitive instance; visuals (UVs, materials, vertex colours)
     kept. Errors name the file: unreadable, an unsupported extension, no triangles, zero
-    area, non-finite vertices."""
+    area, non-finite vertices, or an estimated peak memory over ``mem_mb``
+    (:func:`chord.gltf_source.read`)."""
     import trimesh
 
     path = Path(path)
     try:
-        source = gltf_source.read(path)
+        source = gltf_source.read(path, mem_mb=mem_mb)
     except SceneError:
         raise
     except InputError as exc:
