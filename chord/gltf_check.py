@@ -50,6 +50,9 @@ DRACO = "KHR_draco_mesh_compression"
 INSTANCING = "EXT_mesh_gpu_instancing"
 INSTANCE_TYPES = {"TRANSLATION": "VEC3", "ROTATION": "VEC4", "SCALE": "VEC3"}
 IMAGE_SOURCES = ("KHR_texture_basisu", "EXT_texture_webp", "EXT_texture_avif")
+ATTRIBUTE_TYPES = {"POSITION": ("VEC3",), "NORMAL": ("VEC3",), "TANGENT": ("VEC4",),
+                   "TEXCOORD": ("VEC2",), "COLOR": ("VEC4", "VEC3"), "JOINTS": ("VEC4",),
+                   "WEIGHTS": ("VEC4",)}  # fmt: skip
 TRS_LENGTHS = {"matrix": 16, "translation": 3, "rotation": 4, "scale": 3}
 SET_NAME = re.compile(r"^(TEXCOORD|COLOR|JOINTS|WEIGHTS)_(\d+)$")
 KTX2_ID = b"\xabKTX 20\xbb\r\n\x1a\n"
@@ -124,6 +127,15 @@ class Checker:
             want = {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}[kind]
             self.fail(what, f"{key} is {shown(obj[key], 40)} ({_kind(obj[key])}), not {want}")
         return obj[key]
+
+    def ext(self, obj: dict, name: str, what: str) -> dict | None:
+        """The extension ``name`` of ``obj``, None if absent; present, it is an object."""
+        exts = obj.get("extensions", {})
+        if name not in exts:
+            return None
+        if not isinstance(exts[name], dict):
+            self.fail(what, f"its {name} is {_kind(exts[name])}, not an object")
+        return exts[name]
 
     def numbers(self, obj: dict, key: str, what: str, length: int | None = None) -> None:
         if key not in obj:
@@ -202,12 +214,11 @@ class Checker:
         start = self.integer(view, "byteOffset", what) or 0
         length = self.integer(view, "byteLength", what, required=True)
         self.integer(view, "byteStride", what, 1, 252)
-        exts = view.get("extensions", {})
-        ext = next((exts[m] for m in MESHOPT if m in exts), None)
+        ext = next(
+            (self.ext(view, m, what) for m in MESHOPT if m in view.get("extensions", {})), None
+        )
         if ext is not None:
             what = f"{what} (meshopt)"
-            if not isinstance(ext, dict):
-                self.fail(what, f"its extension is {_kind(ext)}, not an object")
             src = self.ref(ext, "buffer", what, "buffers", required=True)
             offset = self.integer(ext, "byteOffset", what) or 0
             size = self.integer(ext, "byteLength", what, required=True)
@@ -302,6 +313,9 @@ class Checker:
                 self.fail(what, f"attribute {shown(name, 40)} is not NAME_<set> (set 0 to 31)")
             index = self.ref(attrs, name, what, "accessors")
             acc = self.doc["accessors"][index]
+            kinds = ATTRIBUTE_TYPES.get(m[1] if m else name)
+            if kinds and acc["type"] not in kinds:
+                self.fail(what, f"{name} is accessor {index} of type {acc['type']}, not {kinds[0]}")
             if name.startswith("JOINTS_") and acc["componentType"] not in INDEX_TYPES:
                 self.fail(what, f"{name} is of componentType {acc['componentType']}, not unsigned")
             counts[name] = acc["count"]
@@ -322,11 +336,9 @@ class Checker:
                 acc = self.ref(target, name, f"{what} target {t}", "accessors")
                 if counts and self.doc["accessors"][acc]["count"] != max(counts.values()):
                     self.fail(f"{what} target {t}", f"{name} count differs from the attributes'")
-        draco = prim.get("extensions", {}).get(DRACO)
+        draco = self.ext(prim, DRACO, what)
         if draco is not None:
             what = f"{what} (Draco)"
-            if not isinstance(draco, dict):
-                self.fail(what, f"its extension is {_kind(draco)}, not an object")
             self.ref(draco, "bufferView", what, "bufferViews", required=True)
             ids = self.typed(draco, "attributes", what, dict, required=True)
             for name in ids:
@@ -352,7 +364,7 @@ class Checker:
             for key, length in TRS_LENGTHS.items():
                 self.numbers(node, key, what, length)
             self.numbers(node, "weights", what, len(node.get("weights", [])))
-            ext = node.get("extensions", {}).get(INSTANCING)
+            ext = self.ext(node, INSTANCING, what)
             if ext is not None:
                 self.instancing(f"{what} ({INSTANCING})", ext)
         for i in range(len(nodes)):  # one parent each: a node that never reaches a root cycles
@@ -390,10 +402,8 @@ class Checker:
             self.ref(tex, "source", what, "images")
             self.ref(tex, "sampler", what, "samplers")
             for name in IMAGE_SOURCES:
-                ext = tex.get("extensions", {}).get(name)
+                ext = self.ext(tex, name, what)
                 if ext is not None:
-                    if not isinstance(ext, dict):
-                        self.fail(f"{what} ({name})", f"is {_kind(ext)}, not an object")
                     self.ref(ext, "source", f"{what} ({name})", "images")
         for i, sampler in enumerate(self.doc.get("samplers", [])):
             for key in ("magFilter", "minFilter", "wrapS", "wrapT"):
@@ -425,10 +435,8 @@ class Checker:
     def texture_info(self, what: str, info: dict) -> None:
         self.ref(info, "index", what, "textures", required=True)
         self.integer(info, "texCoord", what, 0, 31)
-        ext = info.get("extensions", {}).get("KHR_texture_transform")
+        ext = self.ext(info, "KHR_texture_transform", what)
         if ext is not None:
-            if not isinstance(ext, dict):
-                self.fail(what, f"KHR_texture_transform is {_kind(ext)}, not an object")
             self.numbers(ext, "offset", what, 2)
             self.numbers(ext, "scale", what, 2)
             self.numbers(ext, "rotation", what)

@@ -165,6 +165,17 @@ HOSTILE = {
         _set("extras", json.loads("[" * 200 + "]" * 200)),
         r"its JSON is nested deeper than 64 levels",
     ),
+    "position_a_scalar": (
+        _set("meshes/0/primitives/0/attributes/POSITION", 2),
+        r"mesh 0 primitive 0: POSITION is accessor 2 of type SCALAR, not VEC3",
+    ),
+    "texture_transform_null": (
+        _set(
+            "materials/0/pbrMetallicRoughness/baseColorTexture/extensions",
+            {"KHR_texture_transform": None},
+        ),
+        r"baseColorTexture: its KHR_texture_transform is null, not an object",
+    ),  # fmt: skip
     "sparse_count_over_the_accessor": (
         _set("accessors/0/sparse", {"count": 10**6, "indices": {}, "values": {}}),
         r"accessor 0 \(sparse\): count is 1000000, outside \[1, 8\]",
