@@ -9,11 +9,11 @@ either side) and at random points; every JSON field replaced by values of wrong 
 and negative numbers, and 200-deep nesting, or deleted; cycles, self-children and shared
 children in the node graph; the .gltf's .bin files cut short.
 
-Quick tier (the default): 3,725 cases (887 correct reads, 443 distinct plain files through
-load_source) in 32 s on the 2-core dev machine under a load of ~6; 409 distinct refusal
-templates; slowest case 118 ms; tracemalloc peak 3.8 MiB. ``CHORD_FUZZ=full`` runs every
-JSON field against every value and 10x the flips and truncations (BENCHMARKS.md, "glTF reader
-fuzz")."""
+Quick tier (the default): 3,725 cases (886 correct reads, 443 distinct plain files through
+load_source) in 35 s wall, 15 s CPU, on the 2-core dev machine under a load of 3-5; 410
+distinct refusal templates (values blanked); slowest case 131 ms; tracemalloc peak 3.8 MiB.
+``CHORD_FUZZ=full`` runs every JSON field against every value and 10x the flips and cuts:
+21,222 cases in 202 s, 662 templates, peak 9.7 MiB (BENCHMARKS.md, "glTF reader fuzz")."""
 
 from __future__ import annotations
 
