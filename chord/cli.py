@@ -115,6 +115,7 @@ def cmd_ingest(args) -> int:
         out_meshes=paths.meshes_dir(conf.results, spec.scene),
         method=spec.method,
         scene=spec.scene,
+        mem_mb=args.mem_mb,
     )
     return 0
 
@@ -356,6 +357,13 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--scene", required=True, help="scene id from the sheet")
         if name not in ("ingest", "evaluate"):
             sp.add_argument("--obj", nargs="+", help="objects (default: all that apply)")
+        if name == "ingest":
+            sp.add_argument(
+                "--mem-mb",
+                type=int,
+                help="memory budget of the scene's reads in MB: a file whose estimated peak "
+                "exceeds it is refused (default $CHORD_MEM_MB, else the ingest rule's 8000)",
+            )
         sp.set_defaults(func=func)
     return p
 

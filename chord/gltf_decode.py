@@ -34,7 +34,7 @@ def decode_meshopt(ext: dict, buffers: list[bytes | None], where: str) -> bytes:
     mode, filt = ext.get("mode", "ATTRIBUTES"), ext.get("filter", "NONE")
     try:
         rows = meshopt.decode_gltf_buffer(raw, count, stride, mode, filt)
-    except ValueError as exc:
+    except Exception as exc:  # meshopt raises several types on malformed data
         raise InputError(f"{where}: cannot decode a meshopt bufferView ({exc})") from exc
     return np.ascontiguousarray(rows).tobytes()
 
@@ -89,7 +89,7 @@ def decode_draco(prim: dict, views: list[dict], blob: bytes, where: str) -> dict
         name = names.get(attr["unique_id"])
         if name in prim.get("attributes", {}):
             rows = np.asarray(attr["data"])
-            out[prim["attributes"][name]] = rows.reshape(len(rows), -1)
+            out[prim["attributes"][name]] = rows.reshape(len(rows), -1 if rows.size else 0)
     if "indices" in prim:
         faces = np.asarray(getattr(mesh, "faces", []))
         out[prim["indices"]] = faces.reshape(-1, 1)

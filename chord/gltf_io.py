@@ -31,26 +31,46 @@ WIDTH = {"SCALAR": 1, "VEC2": 2, "VEC3": 3, "VEC4": 4, "MAT2": 4, "MAT3": 9, "MA
 
 def read_glb(path: Path | str) -> tuple[dict, bytes]:
     """The JSON document and the binary chunk (b"" if none) of a GLB file."""
-    data = Path(path).read_bytes()
-    if len(data) < 20 or data[:4] != GLB_MAGIC:
-        raise InputError(f"{path}: not a GLB file (binary glTF must start with 'glTF')")
+    return parse_glb(Path(path).read_bytes(), str(path))
+
+
+def parse_glb(data: bytes, where: str) -> tuple[dict, bytes]:
+    """:func:`read_glb` of a GLB's bytes; a file cut short is refused as such, naming the
+    bytes its header or a chunk claims and those it holds."""
+    if data[:4] != GLB_MAGIC:
+        raise InputError(f"{where}: not a GLB file (binary glTF must start with 'glTF')")
+    if len(data) < 12:
+        raise InputError(f"{where}: a GLB file cut short: {len(data)} bytes, less than its header")
     version, length = struct.unpack_from("<II", data, 4)
-    if version != 2 or length > len(data):
-        raise InputError(f"{path}: GLB version {version}, length {length}: expected glTF 2.0")
+    if version != 2:
+        raise InputError(f"{where}: GLB version {version}: expected glTF 2.0 (version 2)")
+    if length > len(data):
+        raise InputError(
+            f"{where}: a GLB file cut short: its header gives {length} bytes, the file holds "
+            f"{len(data)}"
+        )
     doc, blob, pos = None, b"", 12
-    while pos + 8 <= length:
+    while pos < length:
+        if pos + 8 > length:
+            raise InputError(f"{where}: a GLB file cut short: a chunk header at byte {pos}")
         size, kind = struct.unpack_from("<II", data, pos)
+        if pos + 8 + size > length:
+            raise InputError(
+                f"{where}: a GLB file cut short: the chunk at byte {pos} gives {size} bytes, "
+                f"past the file's end ({length} bytes)"
+            )
         chunk = data[pos + 8 : pos + 8 + size]
         if kind == CHUNK_JSON and doc is None:
             try:
                 doc = json.loads(chunk.decode("utf-8"))
-            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-                raise InputError(f"{path}: unreadable glTF JSON chunk ({exc})") from exc
+            except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+                reason = "nested too deep" if isinstance(exc, RecursionError) else exc
+                raise InputError(f"{where}: unreadable glTF JSON chunk ({reason})") from exc
         elif kind == CHUNK_BIN and not blob:
             blob = chunk
         pos += 8 + size
     if doc is None:
-        raise InputError(f"{path}: GLB without a JSON chunk")
+        raise InputError(f"{where}: GLB without a JSON chunk")
     return doc, blob
 
 
@@ -133,6 +153,10 @@ def read_accessor(doc: dict, blob: bytes, index: int) -> np.ndarray:
                 }
             )
         idx = read_accessor(tmp, blob, 0)[:, 0].astype(np.int64)
+        if idx.size and idx.max() >= count:
+            raise InputError(
+                f"accessor {index} (sparse): index {int(idx.max())} is beyond its {count} elements"
+            )
         out[idx] = read_accessor(tmp, blob, 1)
     if acc.get("normalized") and acc["componentType"] != FLOAT:
         info = np.iinfo(dt)

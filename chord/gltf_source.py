@@ -28,11 +28,20 @@ import copy
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import unquote
 
 import numpy as np
 
 from chord.errors import InputError
+from chord.gltf_check import (
+    Checker,
+    check_budget,
+    check_decoded,
+    check_depth,
+    check_indices,
+    image_pixels,
+    mem_budget_mb,
+    peak_bytes,
+)
 from chord.gltf_decode import (
     DRACO,
     MESHOPT,
@@ -51,8 +60,8 @@ from chord.gltf_io import (
     WIDTH,
     GltfBuilder,
     glb_bytes,
+    parse_glb,
     read_accessor,
-    read_glb,
 )
 from chord.gltf_textures import (
     IMAGE_EXTENSIONS,
@@ -62,6 +71,7 @@ from chord.gltf_textures import (
     plain_images,
     texture_infos,
 )
+from chord.gltf_uri import is_data, scene_path
 
 SUFFIXES = (".glb", ".gltf")
 QUANTIZATION = "KHR_mesh_quantization"
@@ -124,56 +134,72 @@ def is_source(path: Path) -> bool:
 
 def external_files(path: Path | str) -> list[Path]:
     """The files a ``.gltf`` refers to (buffers and images by relative URI), for the
-    workflow's inputs; [] for a GLB or a file that cannot be parsed (read reports that)."""
+    workflow's inputs; [] for a GLB or a file that cannot be parsed (read reports that). A
+    URI that leads outside the scene's folder (or is absolute, or of a scheme but ``data:``)
+    is an :class:`InputError` naming the file, the URI and the rule (:mod:`chord.gltf_uri`):
+    nothing outside the folder becomes an input."""
     path = Path(path)
     if path.suffix.lower() != ".gltf" or not path.is_file():
         return []
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         return []
-    uris = [x.get("uri") for key in ("buffers", "images") for x in doc.get(key, [])]
-    return [path.parent / unquote(u) for u in uris if isinstance(u, str) and ":" not in u[:6]]
+    files = []
+    for key, what in (("buffers", "buffer"), ("images", "image")):
+        items = doc.get(key, []) if isinstance(doc, dict) else []
+        for i, item in enumerate(items if isinstance(items, list) else []):
+            uri = item.get("uri") if isinstance(item, dict) else None
+            if uri is not None and not is_data(uri):
+                files.append(scene_path(uri, path.parent, str(path), f"{what} {i}"))
+    return files
 
 
 def _uri_bytes(uri: str, folder: Path, where: str, what: str) -> bytes:
-    if uri.startswith("data:"):
+    if is_data(uri):
         try:
             return base64.b64decode(uri.split(",", 1)[1])
         except (IndexError, ValueError) as exc:
             raise InputError(f"{where}: {what} has an unreadable data URI ({exc})") from exc
-    file = folder / unquote(uri)
+    file = scene_path(uri, folder, where, what)
     if not file.is_file():
         raise InputError(f"{where}: {what} refers to {file}, which does not exist")
     return file.read_bytes()
 
 
-def _load(path: Path) -> tuple[dict, list[bytes | None]]:
-    """The JSON and each buffer's bytes (None for a meshopt fallback buffer, which has none)."""
+def _load(path: Path) -> tuple[dict, list[bytes | None], int]:
+    """The JSON (its structure checked), each buffer's bytes (None for a meshopt fallback
+    buffer, which has none) and the file's size."""
+    where = str(path)
     if path.is_dir():
         raise InputError(f"{path}: is a folder, not a glTF file")
     if not path.is_file():
         raise InputError(f"{path}: does not exist")
     data = path.read_bytes()
     if data[:4] == GLB_MAGIC:
-        doc, blob = read_glb(path)
+        doc, blob = parse_glb(data, where)
     else:
         if path.suffix.lower() == ".glb":
             raise InputError(f"{path}: not a GLB file (binary glTF must start with 'glTF')")
         try:
             doc, blob = json.loads(data.decode("utf-8")), b""
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise InputError(f"{path}: not a glTF file (unreadable JSON: {exc})") from exc
-    if not isinstance(doc, dict) or str(doc.get("asset", {}).get("version", "")) != "2.0":
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+            reason = "nested too deep" if isinstance(exc, RecursionError) else exc
+            raise InputError(f"{path}: not a glTF file (unreadable JSON: {reason})") from exc
+    asset = doc.get("asset") if isinstance(doc, dict) else None
+    if not isinstance(asset, dict) or str(asset.get("version", "")) != "2.0":
         raise InputError(f'{path}: not a glTF 2.0 file (asset.version must be "2.0")')
+    check_depth(doc, where)
+    Checker(doc, where).top()
     buffers: list[bytes | None] = []
     for i, buf in enumerate(doc.get("buffers", [])):
         what = f"buffer {i}"
+        exts = buf.get("extensions", {})
         if "uri" in buf:
-            data = _uri_bytes(buf["uri"], path.parent, str(path), what)
+            data = _uri_bytes(buf["uri"], path.parent, where, what)
         elif i == 0 and blob:
             data = blob
-        elif any(buf.get("extensions", {}).get(m, {}).get("fallback") for m in MESHOPT):
+        elif any(isinstance(exts.get(m), dict) and exts[m].get("fallback") for m in MESHOPT):
             buffers.append(None)
             continue
         else:
@@ -181,7 +207,7 @@ def _load(path: Path) -> tuple[dict, list[bytes | None]]:
         if len(data) < buf.get("byteLength", 0):
             raise InputError(f"{path}: {what} holds {len(data)} bytes, not {buf['byteLength']}")
         buffers.append(data)
-    return doc, buffers
+    return doc, buffers, path.stat().st_size
 
 
 # --- extensions ---------------------------------------------------------------------------
@@ -211,14 +237,16 @@ def _check_extensions(doc: dict, where: str) -> list[str]:
 # --- images ----------------------------------------------------------------------------------
 
 
-def _image_bytes(doc: dict, i: int, views: list[dict], blob: bytes, path: Path) -> bytes:
+def _image_bytes(doc: dict, i: int, buffers: list[bytes | None], path: Path) -> bytes:
     im = doc["images"][i]
     if "bufferView" in im:
-        v = views[im["bufferView"]]
-        return blob[v["byteOffset"] : v["byteOffset"] + v["byteLength"]]
-    if "uri" in im:
-        return _uri_bytes(im["uri"], path.parent, str(path), f"image {i}")
-    raise InputError(f"{path}: image {i} has neither a bufferView nor a uri")
+        view = doc["bufferViews"][im["bufferView"]]
+        data = buffers[view["buffer"]]
+        if data is None or any(m in view.get("extensions", {}) for m in MESHOPT):
+            raise InputError(f"{path}: image {i} is in a meshopt-compressed bufferView")
+        start = view.get("byteOffset", 0)
+        return data[start : start + view["byteLength"]]
+    return _uri_bytes(im["uri"], path.parent, str(path), f"image {i}")
 
 
 # --- instancing -------------------------------------------------------------------------------
@@ -258,13 +286,31 @@ def _flatten_instances(out: GltfBuilder, arrays: dict[int, np.ndarray]) -> None:
 # --- the reader -----------------------------------------------------------------------------
 
 
-def read(path: Path | str) -> Source:
-    """``path`` made plain (see the module's docstring); an :class:`InputError` naming the
-    file for what cannot be read."""
-    path = Path(path)
+def read(path: Path | str, *, mem_mb: int | None = None) -> Source:
+    """``path`` made plain (see the module's docstring); an :class:`InputError` of one line
+    naming the file for what cannot be read: every number checked against what the file holds
+    before it is used (:mod:`chord.gltf_check`), and a file whose estimated peak memory
+    exceeds ``mem_mb`` (default ``$CHORD_MEM_MB``, else the ingest rule's) refused, naming
+    the figure."""
+    try:
+        return _read(Path(path), mem_mb)
+    except InputError as exc:
+        message = str(exc)
+        if "\n" in message or "\r" in message:  # a decoder's message quoted in it
+            raise InputError(" ".join(message.split())) from exc
+        raise
+
+
+def _read(path: Path, mem_mb: int | None) -> Source:
     where = str(path)
-    doc, buffers = _load(path)
+    doc, buffers, size = _load(path)
+    checker = Checker(doc, where)
+    checker.data([None if b is None else len(b) for b in buffers])
     warnings = _check_extensions(doc, where)
+    images = [_image_bytes(doc, i, buffers, path) for i in range(len(doc.get("images", [])))]
+    pixels = sum(image_pixels(data, f"{where}: image {i}") for i, data in enumerate(images))
+    held = sum(len(b) for b in buffers if b is not None)
+    check_budget(where, peak_bytes(doc, size, held, pixels), mem_budget_mb(mem_mb))
     used = set(doc.get("extensionsUsed", [])) | set(doc.get("extensionsRequired", []))
     views, blob = flat_views(doc, buffers, where)
     flat = {**doc, "bufferViews": views}
@@ -280,6 +326,8 @@ def read(path: Path | str) -> Source:
                         "without Draco"
                     )
                 decoded.update(decode_draco(prim, views, blob, f"{where} mesh {m} primitive {p}"))
+    for i, rows in decoded.items():
+        check_decoded(where, i, rows, doc["accessors"][i])
 
     out = GltfBuilder()
     data_keys = ("buffers", "bufferViews", "accessors", "images")
@@ -304,19 +352,21 @@ def read(path: Path | str) -> Source:
             if values.size and values.max() > np.iinfo(np.dtype(COMPONENTS[comp])).max:
                 comp = UNSIGNED_INT
             target = ELEMENT_ARRAY_BUFFER if i in indices else ARRAY_BUFFER
+            if values.size and not (np.isfinite(values).all() and values.min() >= 0):
+                raise InputError(f"{where}: accessor {i} holds indices that are not whole numbers")
             out.add_accessor(values, acc["type"], target=target, component=comp, bounds=False)
         else:
             out.add_accessor(values, acc["type"], bounds=True)
         for key in ("name", "extras"):
             if key in acc:
                 out.doc["accessors"][i][key] = acc[key]
+    check_indices(doc, arrays, where)
     for mesh in out.doc.get("meshes", []):
         for prim in mesh.get("primitives", []):
             prim.get("extensions", {}).pop(DRACO, None)
             if "extensions" in prim and not prim["extensions"]:
                 del prim["extensions"]
 
-    images = [_image_bytes(doc, i, views, blob, path) for i in range(len(doc.get("images", [])))]
     out.doc["images"] = [
         {k: v for k, v in im.items() if k not in ("uri", "bufferView")}
         for im in doc.get("images", [])

@@ -62,7 +62,16 @@ def to_rgba(data: bytes, where: str) -> np.ndarray:
     if run.returncode != 0:
         message = run.stderr.decode(errors="replace").strip() or f"exit status {run.returncode}"
         raise InputError(f"{where}: cannot decode its KTX2 texture ({message})")
+    if len(run.stdout) < 8:
+        raise InputError(f"{where}: the KTX2 transcoder returned {len(run.stdout)} bytes")
     width, height = struct.unpack_from("<II", run.stdout, 0)
+    header = struct.unpack_from("<II", data, 20) if len(data) >= 28 else None
+    header = header and (header[0], max(header[1], 1))  # a 1D texture's height is 0
+    if header is not None and (width, height) != header:
+        raise InputError(
+            f"{where}: the KTX2 transcoder returned {width}x{height}, not the header's "
+            f"{header[0]}x{header[1]}"
+        )
     pixels = np.frombuffer(run.stdout, dtype=np.uint8, offset=8)
     if pixels.size != width * height * 4:
         raise InputError(

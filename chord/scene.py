@@ -55,7 +55,19 @@ def data_files(folder: Path) -> list[Path]:
     files a .gltf refers to (the workflow's inputs; what is missing, ingest reports)."""
     main = [scene_file(folder), *(p for ps in object_files(folder).values() for p in ps)]
     files = [p for p in main if p is not None and p.is_file()]
-    return files + [x for p in files for x in gltf_source.external_files(p) if x.is_file()]
+    return files + [x for p in files for x in _external_inputs(p) if x.is_file()]
+
+
+def _external_inputs(path: Path) -> list[Path]:
+    """:func:`chord.gltf_source.external_files`, except that a URI leading outside the scene's
+    folder is a warning (the one line ingest refuses the scene with) and none of that file's
+    external files become inputs: the DAG reads nothing outside the folder, and the sheet's
+    other scenes still run."""
+    try:
+        return gltf_source.external_files(path)
+    except InputError as exc:
+        logger.warning("%s (ingest refuses this scene)", exc)
+        return []
 
 
 def discover_objects(folder: Path, obj_num: int = -1) -> list[Path]:
@@ -148,16 +160,19 @@ def load_mesh_parts(source: str | os.PathLike | trimesh.Scene) -> list[trimesh.T
     return parts
 
 
-def load_source(path: Path) -> tuple[gltf_source.Source, list[trimesh.Trimesh]]:
+def load_source(
+    path: Path, mem_mb: int | None = None
+) -> tuple[gltf_source.Source, list[trimesh.Trimesh]]:
     """A glTF file made plain (:func:`chord.gltf_source.read`) and flattened to world-space
     triangle meshes, one per primitive instance; visuals (UVs, materials, vertex colours)
     kept. Errors name the file: unreadable, an unsupported extension, no triangles, zero
-    area, non-finite vertices."""
+    area, non-finite vertices, or an estimated peak memory over ``mem_mb``
+    (:func:`chord.gltf_source.read`)."""
     import trimesh
 
     path = Path(path)
     try:
-        source = gltf_source.read(path)
+        source = gltf_source.read(path, mem_mb=mem_mb)
     except SceneError:
         raise
     except InputError as exc:

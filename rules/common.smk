@@ -10,6 +10,7 @@ from snakemake.utils import validate
 import chord
 import chord.config as cc
 import chord.demo as demo
+import chord.gltf_check
 import chord.gpus
 import chord.peak_memory
 import chord.job_memory
@@ -46,6 +47,8 @@ except cc.ConfigError as exc:
     raise WorkflowError(str(exc))
 
 RESULTS = config["results"]
+# the ingest job's mem_mb: the budget of its reads (chord.gltf_check)
+INGEST_MEM_MB = chord.gltf_check.INGEST_MEM_MB
 DEMO_DIR = config["demo_dir"]
 SCENES = [DEBUG_SCENE] if DEBUG_SCENE else list(CONF.scenes)
 # A stage's code input is one file, the sha256 of the chord sources its result depends on

@@ -11,6 +11,10 @@ rule ingest:
         P.bench(RESULTS, "{scene}", "ingest")
     conda:
         "../workflow/envs/chord.yaml"
+    # the reader refuses a file whose estimated peak exceeds it, naming the figure
+    # (chord.gltf_check; more: snakemake --set-resources ingest:mem_mb=N)
+    resources:
+        mem_mb=INGEST_MEM_MB,
     params:
         method=lambda wc: stage_params(wc.scene, "ingest"),
     script:

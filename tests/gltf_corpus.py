@@ -287,3 +287,64 @@ def shared_mesh_nodes(dst: Path, n: int = 5) -> tuple[Path, list[np.ndarray]]:
     out.doc["scene"] = 0
     out.to_glb(dst)
     return dst, mats
+
+
+# --- base files of the reader's fuzz test (tests/unit/test_gltf_fuzz.py) ------------------------
+
+
+def with_instances(src: Path, dst: Path, offsets: np.ndarray) -> Path:
+    """The first mesh node drawn once per row of ``offsets`` (EXT_mesh_gpu_instancing, as glTF
+    Transform's `instance` writes it)."""
+    d = Doc(src)
+    node = next(n for n in d.doc["nodes"] if "mesh" in n)
+    acc = d.add(np.asarray(offsets, np.float32), "VEC3", gltf_io.FLOAT)
+    node["extensions"] = {"EXT_mesh_gpu_instancing": {"attributes": {"TRANSLATION": acc}}}
+    d.uses("EXT_mesh_gpu_instancing")
+    return d.save(dst)
+
+
+def with_draco(dst: Path) -> Path:
+    """A box whose POSITION and indices are Draco data (KHR_draco_mesh_compression, as
+    Blender's "compress" writes it), encoded with DracoPy."""
+    import DracoPy
+
+    box = trimesh.creation.box(extents=(0.4, 0.3, 0.2))
+    data = DracoPy.encode(box.vertices.astype(np.float32), box.faces)
+    out = gltf_io.GltfBuilder("test")
+    view = out.add_view(data)
+    pos = out.add("accessors", {"componentType": gltf_io.FLOAT, "count": len(box.vertices),
+                                "type": "VEC3", "min": box.bounds[0].tolist(),
+                                "max": box.bounds[1].tolist()})  # fmt: skip
+    idx = out.add("accessors", {"componentType": gltf_io.UNSIGNED_INT,
+                                "count": box.faces.size, "type": "SCALAR"})  # fmt: skip
+    ext = {"bufferView": view, "attributes": {"POSITION": 0}}
+    prim = {"attributes": {"POSITION": pos}, "indices": idx,
+            "extensions": {"KHR_draco_mesh_compression": ext}}  # fmt: skip
+    out.doc["nodes"] = [{"mesh": out.add("meshes", {"primitives": [prim]})}]
+    out.doc["scenes"] = [{"nodes": [0]}]
+    out.doc["extensionsUsed"] = out.doc["extensionsRequired"] = ["KHR_draco_mesh_compression"]
+    out.to_glb(dst)
+    return dst
+
+
+def fuzz_bases(folder: Path) -> list[Path]:
+    """Small real files of each structure the reader handles: a textured indexed box, five
+    nodes sharing a mesh under a parent, sparse positions, GPU instancing, Draco, and a .gltf
+    with its buffers in .bin files beside it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    textured = write_glb(textured_box(), folder / "textured.glb")
+    nodes, _ = shared_mesh_nodes(folder / "nodes.glb", n=5)
+    d = Doc(nodes)
+    d.doc["nodes"].append({"name": "root", "children": list(range(len(d.doc["nodes"])))})
+    d.doc["scenes"] = [{"nodes": [len(d.doc["nodes"]) - 1]}]
+    d.save(nodes)
+    sparse = with_sparse_positions(
+        textured, folder / "sparse.glb", np.array([1, 4, 7]), [0, 0.3, 0]
+    )
+    instanced = with_instances(
+        textured, folder / "instanced.glb", [[0, 0, 0], [1, 0, 0], [0, 1, 0]]
+    )
+    gltf = folder / "external" / "obj_0.gltf"
+    gltf.parent.mkdir()
+    textured_box(seed=1).export(gltf)
+    return [textured, nodes, sparse, instanced, with_draco(folder / "draco.glb"), gltf]

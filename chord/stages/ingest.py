@@ -15,21 +15,25 @@ from chord.result_keys import stage_config
 logger = logging.getLogger(__name__)
 
 
-def run(*, data: Path, out_json: Path, out_meshes: Path, method, scene: str) -> dict:
+def run(
+    *, data: Path, out_json: Path, out_meshes: Path, method, scene: str, mem_mb: int | None = None
+) -> dict:
     """Read the scene folder ``data``; write ``out_json`` and ``out_meshes/obj_<i>.glb``.
 
     Every file is read through :func:`chord.gltf_source.read` (compressed, quantised,
     instanced or KTX2-textured glTF made plain); what cannot be read is an input error naming
     the file, and what is read but not rendered (material extensions) a warning, in the log
-    and in scene.json. Avoided objects are recorded but get no mesh. Returns the scene.json
-    mapping.
+    and in scene.json. A file whose estimated peak memory exceeds ``mem_mb`` (the job's
+    resources.mem_mb; default ``$CHORD_MEM_MB``, else the rule's) is refused, naming the
+    figure. Every file is read before anything is written: a refused scene leaves nothing.
+    Avoided objects are recorded but get no mesh. Returns the scene.json mapping.
     """
     method = stage_config(method, "ingest")  # only the keys it reads
     data = Path(data)
     paths = sc.discover_objects(data, method.obj_num)
     roles = cfg.scene_roles(method, len(paths))
     scene_path = sc.scene_file(data)
-    scene_source, scene_parts = sc.load_source(scene_path)
+    scene_source, scene_parts = sc.load_source(scene_path, mem_mb)
     centre, scale = sc.normalisation(sc.bounds_of(scene_parts), scene_path)
     logger.info("%s: %d objects, centre %s, scale %.6g", scene, len(paths), centre, scale)
     warnings = list(scene_source.warnings)
@@ -37,7 +41,7 @@ def run(*, data: Path, out_json: Path, out_meshes: Path, method, scene: str) -> 
     objects, meshes, read = [], {}, {}
     for i, path in enumerate(paths):
         name = f"obj_{i}"
-        source, parts = sc.load_source(path)
+        source, parts = sc.load_source(path, mem_mb)
         parts = sc.normalise_parts(parts, centre, scale)
         warnings.extend(source.warnings)
         read[name] = {"extensions": list(source.decoded), "warnings": list(source.warnings)}

@@ -3,16 +3,18 @@ from Snakemake), and nothing written under results/."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
 from typing import NamedTuple
 
+import numpy as np
 import pytest
 import trimesh
 import yaml
 
-from chord import cli
+from chord import cli, gltf_io
 from tests.conftest import (
     box,
     empty_glb,
@@ -89,6 +91,77 @@ def test_not_a_glb(capsys, project):
     config, data = project
     (data / "obj_1.glb").write_text("ply\nformat ascii 1.0\n")
     assert f"{data / 'obj_1.glb'}: not a GLB file" in ingest_error(capsys, config)
+
+
+# --------------------------------------------------- hostile glTF (issue 39): one line each
+
+
+def _two_billion(data: Path) -> None:
+    doc, blob = gltf_io.read_glb(data / "obj_0.glb")
+    doc["accessors"].append({"componentType": 5126, "type": "MAT3", "count": 2_000_000_000})
+    gltf_io.write_glb(data / "obj_0.glb", doc, blob)
+
+
+def _index_beyond(data: Path) -> None:
+    doc, blob = gltf_io.read_glb(data / "obj_0.glb")
+    acc = doc["accessors"][doc["meshes"][0]["primitives"][0]["indices"]]
+    view = doc["bufferViews"][acc["bufferView"]]
+    kind = gltf_io.COMPONENTS[acc["componentType"]]
+    start = view.get("byteOffset", 0) + acc.get("byteOffset", 0)
+    value = np.array([70000 if kind.endswith("4") else 9000], kind).tobytes()
+    gltf_io.write_glb(data / "obj_0.glb", doc, blob[:start] + value + blob[start + len(value) :])
+
+
+def _cut_short(data: Path) -> None:
+    glb = data / "obj_0.glb"
+    glb.write_bytes(glb.read_bytes()[:-40])
+
+
+def _uri_outside(data: Path) -> None:
+    (data / "obj_0.glb").unlink()
+    trimesh.creation.box().export(data / "obj_0.gltf")
+    doc = json.loads((data / "obj_0.gltf").read_text())
+    outside = data.parent / "elsewhere" / "x.bin"
+    outside.parent.mkdir()
+    shutil.copy(data / doc["buffers"][0]["uri"], outside)
+    doc["buffers"][0]["uri"] = "../elsewhere/x.bin"
+    (data / "obj_0.gltf").write_text(json.dumps(doc))
+
+
+HOSTILE = {
+    "uri_outside": (_uri_outside, "obj_0.gltf: buffer 0 has the URI '../elsewhere/x.bin', which "
+                    "leads outside the scene's folder; buffer and image URIs must be relative"),
+    "two_billion_elements": (_two_billion, "obj_0.glb: accessor 3: count 2000000000 without a "
+                             "bufferView is more than the"),
+    "index_beyond_the_vertices": (_index_beyond, "obj_0.glb: mesh 0 primitive 0: vertex index "),
+    "cut_short": (_cut_short, "obj_0.glb: a GLB file cut short: its header gives"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_a_hostile_gltf_is_refused_in_one_line_by_ingest_and_validate(capsys, project, name):
+    """Exit 2, the one line naming the file, the object and the numbers, no traceback and
+    nothing under results/ (ingest_error); `chord validate` says the same."""
+    config, data = project
+    make, message = HOSTILE[name]
+    make(data)
+    err = ingest_error(capsys, config)
+    assert f"{data}/{message}" in err and "Traceback" not in err, err
+    assert len([line for line in err.splitlines() if str(data) in line]) == 1, err
+    code, err = run_cli(capsys, "validate", "--config", str(config))
+    assert code == 2 and f"{data}/{message}" in err and "Traceback" not in err, err
+
+
+def test_an_asset_over_the_ingest_memory_budget_is_refused_naming_the_figure(capsys, project):
+    config, data = project
+    code, err = run_cli(
+        capsys, "ingest", "--config", str(config), "--scene", "toy", "--mem-mb", "0"
+    )
+    assert code == 2 and results_files(config.parent) == [], err
+    assert (
+        f"{data / 'scene.glb'}: reading it needs an estimated 0.0 GiB, more than the ingest " in err
+    )
+    assert "--set-resources ingest:mem_mb=" in err and "decimate" in err
 
 
 # ------------------------------------------------------------------------ config bad inputs

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import trimesh
 import yaml
 from PIL import Image
 
@@ -202,6 +203,37 @@ def test_bad_scene_fails_cleanly_and_others_complete(tmp_path, toy_scene):
     geometry = ("scene", "gaussians", "voxels", "reference")
     left = [p.relative_to(work / "results/bad") for p in (work / "results/bad").rglob("*")]
     assert [p for p in left if p.parts[0] in geometry] == []
+
+
+def test_a_scene_whose_gltf_reads_outside_its_folder_fails_alone(tmp_path, toy_scene):
+    """Issue 39: a .gltf whose buffer URI leads outside the scene's folder never makes the
+    outside file an input (the DAG build warns); its ingest refuses it in one line (with the
+    job's mem_mb as the reads' budget) and leaves no scene/, and the sheet's other scene is
+    ingested (--keep-going)."""
+    bad = tmp_path / "data" / "bad"
+    shutil.copytree(toy_scene, bad)
+    (bad / "obj_0.glb").unlink()
+    trimesh.creation.box().export(bad / "obj_0.gltf")
+    doc = json.loads((bad / "obj_0.gltf").read_text())
+    outside = tmp_path / "data" / "x.bin"
+    shutil.copy(bad / doc["buffers"][0]["uri"], outside)
+    doc["buffers"][0]["uri"] = "../x.bin"
+    (bad / "obj_0.gltf").write_text(json.dumps(doc))
+    work = tmp_path / "w"
+    (work / "config").mkdir(parents=True)
+    (work / "config/scenes.tsv").write_text(
+        f"scene\tdata\tprompt\ntoy\t{toy_scene}\tp\nbad\t{bad}\tq\n"
+    )
+    (work / "config/config.yaml").write_text(yaml.safe_dump({"scenes": "config/scenes.tsv"}))
+    targets = ["results/toy/scene/scene.json", "results/bad/scene/scene.json"]
+    proc = snakemake(work, "--keep-going", *targets, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert f"{bad / 'obj_0.gltf'}: buffer 0 has the URI '../x.bin', which leads outside" in out
+    assert (work / "results/toy/scene/scene.json").is_file()
+    assert not (work / "results/bad/scene").exists()
+    log = (work / "results/bad/logs/ingest.log").read_text()
+    assert "leads outside the scene's folder" in log and "Traceback" not in log
 
 
 def test_unknown_config_key_stops_before_any_job(tmp_path):

@@ -12,4 +12,5 @@ with stage_logging(snakemake.log[0]):
         out_meshes=Path(snakemake.output.meshes),
         method=spec.method,
         scene=spec.scene,
+        mem_mb=getattr(snakemake.resources, "mem_mb", None),  # the budget of its reads
     )

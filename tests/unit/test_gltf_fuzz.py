@@ -1,0 +1,227 @@
+"""The glTF reader fuzzed: mutated real files (tests/gltf_corpus.py's fuzz_bases: textured and
+indexed, multi-node, sparse, instanced, Draco, a .gltf with external .bin files) each end as a
+correct read or as one :class:`InputError` line, never another exception, never a tracemalloc
+peak over :data:`PEAK_LIMIT`. Reads that succeed also go through ingest's
+:func:`chord.scene.load_source` (trimesh on the plain file).
+
+Mutations: byte flips anywhere; truncations at every chunk boundary (and 1, 4 and 8 bytes
+either side) and at random points; every JSON field replaced by values of wrong types, huge
+and negative numbers, and 200-deep nesting, or deleted; cycles, self-children and shared
+children in the node graph; the .gltf's .bin files cut short.
+
+Quick tier (the default): 3,725 cases (886 correct reads, 443 distinct plain files through
+load_source) in 35 s wall, 15 s CPU, on the 2-core dev machine under a load of 3-5; 410
+distinct refusal templates (values blanked); slowest case 131 ms; tracemalloc peak 3.8 MiB.
+``CHORD_FUZZ=full`` runs every JSON field against every value and 10x the flips and cuts:
+21,222 cases in 202 s, 662 templates, peak 9.7 MiB (BENCHMARKS.md, "glTF reader fuzz")."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import time
+import traceback
+import tracemalloc
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from chord import gltf_io, gltf_source
+from chord import scene as sc
+from chord.errors import InputError
+from tests import gltf_corpus as corpus
+
+FULL = os.environ.get("CHORD_FUZZ") == "full"
+SCALE = 10 if FULL else 1
+MEM_MB = 256  # the reader's budget in the fuzz: no mutated file may claim more
+PEAK_LIMIT = 64 * 2**20  # the tracemalloc peak of any one case
+JSON_SAMPLE = None if FULL else 420  # JSON mutations per base file (None: all)
+VALUES = ["x", None, [], {}, True, 1.5, -1, 0, 2**31, 2**32, 2**63, 10**30, 1e308, -(2**31),
+          float("inf"), json.loads("[" * 200 + "]" * 200)]  # fmt: skip
+
+
+def json_paths(value, path=()):
+    """Every (path, value) in a JSON tree."""
+    yield path, value
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from json_paths(item, (*path, key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from json_paths(item, (*path, i))
+
+
+def replaced(doc: dict, path: tuple, value) -> dict:
+    out = copy.deepcopy(doc)
+    target = out
+    for key in path[:-1]:
+        target = target[key]
+    if value is DELETE:
+        del target[path[-1]]
+    else:
+        target[path[-1]] = value
+    return out
+
+
+DELETE = object()
+
+
+def graph_edits(doc: dict):
+    """Cycles, self-children and shared children in the node graph."""
+    n = len(doc.get("nodes", []))
+    for i in range(n):
+        for j in range(n):
+            out = copy.deepcopy(doc)
+            out["nodes"][i].setdefault("children", []).append(j)
+            yield f"node {i} gets child {j}", out
+    if n:
+        out = copy.deepcopy(doc)
+        out["scenes"] = [{"nodes": list(range(n))}]
+        yield "every node a scene root", out
+
+
+def json_cases(doc: dict, rng: np.random.Generator):
+    paths = [p for p, _ in json_paths(doc) if p]
+    cases = [(p, v) for p in paths for v in [*VALUES, DELETE]]
+    if JSON_SAMPLE is not None and len(cases) > JSON_SAMPLE:
+        cases = [cases[k] for k in rng.choice(len(cases), JSON_SAMPLE, replace=False)]
+    for path, value in cases:
+        shown = "deleted" if value is DELETE else repr(value)[:20]
+        yield f"{'/'.join(map(str, path))} = {shown}", replaced(doc, path, value)
+    yield from graph_edits(doc)
+
+
+def glb_cases(data: bytes, rng: np.random.Generator):
+    """(label, bytes) of one GLB's mutations."""
+    doc, blob = gltf_io.parse_glb(data, "base")
+    for label, mutated in json_cases(doc, rng):
+        yield label, gltf_io.glb_bytes(mutated, blob)
+    bounds, pos = {0, 4, 8, 12}, 12
+    while pos + 8 <= len(data):
+        bounds |= {pos, pos + 4, pos + 8}
+        pos += 8 + int.from_bytes(data[pos : pos + 4], "little")
+    cuts = {b + d for b in bounds for d in (-8, -4, -1, 0, 1, 4, 8)}
+    cuts |= {int(c) for c in rng.integers(0, len(data), 20 * SCALE)}
+    for cut in sorted(c for c in cuts if 0 <= c < len(data)):
+        yield f"cut at {cut}", data[:cut]
+    for k in range(150 * SCALE):
+        out = bytearray(data)
+        for at in rng.integers(0, len(data), 1 + k % 4):
+            out[at] ^= 1 << int(rng.integers(0, 8))
+        yield f"flips {k}", bytes(out)
+
+
+def gltf_cases(path: Path, rng: np.random.Generator):
+    """(label, JSON text, {external file: bytes}) of one .gltf's mutations."""
+    text = path.read_text()
+    for label, mutated in json_cases(json.loads(text), rng):
+        yield label, json.dumps(mutated), {}
+    for cut in sorted({int(c) for c in rng.integers(0, len(text), 30 * SCALE)}):
+        yield f"cut at {cut}", text[:cut], {}
+    for k in range(100 * SCALE):
+        out = bytearray(text.encode())
+        at = int(rng.integers(0, len(out)))
+        out[at] ^= 1 << int(rng.integers(0, 7))
+        yield f"flips {k}", out.decode("utf-8", errors="replace"), {}
+    for uri in ["../obj_0.gltf", "/etc/passwd", "file:///etc/passwd", "%2e%2e/x", "http://x/y"]:
+        doc = json.loads(text)
+        doc["buffers"][0]["uri"] = uri
+        yield f"uri {uri}", json.dumps(doc), {}
+    for bin_path in sorted(path.parent.glob("*.bin")):
+        data = bin_path.read_bytes()
+        for cut in (0, 1, len(data) // 2, len(data) - 1):
+            yield f"{bin_path.name} cut at {cut}", text, {bin_path: data[:cut]}
+
+
+def template(message: str) -> str:
+    """A refusal with its values blanked: numbers, quoted text, lists and objects."""
+    message = re.sub(r"'[^']*'|\"[^\"]*\"", "S", message)
+    message = re.sub(r"\[[^\]]*\]|\{[^}]*\}|\([^)]*\)", "L", message)
+    message = re.sub(r"<[^>]*>", "O", message)  # an object's repr and address
+    return re.sub(r"-?\d+(\.\d+)?(e[+-]?\d+)?|inf|nan|True|False|None", "N", message)
+
+
+class Tally:
+    def __init__(self):
+        self.cases = self.reads = self.loads = 0
+        self.refusals: Counter = Counter()
+        self.failures: list[str] = []
+        self.slowest = (0.0, "")
+        self.peak = (0, "")
+        self.seen: set[bytes] = set()
+
+    def check(self, label: str, path: Path) -> None:
+        self.cases += 1
+        tracemalloc.reset_peak()
+        start = time.perf_counter()
+        try:
+            source = gltf_source.read(path, mem_mb=MEM_MB)
+            self.reads += 1
+            plain = source.glb_bytes()
+            if plain not in self.seen:  # each distinct plain file once through trimesh
+                self.seen.add(plain)
+                self.loads += 1
+                sc.load_source(path, mem_mb=MEM_MB)
+        except InputError as exc:
+            message = str(exc)
+            if "\n" in message or not message.startswith(str(path)):
+                self.failures.append(f"{label}: not one line naming the file: {message!r}")
+            self.refusals[template(message.replace(str(path.parent), "DIR"))] += 1
+        except Exception as exc:  # the point of the test: nothing else may escape
+            where = traceback.extract_tb(exc.__traceback__)[-1]
+            self.failures.append(
+                f"{label}: {type(exc).__name__}: {exc} ({where.filename}:{where.lineno})"[:400]
+            )
+        took = time.perf_counter() - start
+        peak = tracemalloc.get_traced_memory()[1]
+        self.slowest = max(self.slowest, (took, label))
+        self.peak = max(self.peak, (peak, label))
+
+
+@pytest.fixture(scope="module")
+def bases(tmp_path_factory) -> list[Path]:
+    return corpus.fuzz_bases(tmp_path_factory.mktemp("fuzz_bases"))
+
+
+def test_the_base_files_read(bases):
+    for path in bases:
+        sc.load_source(path, mem_mb=MEM_MB)
+
+
+def test_mutated_files_end_in_a_read_or_one_line(bases, tmp_path):
+    rng = np.random.default_rng(39)
+    tally = Tally()
+    began = time.perf_counter()
+    tracemalloc.start()
+    try:
+        for base in bases:
+            folder = tmp_path / base.stem
+            folder.mkdir()
+            path = folder / f"obj_0{base.suffix}"
+            if base.suffix == ".glb":
+                for label, data in glb_cases(base.read_bytes(), rng):
+                    path.write_bytes(data)
+                    tally.check(f"{base.name}: {label}", path)
+                continue
+            externals = {p: p.read_bytes() for p in base.parent.glob("*.bin")}
+            for label, text, edits in gltf_cases(base, rng):
+                for p, data in externals.items():
+                    (folder / p.name).write_bytes(edits.get(p, data))
+                path.write_text(text)
+                tally.check(f"{base.name}: {label}", path)
+    finally:
+        tracemalloc.stop()
+    took = time.perf_counter() - began
+    print(
+        f"\nglTF fuzz: {tally.cases} cases ({tally.reads} reads, {tally.loads} through "
+        f"load_source), {len(tally.refusals)} distinct refusals, {took:.1f} s; slowest "
+        f"{tally.slowest[0] * 1e3:.0f} ms ({tally.slowest[1]}); peak "
+        f"{tally.peak[0] / 2**20:.1f} MiB ({tally.peak[1]})"
+    )
+    assert not tally.failures, f"{len(tally.failures)} escaped:\n" + "\n".join(tally.failures[:40])
+    assert tally.peak[0] < PEAK_LIMIT, tally.peak
+    assert tally.cases >= (20000 if FULL else 3000)
