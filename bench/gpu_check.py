@@ -7,10 +7,12 @@ expert reload of a switch, and gsplat against the torch rasteriser (parity and t
         [--extras reload,float32,render_timing] [--float32-size 416x240]
     python bench/gpu_check.py --tiny                                            # CPU, CI
 
-One command, no network, within 8 minutes on one H100/H200-class GPU. Estimates, none measured
-yet: the setup about a minute (half of it saving the expert), the tiers two iterations each,
-the extras about 3 minutes (2.5 to 4) after them. The work is in sections (tiers without mmgp,
-the mmgp tiers, reload, float32, render), each starting rows only within its own budget
+One command, no network, within 8 minutes on one H100/H200-class GPU, gsplat's build aside
+(the device machine's calls last at most 600 s, so there bench/gpu_device.sh splits it in two
+by sections). Estimates, none measured yet: the setup about a minute (half of it saving the
+expert), the tiers two iterations each, the extras about 3 minutes (2.5 to 4) after them. The
+work is in sections (tiers without mmgp, the mmgp tiers, reload, float32, render), each
+starting rows only within its own budget
 (--budget SECTION=S, defaults in BUDGETS), so a long section never costs a later one its rows;
 a row left out says so, and the JSON is rewritten after every row. gsplat's kernels are built
 first (outside the budgets); --render-backend torch measures without them. The production
@@ -81,29 +83,27 @@ and the parity figure and the renderer timing are skipped. CI runs it
 (tests/unit/test_gpu_check.py). The temporary folder is under TMPDIR: on a GPU it needs about
 30 GB free (else the reload and float32 rows are skipped and say so).
 
-Dependencies on a machine without network. The GPU image needs, besides PyTorch with CUDA,
-transformers, accelerate, safetensors, numpy, scipy and pillow (usually present): diffusers,
-gsplat, mmgp (with its requirements, e.g. optimum-quanto), trimesh, plyfile, jsonschema and
-pyyaml. Carry them as wheels: on a machine with pip access, from the repository root,
-
-    echo /.whl/ >> .git/info/exclude
-    python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \\
-        --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 \\
-        -d .whl diffusers==0.35.2 gsplat==1.5.3 mmgp==3.8.2 optimum-quanto trimesh plyfile \\
-        jsonschema jsonschema-specifications referencing rpds-py pyyaml ftfy
-    # (list each wheel's Requires-Dist with: unzip -p .whl/NAME-*.whl '*/METADATA')
-
-then on the GPU machine, before the check:
+Dependencies on a machine without network (the device machine): its image has PyTorch with
+CUDA, transformers, accelerate, safetensors, numpy, scipy, pillow, pyyaml, pandas and more
+(bench/gpu_image_packages.txt); every other wheel that this check and the training import is
+pinned in bench/gpu_wheels.txt (diffusers at CI's version, gsplat, mmgp and optimum-quanto,
+trimesh, libigl, plyfile, jsonschema, ftfy, wcwidth, ...), and CI runs --tiny and a training
+iteration with everything else blocked (bench/gpu_imports.py), so a missing wheel fails CI
+here. bench/gpu_device.sh fills .whl/ here (--fetch-wheels), and there installs it, records
+the GPU, torch, CUDA and torch.cuda.get_arch_list(), builds gsplat's kernels and runs this
+check in two calls of at most 540 s of budgets each (--part 1, --part 2; --dry-run prints
+the plan); BENCHMARKS.md gives the commands. By hand, with the wheels installed:
 
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
     export PYTHONPATH=/tmp/site:$PWD
     python3 bench/gpu_check.py --json $OUT/gpu_check.json
 
-gsplat compiles its CUDA kernels on first use (nvcc, one to a few minutes): the check builds
-them first, outside the section budgets, as the training does (chord.render.gsplat_backend:
-under a lock, in TORCH_EXTENSIONS_DIR/chord-gsplat/<build>/sm_<cc>, for this card only), so a
-second run finds them; `python3 -c "from chord.cli import main; main(['build-kernels'])"`
-builds them ahead, and --render-backend torch measures without them.
+gsplat compiles its CUDA kernels on first use (its wheel holds the CUDA sources; nvcc, one to
+a few minutes): the check builds them first, outside the section budgets, as the training
+does (chord.render.gsplat_backend: under a lock, in TORCH_EXTENSIONS_DIR/chord-gsplat/<build>/
+sm_<cc>, for this card only), so a second run finds them; `python3 -c "from chord.cli import
+main; main(['build-kernels'])"` builds them ahead (gpu_device.sh does, within a budget), and
+--render-backend torch measures without them.
 """
 
 from __future__ import annotations

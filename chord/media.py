@@ -1,11 +1,14 @@
 """Image and video files: PNG through Pillow, H.264 MP4 through imageio-ffmpeg. Each is
-written under a temporary name and renamed when complete."""
+written under a temporary name and renamed when complete.
+
+imageio-ffmpeg (its wheel holds an ffmpeg binary: 68 MB) is imported by the MP4 functions
+alone, so that the training, which writes none, runs where it is not installed (the GPU
+image, bench/gpu_wheels.txt)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import imageio_ffmpeg
 import numpy as np
 from PIL import Image
 
@@ -31,6 +34,8 @@ def write_mp4(path: Path | str, frames, fps: float) -> None:
     t, h, w, _ = frames.shape
     if h % 2 or w % 2:
         raise ValueError(f"{path}: H.264 needs even frame sizes, got {w}x{h}")
+    import imageio_ffmpeg
+
     with atomic_path(path, suffix=".mp4") as tmp:
         writer = imageio_ffmpeg.write_frames(
             str(tmp),
@@ -50,6 +55,8 @@ def write_mp4(path: Path | str, frames, fps: float) -> None:
 
 def read_mp4(path: Path | str) -> tuple[np.ndarray, dict]:
     """All frames [T, H, W, 3] uint8 and the stream metadata (fps, size, codec, ...)."""
+    import imageio_ffmpeg
+
     reader = imageio_ffmpeg.read_frames(str(path))
     meta = next(reader)
     w, h = meta["size"]

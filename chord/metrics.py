@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 
-import igl
 import numpy as np
 import torch
 from scipy.ndimage import gaussian_filter
@@ -152,6 +151,8 @@ def surface_samples(vertices: np.ndarray, faces: np.ndarray, n: int, seed: int) 
 
 def _against(P: np.ndarray, V: np.ndarray, F: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Points [S, 3] against a mesh: (inside [S] bool, distance to its surface [S])."""
+    import igl  # libigl: here alone, so that importing chord does not need it
+
     P = np.ascontiguousarray(P, dtype=np.float64)
     V = np.ascontiguousarray(V, dtype=np.float64)
     F = np.ascontiguousarray(F, dtype=np.int64)

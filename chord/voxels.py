@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-import igl
 import numpy as np
 import trimesh
 from scipy import ndimage
@@ -305,8 +304,12 @@ def winding_numbers(vertices: np.ndarray, faces: np.ndarray, points: np.ndarray)
     """Generalised winding number [P] of points [P, 3] w.r.t. a mesh ([V, 3], [F, 3]).
 
     ±1 inside and 0 outside a closed surface; across holes it degrades gracefully (about 5/6
-    at the centre of a box missing one face). libigl's fast (hierarchical) evaluation.
+    at the centre of a box missing one face). libigl's fast (hierarchical) evaluation, imported
+    here: only an open mesh's fill and the metrics need it, so importing chord (the training,
+    the GPU check) does not.
     """
+    import igl
+
     return igl.fast_winding_number(
         np.ascontiguousarray(vertices, dtype=np.float64),
         np.ascontiguousarray(faces, dtype=np.int64),

@@ -30,11 +30,20 @@ compares ``profile_no`` against the integer profiles 1..5 and forwards the overr
 ``offload.all``. It returns the ``offload`` object, which has ``unload_all()`` (move every
 block back to host RAM, keep the hooks) and ``release()`` (unload and drop everything).
 Budgets are keyed by module name, so the expert is always handed over as ``"transformer"``.
+
+mmgp imports optimum-quanto, which on a CUDA machine parses each entry of
+``torch.cuda.get_arch_list()`` with ``int()`` at import (0.2.7, the newest release, and 0.2.4
+and 0.2.6 alike): ``sm_90a`` (a PyTorch built for an architecture-specific target) raises
+ValueError and mmgp cannot be imported (optimum-quanto issue #361, closed unfixed).
+:func:`quanto_arch_list` hides the suffix for that import only.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import re
+from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
@@ -180,10 +189,42 @@ class MMGPResidency:
     def _offload(self) -> Any:
         """mmgp's ``offload`` module, imported on first use (after the CUDA check)."""
         if self._module is None:
-            import mmgp.offload  # lazy on purpose: mmgp needs CUDA
+            with quanto_arch_list():  # mmgp imports optimum-quanto
+                import mmgp.offload  # lazy on purpose: mmgp needs CUDA
 
             self._module = mmgp
         return self._module.offload
+
+
+def numeric_arch_list(archs: list[str]) -> list[str]:
+    """``torch.cuda.get_arch_list()`` entries with their target suffix dropped (``sm_90a`` ->
+    ``sm_90``, ``sm_100f`` -> ``sm_100``, ``compute_120a`` -> ``compute_120``), each once, in
+    order; an entry of another form is kept as it is."""
+    out = []
+    for arch in archs:
+        m = re.fullmatch(r"(sm|compute)_(\d+)[a-z]*", arch)
+        name = f"{m[1]}_{m[2]}" if m else arch
+        if name not in out:
+            out.append(name)
+    return out
+
+
+@contextlib.contextmanager
+def quanto_arch_list() -> Iterator[None]:
+    """Within: ``torch.cuda.get_arch_list`` returns :func:`numeric_arch_list` of its list, so
+    that optimum-quanto's import (``int(arch.split("_")[1])`` over the ``sm_`` entries, issue
+    #361) gets numbers; what it computes from them, the highest architecture to build its
+    kernels for, is the same. Restored on exit."""
+    original = torch.cuda.get_arch_list
+
+    def get_arch_list() -> list[str]:
+        return numeric_arch_list(original())
+
+    torch.cuda.get_arch_list = get_arch_list
+    try:
+        yield
+    finally:
+        torch.cuda.get_arch_list = original
 
 
 def kept_in_float32(expert: torch.nn.Module, name: str) -> bool:

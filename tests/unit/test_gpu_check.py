@@ -20,14 +20,20 @@ from tests.components import skip_without
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "gpu_check.py"
+#: runs a script with the imports the GPU image lacks, and bench/gpu_wheels.txt does not carry,
+#: blocked (bench/gpu_imports.py)
+GUARD = ROOT / "bench" / "gpu_imports.py"
 RUN_TIER = mod.run_tier  # the real one, for tests that replace it in main()
 
 
 @skip_without(components.CPU_ONLY, not torch.cuda.is_available(), "the --tiny run is the CPU check")
 def test_tiny_run_prints_every_tier_and_fails_soft(tmp_path):
+    """The whole --tiny run, importing only what the GPU image has or bench/gpu_wheels.txt
+    carries (mmgp too, which the offload tiers import on a GPU): a missing wheel fails here."""
     out = tmp_path / "check.json"
+    guarded = [sys.executable, str(GUARD), "--import", "mmgp.offload"]
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--tiny", "--json", str(out)],
+        [*guarded, str(SCRIPT), "--tiny", "--json", str(out)],
         capture_output=True,
         text=True,
         cwd=ROOT,

@@ -1,5 +1,6 @@
 """The mmgp adapter (METHOD §15), exercised with a fake mmgp module on the CPU."""
 
+import subprocess
 import sys
 import types
 
@@ -151,6 +152,51 @@ def test_real_path_imports_mmgp_lazily(monkeypatch):
 
 def test_module_does_not_import_mmgp_at_import_time():
     assert "mmgp" not in vars(mmgp_residency)
+
+
+# --- optimum-quanto's parse of torch.cuda.get_arch_list() (its issue #361) --------------------
+
+
+def test_numeric_arch_list_drops_the_target_suffixes():
+    archs = ["sm_80", "sm_90", "sm_90a", "sm_100f", "compute_120a", "gfx90a"]
+    assert mmgp_residency.numeric_arch_list(archs) == [
+        "sm_80",
+        "sm_90",
+        "sm_100",
+        "compute_120",
+        "gfx90a",
+    ]
+
+
+#: a CUDA build of torch, as far as optimum-quanto's import asks, whose arch list has sm_90a
+FAKE_CUDA = """
+import sys, torch
+torch.cuda.is_available = lambda: True
+torch.version.cuda = "13.0"
+archs = lambda: ["sm_80", "sm_90", "sm_90a"]
+torch.cuda.get_arch_list = archs
+if sys.argv[1] == "bare":
+    import mmgp.offload
+else:
+    from chord.guidance.mmgp_residency import MMGPResidency
+    offload = MMGPResidency()._offload()
+    from optimum.quanto.library.extensions import cuda
+    assert torch.cuda.get_arch_list is archs  # restored
+    print(offload.__name__, cuda.quanto_cuda_arch)
+"""
+
+
+def test_mmgp_imports_on_a_torch_with_sm_90a_through_the_arch_list_shim():
+    """optimum-quanto (mmgp's) int()s each sm_ entry at import on CUDA: bare, sm_90a fails the
+    import (if this starts passing, a fixed release is installed and the shim can go); through
+    MMGPResidency it imports."""
+    run = [sys.executable, "-c", FAKE_CUDA]
+    bare = subprocess.run([*run, "bare"], capture_output=True, text=True, timeout=120)
+    assert bare.returncode != 0
+    assert "invalid literal for int() with base 10: '90a'" in bare.stderr
+    shim = subprocess.run([*run, "shim"], capture_output=True, text=True, timeout=120)
+    assert shim.returncode == 0, shim.stderr[-2000:]
+    assert shim.stdout.split() == ["mmgp.offload", "000"]  # no GPU visible: no architecture
 
 
 # --- what diffusers keeps in float32 stays float32 under mmgp ---------------------------------

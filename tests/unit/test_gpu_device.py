@@ -1,0 +1,80 @@
+"""bench/gpu_device.sh: the device machine's two calls of the GPU check, each within 540 s of
+budgets (its --dry-run on a CPU). The .whl/ folder check it starts with is
+tests/unit/test_gpu_imports.py's."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import gpu_check
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "bench" / "gpu_device.sh"
+
+
+def dry_run(*args, **env):
+    return subprocess.run(
+        ["bash", str(SCRIPT), "--dry-run", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHON": sys.executable, **env},
+        timeout=60,
+    )
+
+
+def plan(part: int) -> tuple[dict[str, int], int, list[str]]:
+    """({step: budget}, the printed sum, the check's arguments) of a part's dry run."""
+    proc = dry_run("--part", str(part))
+    assert proc.returncode == 0, proc.stderr
+    first, *rest = proc.stdout.splitlines()
+    lines = dict(line.split(": ", 2)[1:] for line in rest)
+    steps = {name: int(s) for name, s in (step.split() for step in first[8:].split(", "))}
+    total = int(re.fullmatch(r"(\d+) s \(limit 540 s.*", lines["budget sum"])[1])
+    args = shlex.split(lines["check"].split(" (torch")[0])
+    return steps, total, args
+
+
+def test_each_part_sums_its_budgets_within_540_s_and_the_sections_are_the_checks():
+    sections = {}
+    for part in (1, 2):
+        steps, total, args = plan(part)
+        assert total == sum(steps.values()) <= 540, (part, steps)
+        assert {"install", "facts", "setup"} <= set(steps)
+        assert ("build" in steps) == (part == 1)  # part 2 trains on the torch rasteriser
+        assert args[:3] == ["bench/gpu_check.py", "--json", f"$OUT/part{part}-check.json"]
+        # the arguments are the check's: its parser takes them, each section's budget is
+        # gpu_check.BUDGETS' in its part and 0 in the other
+        budgets = [args[i + 1] for i, a in enumerate(args) if a == "--budget"]
+        parsed = gpu_check.parse_budgets(budgets)
+        for name, seconds in parsed.items():
+            if name in steps:
+                assert seconds == gpu_check.BUDGETS[name] == steps[name]
+                sections[name] = part
+            else:
+                assert seconds == 0
+    assert sorted(sections) == sorted(gpu_check.BUDGETS)  # every section in one of the parts
+    assert "--render-backend torch" in " ".join(plan(2)[2])
+
+
+def test_a_plan_over_540_s_is_refused():
+    steps, total, _ = plan(1)
+    proc = dry_run("--part", "1", BUILD_S=str(steps["build"] + 541 - total))
+    assert proc.returncode == 1
+    assert "part 1: the budgets sum to 541 s, over 540 s: lower them" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "args, error",
+    [(["--part", "3"], "--part: 1 or 2, got '3'"), (["--parts", "1"], "bash bench/gpu_device.sh")],
+)
+def test_a_bad_argument_is_an_error(args, error):
+    proc = dry_run(*args)
+    assert proc.returncode == 2 and error in proc.stderr
