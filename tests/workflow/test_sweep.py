@@ -41,12 +41,14 @@ def test_a_three_seed_dry_run_trains_each_seed_and_shares_the_stages_before(tmp_
 
 @pytest.fixture(scope="module")
 def swept(tmp_path_factory):
-    """hop with seeds 0 and 1, at a third of the demo's iterations (the sweep, not the
-    method, is under test), run to the end."""
+    """hop with seeds 0 and 1 run to the end, as small as still shows two seeds' motions
+    apart (the sweep, not the method, is under test): a tenth of the demo's iterations (20
+    of 30 run, with its early stop) on fewer Gaussians."""
     work = demo_workdir(tmp_path_factory.mktemp("sweep"))
     sweep_sheet(work, "0 1")
     conf = yaml.safe_load((work / "config/config.yaml").read_text())
-    conf["scene_overrides"] = {"hop": {"iterations": 90, "save_interval": 30, "back_iter": 3}}
+    small = {"iterations": 30, "save_interval": 10, "back_iter": 1}
+    conf["scene_overrides"] = {"hop": {**small, "gs_init_num": 800, "surface_target_num": 500}}
     (work / "config/config.yaml").write_text(yaml.safe_dump(conf, sort_keys=False))
     snakemake(work)
     return work
