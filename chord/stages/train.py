@@ -231,6 +231,7 @@ def run_stage(
     render_backend: str = "auto",
     env=None,
     deadline: float | None = None,
+    runtime_h: float | None = None,
 ) -> dict:
     """Run ``stage`` ("coarse" or "fine"); returns a summary.
 
@@ -244,7 +245,8 @@ def run_stage(
     On a CPU, torch's deterministic algorithms are switched on for the process, so resume and
     coarse → fine reproduce an uninterrupted run bit for bit (METHOD §7); on a GPU results
     agree up to floating-point reordering. ``deadline``: the job's end (seconds since the
-    epoch), before which the training stops (:func:`chord.train.run`).
+    epoch), before which the training stops (:func:`chord.train.run`); ``runtime_h``: the
+    tier's wall time, which the log warns of when the run's projected time exceeds it.
     """
     method = stage_config(method, "train")  # only the keys it reads
     if torch.device(device).type == "cpu":
@@ -333,6 +335,8 @@ def run_stage(
                 max_nonfinite_steps=guidance.max_nonfinite_steps,
                 fallback=guidance.nonfinite_fallback,
                 deadline=deadline,
+                runtime_h=runtime_h,
+                tier=tier,
             )
         else:
             last = start - 1
@@ -404,6 +408,7 @@ def run(
         "guidance": conf.guidance,
         "handoff": handoff,
         "tier": chosen.name,
+        "runtime_h": chosen.runtime_h,
         "render_backend": conf.render_backend,
     }
     order = list(table)
