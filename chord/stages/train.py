@@ -42,7 +42,11 @@ logger = logging.getLogger(__name__)
 
 # Beside a configuration's checkpoints: its loss log across attempts (copied to the output).
 LOSS_HISTORY = "losses.tsv"
-LOG_FIELDS = ("it", "sds", "ground", "temporal", "arap", "t", "cfg", "skipped", "nan")
+# nan: NaN entries of the teacher's velocities; nonfinite_entries: NaN or ±inf entries of them and
+# of the averaged gradients (any skips the step: README "Non-finite steps")
+LOG_FIELDS = (
+    "it", "sds", "ground", "temporal", "arap", "t", "cfg", "skipped", "nan", "nonfinite_entries"
+)  # fmt: skip
 
 
 def build(

@@ -482,3 +482,39 @@ def test_the_log_projects_the_run_time_and_warns_past_the_tiers_runtime(
             assert "tiers.split.runtime_h" in warnings[0] and f"1..{final}" in warnings[0]
     assert train.project_run_time(130.0, 100.0, 3, 16) == pytest.approx(290.0)
     assert train.check_projection(3600.0, 1, 20, None, "full") is None  # no limit known
+
+
+def test_each_iteration_logs_its_count_of_non_finite_entries(tmp_path):
+    """The loss log's nonfinite_entries: the NaN or ±inf entries of the teacher's velocities
+    plus those of the averaged gradients, every iteration (0 when finite). NaNs in the
+    velocity are zeroed by sds_grad (the gradients stay finite: 3 entries in all); an infinite
+    velocity makes every entry of it and the gradients it reaches non-finite."""
+    from chord.stages.train import LossLog
+
+    tr = make_trainer(method(iterations=6, batch_size=1, save_interval=2))
+    teacher = NaNTeacher(tr.guidance)
+    tr.guidance = teacher
+    log = LossLog(tmp_path / "losses.tsv", 1)
+    teacher.fp32 = True  # finite
+    log(tr.step(1))
+    teacher.fp32 = False  # 3 NaN entries per velocity
+    log(tr.step(2))
+    log.close()
+    rows = (tmp_path / "losses.tsv").read_text().splitlines()
+    head = rows[0].split("\t")
+    col, nan = head.index("nonfinite_entries"), head.index("nan")
+    assert [(r.split("\t")[nan], r.split("\t")[col]) for r in rows[1:]] == [("0", "0"), ("3", "3")]
+    inf = make_trainer(method(iterations=4, batch_size=1))
+    size = []
+
+    def infinite(z_t, *a, **k):
+        size.append(z_t.numel())
+        return torch.full_like(z_t, float("inf"))
+
+    inf.guidance.velocity = infinite
+    rec = inf.step(2)
+    grads = sum(
+        p.numel() for p in inf.scene.dynamic["obj_0"].param_groups().values() if p.requires_grad
+    )
+    assert rec["skipped"] == 1 and rec["nan"] == 0
+    assert sum(size) < rec["nonfinite_entries"] <= sum(size) + grads
