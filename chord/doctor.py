@@ -29,6 +29,24 @@ from chord.preflight import (
 )
 
 
+def _reference(conf: cc.Config):
+    """The first scene's reference render (ref.png) that exists, for the Tiny VAE's latent-scale
+    check; None before any has been rendered."""
+    from chord import paths
+
+    for name in conf.scenes:
+        png = paths.reference_png(conf.results, name)
+        if png.is_file():
+            return png
+    return None
+
+
+def _device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def run(conf: cc.Config, env: Mapping[str, str]) -> list:
     """Every check for the workflow configuration ``conf`` on this machine. The tiers are
     chosen as the workflow's DAG build chooses them: for the config's ``gpu_mem_gb`` and
@@ -48,7 +66,7 @@ def run(conf: cc.Config, env: Mapping[str, str]) -> list:
         check_cuda(needs_gpu=wan and model.dit == peak_memory.A14B.dit),
         check_renderer(conf.render_backend, parity=True),
         check_wan_folder(guidance),
-        check_tiny_vae(guidance, methods),
+        check_tiny_vae(guidance, methods, reference=_reference(conf), device=_device()),
     ]
     node = gpus.node(env, gpu_mem_gb=conf.gpu_mem_gb, gpus_per_node=conf.gpus_per_node)
     node = node or torch_node()

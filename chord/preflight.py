@@ -296,8 +296,18 @@ def check_wan_folder(guidance) -> Check:
     )
 
 
-def check_tiny_vae(guidance, methods: Iterable) -> Check:
-    """The Tiny VAE file loads with the published (lighttaew2_1) keys and shapes."""
+def check_tiny_vae(
+    guidance, methods: Iterable, *, reference: Path | None = None, device="cpu"
+) -> Check:
+    """The Tiny VAE file loads with the published (lighttaew2_1) keys and shapes, and its
+    latent scale is the one ``guidance.tiny_vae_normalize`` says (METHOD §10): a clip is
+    encoded by it and by the Wan folder's VAE on ``device``, and the configured hypothesis
+    (true: its outputs are raw Wan 2.1 latents, normalised before the DiT; false: they are
+    already normalised) must be the one with the smaller RMS difference from the Wan VAE's
+    latents (:func:`chord.guidance.tiny_vae_check.compare_with_full_vae`). ``taew2_1`` has the
+    same keys as ``lighttaew2_1`` but emits normalised latents: the keys cannot tell them
+    apart. The clip: a still of the scene's reference render ``reference`` where given, else
+    a deterministic moving pattern, at most 256 pixels wide."""
     if guidance.backend != "wan" or not any(m.use_tiny_vae for m in methods):
         return Check("tiny vae", NA, "method.use_tiny_vae is off or the teacher is not wan")
     from chord.guidance.tiny_vae import load_tiny_vae
@@ -310,7 +320,7 @@ def check_tiny_vae(guidance, methods: Iterable) -> Check:
             "point it at lighttaew2_1.pth",
         )
     try:
-        load_tiny_vae(guidance.tiny_vae_path)
+        tiny = load_tiny_vae(guidance.tiny_vae_path)
     except ValueError as exc:
         return Check(
             "tiny vae",
@@ -318,7 +328,33 @@ def check_tiny_vae(guidance, methods: Iterable) -> Check:
             str(exc),
             "use the lighttaew2_1 weights (TAEHV for Wan 2.1 latents; layout in TAEHV.md)",
         )
-    return Check("tiny vae", PASS, f"{guidance.tiny_vae_path}: the lighttaew2_1 encoder keys")
+    keys = f"{guidance.tiny_vae_path}: the lighttaew2_1 encoder keys"
+    if not guidance.ckpt_dir or not (Path(guidance.ckpt_dir) / "vae").is_dir():
+        return Check("tiny vae", PASS, f"{keys}; latent scale not checked: no Wan VAE")
+    import torch
+
+    from chord.guidance import tiny_vae_check, wan_folder
+
+    try:
+        vae = wan_folder.load_vae(guidance.ckpt_dir, device=device)
+    except Exception as exc:  # the wan folder row names what is wrong with it
+        return Check("tiny vae", PASS, f"{keys}; latent scale not checked: vae/ ({exc})")
+    tiny.set_latent_stats(vae.config.latents_mean, vae.config.latents_std)
+    tiny.to(device)
+    if reference is not None and Path(reference).is_file():
+        clip, name = tiny_vae_check.reference_clip(Path(reference)), f"a still of {reference}"
+    else:
+        w, h = tiny_vae_check.check_size(832, 480)
+        clip = tiny_vae_check.synthetic_clip(tiny_vae_check.CHECK_FRAMES, h, w)
+        name = "the test pattern"
+    stats = tiny_vae_check.compare_with_full_vae(clip.to(device), tiny, vae)
+    del vae, tiny
+    if torch.device(device).type == "cuda":
+        runtime.empty_cache(device)
+    status, detail, remedy = tiny_vae_check.scale_problem(
+        stats, guidance.tiny_vae_normalize, guidance.tiny_vae_path, name
+    )
+    return Check("tiny vae", status, detail, remedy)
 
 
 def check_memory(
@@ -442,9 +478,10 @@ def preflight(
     checkpoint_dir: Path,
     env: Mapping[str, str] | None,
 ) -> list[Check]:
-    """The cheap checks of one training, at its start (nothing large is loaded): the
-    renderer, the Wan folder, the Tiny VAE file, host RAM against the model, the allocator
-    and the disk for its checkpoints. Raises :class:`PreflightError` on a fatal failure."""
+    """The cheap checks of one training, at its start (no expert is loaded): the renderer,
+    the Wan folder, the Tiny VAE file and its latent scale (a 5-frame test clip through it and
+    the Wan VAE on ``device``), host RAM against the model, the allocator and the disk for its
+    checkpoints. Raises :class:`PreflightError` on a fatal failure."""
     import torch
 
     cuda = torch.device(device).type == "cuda"
@@ -452,7 +489,7 @@ def preflight(
     checks = [check_cuda(needs_gpu=cuda)]
     if cuda:
         checks.append(check_renderer(render_backend, parity=False))
-    checks += [check_wan_folder(guidance), check_tiny_vae(guidance, [method])]
+    checks += [check_wan_folder(guidance), check_tiny_vae(guidance, [method], device=device)]
     if wan:
         model = peak_memory.model_for(guidance.ckpt_dir)
         e = job_size.estimate(method, memory, None, gaussians, dynamic_gaussians, model)

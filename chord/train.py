@@ -5,6 +5,7 @@ roll-back after non-finite steps, and the coarse → fine hand-off files."""
 from __future__ import annotations
 
 import logging
+import math
 import sys
 import time
 from pathlib import Path
@@ -56,6 +57,40 @@ class TimeLimit(Interrupted):
 # Seconds kept free before a deadline besides two of the slowest iterations: the checkpoint
 # write, the requeue and the exit of the job's processes.
 STOP_MARGIN_S = 20.0
+# Iterations timed, after a run's first (which loads the expert and warms up), before the run's
+# total time is projected from their mean.
+PROJECT_AFTER = 3
+
+
+def last_iteration(method, stop: int) -> int:
+    """The last iteration a run up to ``stop`` (exclusive) trains: ⌊2N/3⌋ with early_stop
+    (METHOD §19), else ``stop - 1``."""
+    if method.early_stop:
+        return min(stop - 1, (2 * method.iterations) // 3)
+    return stop - 1
+
+
+def project_run_time(elapsed_s: float, first_s: float, timed: int, left: int) -> float:
+    """Seconds a run takes in all, projected after its first iteration (``first_s``) and
+    ``timed`` more (``elapsed_s`` for all of them) with ``left`` iterations still to train: the
+    mean of the iterations after the first for each one left."""
+    return elapsed_s + (elapsed_s - first_s) / timed * left
+
+
+def check_projection(
+    projected_s: float, first: int, last: int, runtime_h: float | None, tier: str | None
+) -> str | None:
+    """The warning when a run projected to take ``projected_s`` for iterations ``first`` to
+    ``last`` exceeds its tier's ``runtime_h`` (None: no limit known), else None."""
+    if runtime_h is None or projected_s <= runtime_h * 3600.0:
+        return None
+    key = f"tiers.{tier}.runtime_h" if tier else "its tier's runtime_h"
+    return (
+        f"iterations {first}..{last} are projected to take {projected_s / 3600.0:.1f} h, more "
+        f"than {key} ({runtime_h:g} h): on Slurm the job requeues itself from its checkpoints "
+        f"(about {math.ceil(projected_s / (runtime_h * 3600.0))} jobs), elsewhere the "
+        f"scheduler may end it; raise {key}, or train on a faster tier"
+    )
 
 
 def _checkpoints(folder: Path | None) -> list[Path]:
@@ -74,6 +109,8 @@ def run(
     fallback: str = "float32",
     writer: bool = True,
     deadline: float | None = None,
+    runtime_h: float | None = None,
+    tier: str | None = None,
 ) -> int:
     """Iterations [start, stop) (early stop honoured); returns the last iteration run.
 
@@ -90,6 +127,10 @@ def run(
     ``deadline`` (seconds since the epoch: the end of the job's time limit) stops the run
     like SIGTERM, raising :class:`TimeLimit`, after the first iteration that leaves less than
     two of the slowest iterations so far plus :data:`STOP_MARGIN_S` before it.
+
+    After the first iteration and :data:`PROJECT_AFTER` more, the run's total time is projected
+    (:func:`project_run_time`) and logged, with a warning when it exceeds ``runtime_h``, the
+    wall time of ``tier``'s jobs (:func:`check_projection`).
     """
     import signal
     import threading
@@ -98,7 +139,10 @@ def run(
     early = (2 * m.iterations) // 3 if m.early_stop else None
     saves = save_points(m)
     last = start - 1
+    final = last_iteration(m, stop)
     t0 = time.perf_counter()
+    first_s = None  # seconds of this run's first iteration
+    steps = 0  # iterations run (a rolled-back one too: it took its time)
     term = []
     old = None
     if checkpoint_dir is not None and threading.current_thread() is threading.main_thread():
@@ -126,6 +170,24 @@ def run(
             )
             if log is not None:
                 log(rec)
+            steps += 1
+            if first_s is None:
+                first_s = time.perf_counter() - t0
+            elif steps == 1 + PROJECT_AFTER and it < final:
+                elapsed = time.perf_counter() - t0
+                projected = project_run_time(elapsed, first_s, PROJECT_AFTER, final - it)
+                logger.info(
+                    "projected run time of iterations %d..%d: %.2f h (%.1f s per iteration "
+                    "after the first, %.1f s)",
+                    start,
+                    final,
+                    projected / 3600.0,
+                    (elapsed - first_s) / PROJECT_AFTER,
+                    first_s,
+                )
+                warning = check_projection(projected, start, final, runtime_h, tier)
+                if warning is not None:
+                    logger.warning("%s", warning)
             if trainer.nonfinite >= max_nonfinite_steps:
                 ckpts = _checkpoints(checkpoint_dir)
                 if not ckpts or ckpts[-1] == rolled_back_to:

@@ -73,6 +73,7 @@ class Trainer:
         self.nonfinite = 0
         self.float32_fallback = False  # the guidance computes in float32 (checkpointed)
         self.teacher_nan = 0  # NaN entries of the teacher's velocities this iteration
+        self.teacher_nonfinite = 0  # NaN or ±inf entries of them
         if self.group.distributed:
             if self.group.device != self.device:
                 raise ValueError(
@@ -229,6 +230,7 @@ class Trainer:
         z_t = rfsds.noisy_latents(z, eps, t)
         v_hat = self.guidance.velocity(z_t[None], t, [cond], self.text, cfg)[0]
         self.teacher_nan = self.teacher_nan + torch.isnan(v_hat).sum()
+        self.teacher_nonfinite = self.teacher_nonfinite + (~torch.isfinite(v_hat)).sum()
         return rfsds.sds_grad(z.detach(), eps, v_hat.to(z.dtype), w)
 
     def sds_joint(self, it: int, cams: dict) -> float:
@@ -368,13 +370,17 @@ class Trainer:
             optim.set_learning_rates(opt, it, self.method)
         cams = self.cameras_at(it)
         clock = PhaseClock(self.memory.log_run_time)
-        self.teacher_nan = 0
+        self.teacher_nan = self.teacher_nonfinite = 0
         with clock("regularisers"):
             reg = self.regularisers(it, cams)
         with clock("sds"):
             sds = self.sds(it, cams)
         with clock("all_reduce"):  # the NaN count too: every rank skips the same steps
-            summed = self.all_reduce({"teacher_nan": float(self.teacher_nan), "sds": sds, **reg})
+            counts = {
+                "teacher_nan": float(self.teacher_nan),
+                "teacher_nonfinite": float(self.teacher_nonfinite),
+            }
+            summed = self.all_reduce({**counts, "sds": sds, **reg})
         nan = int(summed["teacher_nan"])
         if self.group.distributed:  # the losses of every rank's videos: what one process logs
             sds = summed["sds"] / self.world_size
@@ -386,11 +392,12 @@ class Trainer:
             for p in g["params"]
             if p.grad is not None
         ]
-        finite = (
-            nan == 0
-            and all(bool(torch.isfinite(p.grad).all()) for p in params)
-            and math.isfinite(sds)
+        # the non-finite entries of the teacher's velocities (every rank's) and of the averaged
+        # gradients: logged every iteration, the step skipped when any (METHOD §11, ours)
+        entries = int(summed["teacher_nonfinite"]) + sum(
+            int((~torch.isfinite(p.grad)).sum()) for p in params
         )
+        finite = entries == 0 and math.isfinite(sds)
         if finite:
             for opt in self.optimizers.values():
                 opt.step()
@@ -398,9 +405,10 @@ class Trainer:
         else:
             self.nonfinite += 1
             logger.warning(
-                "it %d: non-finite %s, step skipped (%d in a row)",
+                "it %d: non-finite %s (%d non-finite entries), step skipped (%d in a row)",
                 it,
                 f"teacher velocity ({nan} NaN entries)" if nan else "loss or gradient",
+                entries,
                 self.nonfinite,
             )
         for opt in self.optimizers.values():
@@ -417,6 +425,7 @@ class Trainer:
             "cfg": cfg,
             "skipped": int(not finite),
             "nan": nan,
+            "nonfinite_entries": entries,
         }
         if self.memory.log_run_time:
             rec.update(clock.times, sds_scale=self.sds_scale, temporal_scale=self.temporal_scale)

@@ -157,3 +157,64 @@ def write_tiny_wan(folder: Path | str, *, seed: int = 0, boundary_ratio: float =
     }
     (folder / "model_index.json").write_text(json.dumps(index, indent=2) + "\n")
     return folder
+
+
+def fitted_tiny_vae(vae, *, normalized: bool, seed: int = 0):
+    """A Tiny VAE encoder that approximates ``vae`` (an AutoencoderKLWan) in one latent
+    convention: raw Wan 2.1 latents (``normalized`` False, what ``lighttaew2_1`` emits) or
+    latents already normalised per channel with the VAE config's ``latents_mean`` /
+    ``latents_std`` (True, what ``taew2_1`` emits). A random encoder approximates neither, so
+    the latent-scale check (:mod:`chord.guidance.tiny_vae_check`) could tell nothing from it.
+
+    Layers 0-16 keep seeded random weights; the last convolution (``encoder.17``) is fitted by
+    (ridge-regularised) least squares, on its centre tap and bias, to the VAE's posterior
+    means of 12 still clips of smooth random images (5 frames, 64x64: 1,536 latent positions
+    for 65 unknowns per channel), with the VAE's own [-1, 1] input and the encoder's [0, 1]."""
+    from chord.guidance.tiny_vae import LATENT_CHANNELS, WIDTH, TinyVAEEncoder
+
+    def build():
+        g = torch.Generator().manual_seed(seed)
+        small = torch.rand(12, 3, 8, 8, generator=g)
+        images = torch.nn.functional.interpolate(small, size=(64, 64), mode="bilinear")
+        return TinyVAEEncoder(), images[:, None].expand(12, 5, 3, 64, 64)
+
+    tiny, clips = _seeded(seed, build)
+    head = tiny.encoder[17]
+    features = []
+    hook = head.register_forward_hook(lambda module, args, out: features.append(args[0]))
+    with torch.no_grad():
+        try:
+            tiny(clips)
+        finally:
+            hook.remove()
+        z = vae.encode((clips * 2.0 - 1.0).permute(0, 2, 1, 3, 4)).latent_dist.mean
+        if normalized:
+            shape = (1, LATENT_CHANNELS, 1, 1, 1)
+            mean = torch.tensor(vae.config.latents_mean).view(shape)
+            z = (z - mean) / torch.tensor(vae.config.latents_std).view(shape)
+        x = features[0].permute(0, 2, 3, 1).reshape(-1, WIDTH).double()  # [N·T'·h·w, 64]
+        x = torch.cat([x, torch.ones(len(x), 1, dtype=x.dtype)], dim=1)
+        y = z.permute(0, 2, 3, 4, 1).reshape(-1, LATENT_CHANNELS).double()  # same order
+        # ridge-regularised normal equations: random ReLU features are nearly collinear, and
+        # a plain least-squares solve would pick among near-equal fits by rounding noise
+        gram = x.T @ x
+        ridge = 1e-6 * torch.diagonal(gram)[:WIDTH].mean()
+        gram[:WIDTH, :WIDTH] += ridge * torch.eye(WIDTH, dtype=gram.dtype)
+        solution = torch.linalg.solve(gram, x.T @ y)  # [65, 16]
+        head.weight.zero_()
+        head.weight[:, :, 1, 1] = solution[:WIDTH].T.float()
+        head.bias.copy_(solution[WIDTH].float())
+    return tiny
+
+
+def write_tiny_vae(path: Path | str, ckpt_dir: Path | str, *, normalized: bool = False) -> Path:
+    """:func:`fitted_tiny_vae` of the Wan folder ``ckpt_dir``'s VAE, saved at ``path``
+    (safetensors, the encoder keys of the published file). Returns ``path``."""
+    from safetensors.torch import save_file
+
+    from chord.guidance import wan_folder
+
+    path = Path(path)
+    tiny = fitted_tiny_vae(wan_folder.load_vae(ckpt_dir), normalized=normalized)
+    save_file(tiny.state_dict(), str(path))
+    return path

@@ -23,6 +23,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -128,6 +129,63 @@ def synthetic_clip(frames: int, height: int, width: int) -> torch.Tensor:
     b = (0.3 + 0.7 * disc) * (0.5 + 0.5 * y.expand_as(disc))
     r, g = r.expand_as(disc) * (1 - 0.5 * disc), g.expand_as(disc)
     return torch.stack([r, g, b], dim=1)[None].clamp(0, 1)
+
+
+#: the preflight's clip: frames (two latent frames) and its longer side at most (pixels)
+CHECK_FRAMES = 5
+CHECK_LONG_SIDE = 256
+
+
+def check_size(width: int, height: int, long_side: int = CHECK_LONG_SIDE) -> tuple[int, int]:
+    """(w, h) of the preflight's clip for a W×H render: scaled down (never up) so the longer
+    side is at most ``long_side``, each side a multiple of 16, at least 16."""
+    scale = min(1.0, long_side / max(width, height))
+    return tuple(max(16, int(v * scale) // 16 * 16) for v in (width, height))
+
+
+def reference_clip(png: Path, frames: int = CHECK_FRAMES) -> torch.Tensor:
+    """METHOD §10. A still clip ``[1, T, 3, h, w]`` in [0, 1] of the reference render ``png``
+    (:func:`check_size` of its size). Still: both encoders then see the same frames in every
+    latent frame (the Wan VAE's first latent frame sees frame 0 only, the Tiny VAE's 0-3)."""
+    from PIL import Image
+
+    try:
+        with Image.open(png) as im:
+            rgb = im.convert("RGB")
+    except OSError as exc:
+        raise InputError(f"{png}: not a readable image ({exc})") from exc
+    w, h = check_size(*rgb.size)
+    image = torch.from_numpy(np.array(rgb.resize((w, h), Image.BILINEAR))).float() / 255.0
+    return image.permute(2, 0, 1)[None, None].expand(1, frames, 3, h, w).contiguous()
+
+
+def scale_problem(stats: dict, normalize: bool, path, clip: str) -> tuple[str, str, str]:
+    """(status word, detail, remedy) of the latent-scale check from
+    :func:`compare_with_full_vae`'s ``stats``: "fail" when ``normalize`` (the configured
+    ``guidance.tiny_vae_normalize``) is not the hypothesis with the smaller RMS difference."""
+    raw, norm = stats["rmse_raw"], stats["rmse_normalised"]
+    looks = "raw Wan 2.1 latents" if stats["verdict"] == "raw" else "already normalised latents"
+    evidence = (
+        f"on {clip} its latents are {looks}: RMS {raw:.3g} from the Wan VAE's raw latents, "
+        f"{norm:.3g} from its normalised ones"
+    )
+    if (stats["verdict"] == "raw") == normalize:
+        return "pass", f"{path}: {evidence}; tiny_vae_normalize {str(normalize).lower()}", ""
+    if normalize:
+        return (
+            "fail",
+            f"{path}: {evidence}, but guidance.tiny_vae_normalize is true: the DiT would see "
+            "them normalised twice",
+            "set guidance.tiny_vae_normalize: false for this file (taew2_1 emits normalised "
+            "latents), or use the lighttaew2_1 weights",
+        )
+    return (
+        "fail",
+        f"{path}: {evidence}, but guidance.tiny_vae_normalize is false: the DiT would see "
+        "them unnormalised",
+        "set guidance.tiny_vae_normalize: true for this file (lighttaew2_1 emits raw Wan 2.1 "
+        "latents)",
+    )
 
 
 def _load_clip(path: Path, frames: int, height: int, width: int) -> torch.Tensor:

@@ -42,7 +42,11 @@ logger = logging.getLogger(__name__)
 
 # Beside a configuration's checkpoints: its loss log across attempts (copied to the output).
 LOSS_HISTORY = "losses.tsv"
-LOG_FIELDS = ("it", "sds", "ground", "temporal", "arap", "t", "cfg", "skipped", "nan")
+# nan: NaN entries of the teacher's velocities; nonfinite_entries: NaN or ±inf entries of them and
+# of the averaged gradients (any skips the step: README "Non-finite steps")
+LOG_FIELDS = (
+    "it", "sds", "ground", "temporal", "arap", "t", "cfg", "skipped", "nan", "nonfinite_entries"
+)  # fmt: skip
 
 
 def build(
@@ -231,6 +235,7 @@ def run_stage(
     render_backend: str = "auto",
     env=None,
     deadline: float | None = None,
+    runtime_h: float | None = None,
 ) -> dict:
     """Run ``stage`` ("coarse" or "fine"); returns a summary.
 
@@ -244,7 +249,8 @@ def run_stage(
     On a CPU, torch's deterministic algorithms are switched on for the process, so resume and
     coarse → fine reproduce an uninterrupted run bit for bit (METHOD §7); on a GPU results
     agree up to floating-point reordering. ``deadline``: the job's end (seconds since the
-    epoch), before which the training stops (:func:`chord.train.run`).
+    epoch), before which the training stops (:func:`chord.train.run`); ``runtime_h``: the
+    tier's wall time, which the log warns of when the run's projected time exceeds it.
     """
     method = stage_config(method, "train")  # only the keys it reads
     if torch.device(device).type == "cpu":
@@ -333,6 +339,8 @@ def run_stage(
                 max_nonfinite_steps=guidance.max_nonfinite_steps,
                 fallback=guidance.nonfinite_fallback,
                 deadline=deadline,
+                runtime_h=runtime_h,
+                tier=tier,
             )
         else:
             last = start - 1
@@ -404,6 +412,7 @@ def run(
         "guidance": conf.guidance,
         "handoff": handoff,
         "tier": chosen.name,
+        "runtime_h": chosen.runtime_h,
         "render_backend": conf.render_backend,
     }
     order = list(table)

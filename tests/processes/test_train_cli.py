@@ -72,13 +72,9 @@ def test_bad_flags_are_errors(capsys):
 
 
 def test_seed_command_runs_against_a_tiny_saved_model(tmp_path, caplog, monkeypatch):
-    from safetensors.torch import save_file
-
-    from chord.guidance.tiny_vae import TinyVAEEncoder
-
     wan_dir = tiny_models.write_tiny_wan(tmp_path / "Wan2.2-I2V-A14B")
-    tiny = tmp_path / "lighttaew2_1.safetensors"
-    save_file(TinyVAEEncoder().state_dict(), str(tiny))
+    # raw Wan latents, as lighttaew2_1's (the preflight checks the scale with the Wan VAE)
+    tiny = tiny_models.write_tiny_vae(tmp_path / "lighttaew2_1.safetensors", wan_dir)
     data = demo.write_demo_scene("hop", tmp_path / "data", frame_num=5)
     command = (
         SEED_48GB.replace("data/<scene_name>", str(data))

@@ -27,6 +27,7 @@ TINY = {
     "size": "48*32",
     "frame_num": 5,
     "iterations": 4,
+    "early_stop": False,  # all 4 (the shipped early stop would end them at 2)
     "batch_size": 2,
     "seed": 3,
     "save_interval": 2,

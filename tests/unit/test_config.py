@@ -8,9 +8,9 @@ from chord import result_keys as rk
 from tests.conftest import REPO, write_config
 
 # Where the shipped config departs from the release's flag defaults (the schema's, which
-# `chord train` keeps): every documented CHORD command uses the Tiny VAE; without it the full
-# Wan VAE backpropagates and no GPU fits 832x480.
-SHIPPED = {"use_tiny_vae": True}
+# `chord train` keeps): every documented CHORD command passes --use_tiny_vae (without it the full
+# Wan VAE backpropagates and no GPU fits 832x480), --resample_timestep and --early_stop.
+SHIPPED = {"use_tiny_vae": True, "resample_timestep": True, "early_stop": True}
 
 
 def test_default_config_holds_every_method_default():
@@ -26,6 +26,22 @@ def test_default_config_holds_every_method_default():
     flags = cc.memory_schema()["properties"]  # and the memory section its flags' defaults
     assert conf["memory"] == {k: spec["default"] for k, spec in flags.items()}
     assert not set(flags) & set(props)  # a memory flag is never a method key
+
+
+def test_chord_train_keeps_the_release_flag_defaults_and_the_workflow_runs_the_recipe():
+    """METHOD §10, §12, §19: the CLI without flags is the release's train.py (all three off);
+    the workflow's method defaults are the documented command's (all three on)."""
+    from chord import runs
+
+    _, cli, _ = runs.parse(["--mesh_source_path", "data/x", "-m", "out/x", "--prompt", "p"])
+    assert (cli.use_tiny_vae, cli.resample_timestep, cli.early_stop) == (False, False, False)
+    conf = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    workflow = cc.method_from_mapping(conf["method"])
+    assert (workflow.use_tiny_vae, workflow.resample_timestep, workflow.early_stop) == (
+        True,
+        True,
+        True,
+    )
 
 
 def test_method_defaults_match_method_md():

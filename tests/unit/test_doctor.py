@@ -51,17 +51,26 @@ def wan_folder(tmp_path_factory):
     return tiny_models.write_tiny_wan(tmp_path_factory.mktemp("wan") / "Wan2.2-I2V-A14B-Tiny")
 
 
+@pytest.fixture(scope="module")
+def tiny_files(wan_folder, tmp_path_factory):
+    """Tiny VAE files fitted to the tiny Wan folder's VAE in each latent convention:
+    {False: raw latents (as lighttaew2_1), True: normalised latents (as taew2_1)}."""
+    root = tmp_path_factory.mktemp("tiny")
+    return {
+        normalized: tiny_models.write_tiny_vae(
+            root / f"tiny_{normalized}.safetensors", wan_folder, normalized=normalized
+        )
+        for normalized in (False, True)
+    }
+
+
 @pytest.fixture
-def wan_config(tmp_path, wan_folder, monkeypatch):
-    """A wan config over a copy of the tiny Wan folder, with a Tiny VAE file."""
-    from safetensors.torch import save_file
-
-    from chord.guidance.tiny_vae import TinyVAEEncoder
-
+def wan_config(tmp_path, wan_folder, tiny_files, monkeypatch):
+    """A wan config over a copy of the tiny Wan folder, with a Tiny VAE file (raw latents, as
+    lighttaew2_1: the shipped tiny_vae_normalize true is right for it)."""
     monkeypatch.chdir(tmp_path)
     folder = shutil.copytree(wan_folder, tmp_path / "wan")
-    tiny = tmp_path / "lighttaew2_1.safetensors"
-    save_file(TinyVAEEncoder().state_dict(), str(tiny))
+    tiny = shutil.copy(tiny_files[False], tmp_path / "lighttaew2_1.safetensors")
     guidance = {"backend": "wan", "ckpt_dir": str(folder), "tiny_vae_path": str(tiny)}
     rows_ = [{"scene": "hop", "data": "resources/demo/hop", "prompt": "a block hops"}]
     path = write_config(
@@ -103,6 +112,53 @@ def test_a_tiny_vae_file_with_other_keys_fails_naming_them(wan_config, capsys):
     code, out = doctor_run(config, capsys)
     assert code == 2 and rows(out)["tiny vae"] == "fail"
     assert "missing encoder keys: encoder.0.bias, encoder.0.weight" in out and "more)" in out
+
+
+@pytest.mark.parametrize("normalized", [False, True])
+def test_the_tiny_vaes_latent_scale_is_checked_with_the_wan_vae(normalized, wan_folder, tiny_files):
+    """taew2_1 has lighttaew2_1's keys but emits normalised latents: with tiny_vae_normalize
+    true the DiT would see them normalised twice. Each kind of file (fitted to the Wan VAE in
+    its convention) passes with the right setting and fails with the other, naming the file
+    and the fix; the keys alone pass both."""
+    path = tiny_files[normalized]
+    for setting in (True, False):
+        guidance = cc.guidance_from_mapping(
+            {
+                "backend": "wan",
+                "ckpt_dir": str(wan_folder),
+                "tiny_vae_path": str(path),
+                "tiny_vae_normalize": setting,
+            }
+        )
+        check = preflight.check_tiny_vae(guidance, [cc.method_from_mapping({"use_tiny_vae": True})])
+        right = setting != normalized  # raw latents are to be normalised, normalised ones not
+        assert check.status == ("pass" if right else "fail"), check
+        assert str(path) in check.detail and "on the test pattern" in check.detail
+        if not right:
+            twice = "normalised twice" if setting else "unnormalised"
+            assert twice in check.detail
+            assert f"set guidance.tiny_vae_normalize: {str(not setting).lower()}" in check.remedy
+
+
+def test_doctor_checks_the_latent_scale_on_the_reference_render(wan_config, tiny_files, capsys):
+    """With a reference render in the results, the check encodes a still of it; a taew2_1-like
+    file under the shipped tiny_vae_normalize true fails the doctor (exit 2)."""
+    from PIL import Image
+
+    config, _, tiny = wan_config
+    png = config.parent / "results" / "hop" / "reference" / "ref.png"
+    png.parent.mkdir(parents=True)
+    g = torch.Generator().manual_seed(1)
+    pixels = torch.nn.functional.interpolate(torch.rand(1, 3, 6, 10, generator=g), size=(48, 80))
+    Image.fromarray((pixels[0] * 255).byte().permute(1, 2, 0).numpy()).save(png)
+    code, out = doctor_run(config, capsys)
+    assert code == 0 and rows(out)["tiny vae"] == "pass", out
+    assert f"on a still of {png} its latents are raw Wan 2.1 latents" in out
+    shutil.copy(tiny_files[True], tiny)
+    code, out = doctor_run(config, capsys)
+    assert code == 2 and rows(out)["tiny vae"] == "fail"
+    assert "already normalised latents" in out and "normalised twice" in out
+    assert "fix: set guidance.tiny_vae_normalize: false for this file" in out
 
 
 def test_an_expert_with_another_interface_fails(wan_config, capsys):

@@ -431,3 +431,90 @@ def test_float32_fallback_is_not_taken_where_the_memory_model_says_it_will_not_f
             train.run(tr, 3, 7, config_hash="h", checkpoint_dir=folder, max_nonfinite_steps=2)
         assert not tr.guidance.fp32
         assert "float32 fallback not taken: in float32 the memory model predicts" in caplog.text
+
+
+class ClockedTrainer:
+    """A trainer whose iterations take ``first_s`` (the first: loading, warm-up) then
+    ``each_s`` seconds of the clock ``clock`` (a list holding the time), training nothing."""
+
+    def __init__(self, method, clock, first_s, each_s):
+        self.method, self.clock, self.first_s, self.each_s = method, clock, first_s, each_s
+        self.nonfinite, self.steps = 0, 0
+        self.group = type("Solo", (), {"any": staticmethod(lambda flag, what: flag)})()
+
+    def step(self, it):
+        self.clock[0] += self.first_s if self.steps == 0 else self.each_s
+        self.steps += 1
+        return {"it": it, "sds": 0.0, "arap": 0.0, "cfg": 1.0}
+
+
+@pytest.mark.parametrize(("early_stop", "final"), [(True, 20), (False, 30)])
+def test_the_log_projects_the_run_time_and_warns_past_the_tiers_runtime(
+    early_stop, final, monkeypatch, caplog
+):
+    """After the first iteration (100 s) and PROJECT_AFTER = 3 more (10 s each), the run of
+    iterations 1..final (⌊2N/3⌋ = 20 of N = 30 with early_stop) is projected at 130 s so far
+    plus 10 s for each of the final - 4 left; beyond the tier's runtime_h it warns, naming it."""
+    clock = [0.0]
+    monkeypatch.setattr(train.time, "perf_counter", lambda: clock[0])
+    m = method(iterations=30, early_stop=early_stop)
+    projected = 130.0 + 10.0 * (final - 4)
+    for runtime_h, warned in ((projected / 3600 * 0.99, True), (projected / 3600 * 1.01, False)):
+        caplog.clear()
+        with caplog.at_level("INFO", logger="chord.train"):
+            last = train.run(
+                ClockedTrainer(m, clock, 100.0, 10.0),
+                1,
+                31,
+                config_hash="h",
+                runtime_h=runtime_h,
+                tier="split",
+            )
+        assert last == final
+        info = [r.getMessage() for r in caplog.records if "projected run time" in r.getMessage()]
+        assert info == [
+            f"projected run time of iterations 1..{final}: {projected / 3600:.2f} h "
+            "(10.0 s per iteration after the first, 100.0 s)"
+        ]
+        warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert len(warnings) == warned, warnings
+        if warned:
+            assert "tiers.split.runtime_h" in warnings[0] and f"1..{final}" in warnings[0]
+    assert train.project_run_time(130.0, 100.0, 3, 16) == pytest.approx(290.0)
+    assert train.check_projection(3600.0, 1, 20, None, "full") is None  # no limit known
+
+
+def test_each_iteration_logs_its_count_of_non_finite_entries(tmp_path):
+    """The loss log's nonfinite_entries: the NaN or ±inf entries of the teacher's velocities
+    plus those of the averaged gradients, every iteration (0 when finite). NaNs in the
+    velocity are zeroed by sds_grad (the gradients stay finite: 3 entries in all); an infinite
+    velocity makes every entry of it and the gradients it reaches non-finite."""
+    from chord.stages.train import LossLog
+
+    tr = make_trainer(method(iterations=6, batch_size=1, save_interval=2))
+    teacher = NaNTeacher(tr.guidance)
+    tr.guidance = teacher
+    log = LossLog(tmp_path / "losses.tsv", 1)
+    teacher.fp32 = True  # finite
+    log(tr.step(1))
+    teacher.fp32 = False  # 3 NaN entries per velocity
+    log(tr.step(2))
+    log.close()
+    rows = (tmp_path / "losses.tsv").read_text().splitlines()
+    head = rows[0].split("\t")
+    col, nan = head.index("nonfinite_entries"), head.index("nan")
+    assert [(r.split("\t")[nan], r.split("\t")[col]) for r in rows[1:]] == [("0", "0"), ("3", "3")]
+    inf = make_trainer(method(iterations=4, batch_size=1))
+    size = []
+
+    def infinite(z_t, *a, **k):
+        size.append(z_t.numel())
+        return torch.full_like(z_t, float("inf"))
+
+    inf.guidance.velocity = infinite
+    rec = inf.step(2)
+    grads = sum(
+        p.numel() for p in inf.scene.dynamic["obj_0"].param_groups().values() if p.requires_grad
+    )
+    assert rec["skipped"] == 1 and rec["nan"] == 0
+    assert sum(size) < rec["nonfinite_entries"] <= sum(size) + grads

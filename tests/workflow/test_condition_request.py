@@ -33,16 +33,11 @@ def condition_resources(proc) -> dict[str, str]:
 def work(tmp_path_factory):
     """The shipped config with the Wan teacher over a tiny Wan folder, hop on tier full, which
     a site maps to its 80 GB kind."""
-    from safetensors.torch import save_file
-
-    from chord.guidance.tiny_vae import TinyVAEEncoder
-
     work = tmp_path_factory.mktemp("condition")
     copy_workflow(work)
     (work / "config").mkdir()
     folder = tiny_models.write_tiny_wan(work / "wan")
-    tiny_vae = work / "lighttaew2_1.safetensors"
-    save_file(TinyVAEEncoder().state_dict(), str(tiny_vae))
+    tiny_vae = tiny_models.write_tiny_vae(work / "lighttaew2_1.safetensors", folder)
     conf = yaml.safe_load((REPO / "config/config.yaml").read_text())
     conf["guidance"].update(backend="wan", ckpt_dir=str(folder), tiny_vae_path=str(tiny_vae))
     conf["scene_overrides"] = {"hop": dict(TINY)}

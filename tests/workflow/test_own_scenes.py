@@ -11,10 +11,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from safetensors.torch import save_file
 
 from chord.guidance import tiny_models
-from chord.guidance.tiny_vae import TinyVAEEncoder
 from tests import gltf_corpus as corpus
 from tests.conftest import KHRONOS, REPO
 from tests.workflow.test_scale import copy_workflow, snakemake
@@ -42,8 +40,7 @@ def readme_steps(work: Path, *, wan: bool) -> Path:
     conf = {"scenes": "my_scenes.tsv"}
     if wan:
         folder = tiny_models.write_tiny_wan(work / "models" / "Wan2.2-I2V-A14B-Diffusers")
-        tiny = work / "models" / "lighttaew2_1.safetensors"
-        save_file(TinyVAEEncoder().state_dict(), str(tiny))
+        tiny = tiny_models.write_tiny_vae(work / "models" / "lighttaew2_1.safetensors", folder)
         conf["guidance"] = {"backend": "wan", "ckpt_dir": str(folder), "tiny_vae_path": str(tiny)}
     (work / "my.yaml").write_text(yaml.safe_dump(conf))
     return work / "my.yaml"
