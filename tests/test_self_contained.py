@@ -40,3 +40,23 @@ def test_nothing_names_a_folder_outside_the_repository():
             if OUTSIDE.search(line):
                 hits.append(f"{name}:{number}: {line.strip()}")
     assert not hits, "names a path outside the repository:\n" + "\n".join(hits)
+
+
+def test_ci_runs_the_readmes_test_command_in_a_fresh_clone():
+    """.ci/run finds the README's test command (its own extraction, run here) and runs it in a
+    new clone: the command installs what needs no root (torch pinned, npm's tools when npm is
+    there) and ends in pytest."""
+    ci = (REPO / ".ci/run").read_text()
+    extract = next(line for line in ci.splitlines() if line.startswith('command="$(awk'))
+    proc = subprocess.run(
+        ["bash", "-c", f'{extract}\nprintf %s "$command"'],
+        env={"repo": str(REPO), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+    )
+    command = proc.stdout
+    assert proc.returncode == 0 and command.count("\n") == 0, proc.stderr
+    assert "pip install torch==2.13.0 -e '.[test]'" in command
+    assert "command -v npm" in command and "(cd tests/tools && npm ci" in command
+    assert command.endswith(".venv/bin/python -m pytest")
+    assert 'git clone --quiet --no-local "$repo"' in ci and 'bash -c "$command"' in ci
