@@ -91,14 +91,21 @@ class Checker:
 
     # --- values ----------------------------------------------------------------------------
 
-    def integer(self, obj: dict, key: str, what: str, lo=0, hi=MAX_COUNT, *, required=False):
+    def _int_field(self, obj: dict, key: str, what: str, required: bool, noun: str):
+        """``obj[key]`` if it is there and an integer (None if absent and not required)."""
         if key not in obj:
             if required:
                 self.fail(what, f"has no {key}")
             return None
         value = obj[key]
         if type(value) is not int:
-            self.fail(what, f"{key} is {shown(value, 40)} ({_kind(value)}), not an integer")
+            self.fail(what, f"{key} is {shown(value, 40)} ({_kind(value)}), not {noun}")
+        return value
+
+    def integer(self, obj: dict, key: str, what: str, lo=0, hi=MAX_COUNT, *, required=False):
+        value = self._int_field(obj, key, what, required, "an integer")
+        if value is None:
+            return None
         if not lo <= value <= hi:
             self.fail(what, f"{key} is {value}, outside [{lo}, {hi}]")
         return value
@@ -106,13 +113,9 @@ class Checker:
     def ref(self, obj: dict, key: str, what: str, target: str, *, required=False, within=None):
         """``obj[key]`` as an index into the file's ``target`` array (or ``within``)."""
         items = self.doc.get(target, []) if within is None else within
-        if key not in obj:
-            if required:
-                self.fail(what, f"has no {key}")
+        value = self._int_field(obj, key, what, required, "an index")
+        if value is None:
             return None
-        value = obj[key]
-        if type(value) is not int:
-            self.fail(what, f"{key} is {shown(value, 40)} ({_kind(value)}), not an index")
         if not 0 <= value < len(items):
             held = f"{len(items)} ({target} 0 to {len(items) - 1})" if items else "no"
             self.fail(what, f"{key} refers to {target} {value}, but the file holds {held} {target}")

@@ -18,6 +18,7 @@ from chord import demo, media, paths, runs, tiers
 from chord.guidance import mmgp_residency, text, tiny_models, wan_folder, wan_preview
 from chord.stages import condition, preview, reference
 from tests import components
+from tests.unit.test_wan_diffusers import diffusers_pipeline
 
 W, H, T = 48, 32, 5
 METHOD = {"gs_init_num": 600, "surface_target_num": 200, "cp_num": 8, "size": f"{W}*{H}"} | {
@@ -253,23 +254,13 @@ def test_an_enable_mmgp_tier_without_cuda_says_why_and_writes_nothing(wan_hop, t
 def test_one_expert_at_a_time_samples_what_the_pipeline_with_both_does(wan_hop, tmp_path):
     """The swap at the boundary changes memory, not the sample: the same frames as diffusers'
     pipeline holding both experts throughout."""
-    from diffusers import WanImageToVideoPipeline
-
     conf, s, inputs = wan_hop
     folder = conf.guidance.ckpt_dir
     cached, _ = text.read(inputs["text_path"])
     image = Image.open(inputs["ref_png"]).convert("RGB")
     args = {"frames": T, "steps": 4, "guidance_scale": 2.0, "guidance_scale_2": 3.0, "seed": 3}
     ours = wan_preview.sample_video(folder, image, cached, **args)
-    pipe = WanImageToVideoPipeline(
-        tokenizer=None,
-        text_encoder=None,
-        vae=wan_folder.load_vae(folder),
-        scheduler=wan_folder.load_scheduler(folder),
-        transformer=wan_folder.load_expert(folder, "transformer", dtype=torch.float32),
-        transformer_2=wan_folder.load_expert(folder, "transformer_2", dtype=torch.float32),
-        boundary_ratio=0.9,
-    )
+    pipe = diffusers_pipeline(folder)
     both = pipe(
         image=image,
         prompt_embeds=cached["prompt"][None],

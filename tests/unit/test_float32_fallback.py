@@ -12,9 +12,10 @@ import pytest
 import torch
 
 from chord import float32_fallback, peak_memory, train, trainer_checkpoint
-from chord.guidance import text, tiny_models, wan, wan_float32, wan_folder
+from chord.guidance import tiny_models, wan, wan_float32
 from chord.trainer import Trainer
 from tests.unit.test_train import FlakyTeacher, H, T, W, make_trainer, method, tiny_scene
+from tests.unit.test_wan_diffusers import prompt_embeddings
 
 
 @pytest.fixture(autouse=True)
@@ -32,9 +33,7 @@ def folder(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def embeddings(folder):
-    tok, enc = wan_folder.load_text_encoder(folder)
-    e, _ = text.encode_prompts(tok, enc, ["a block hops", text.resolve_negative(".")])
-    return {"prompt": e[0], "negative": e[1]}
+    return prompt_embeddings(folder)
 
 
 class TransientTeacher(FlakyTeacher):

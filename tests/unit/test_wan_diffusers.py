@@ -25,15 +25,16 @@ def folder(tmp_path_factory):
     return tiny_models.write_tiny_wan(tmp_path_factory.mktemp("wan") / "Wan2.2-I2V-A14B-Tiny")
 
 
-@pytest.fixture(scope="module")
-def embeddings(folder):
+def prompt_embeddings(folder) -> dict[str, torch.Tensor]:
+    """The folder's text encoder on a prompt and the default negative prompt."""
     tok, enc = wan_folder.load_text_encoder(folder)
     e, _ = text.encode_prompts(tok, enc, ["a block hops", text.resolve_negative(".")])
     return {"prompt": e[0], "negative": e[1]}
 
 
-@pytest.fixture(scope="module")
-def pipe(folder):
+def diffusers_pipeline(folder):
+    """diffusers' own WanImageToVideoPipeline over the folder's parts, both experts in float32
+    (prompt embeddings passed in: no text encoder)."""
     from diffusers import WanImageToVideoPipeline
 
     return WanImageToVideoPipeline(
@@ -45,6 +46,16 @@ def pipe(folder):
         transformer_2=wan_folder.load_expert(folder, "transformer_2", dtype=torch.float32),
         boundary_ratio=0.9,
     )
+
+
+@pytest.fixture(scope="module")
+def embeddings(folder):
+    return prompt_embeddings(folder)
+
+
+@pytest.fixture(scope="module")
+def pipe(folder):
+    return diffusers_pipeline(folder)
 
 
 def frame0(seed=0) -> torch.Tensor:
