@@ -22,6 +22,7 @@ from chord import (
     peak_memory,
     plan,
     ply,
+    progress,
     rng,
     slurm_time_limit,
     tiers,
@@ -156,6 +157,13 @@ def describe_device(device) -> str:
     return f"{dev} ({torch.cuda.get_device_name(dev)}, CUDA_VISIBLE_DEVICES={visible})"
 
 
+def gpu_peak_gb(device):
+    """A function of the peak GPU memory allocated so far (GB) on CUDA, else None."""
+    if torch.device(device).type != "cuda" or not torch.cuda.is_available():
+        return None
+    return lambda: torch.cuda.max_memory_allocated() / 1e9
+
+
 def run_preflight(
     inputs, method, memory, guidance, device, render_backend, tier, checkpoint_dir, env
 ):
@@ -231,6 +239,9 @@ def run_stage(
     render_backend: str = "auto",
     env=None,
     deadline: float | None = None,
+    scene: str = "-",
+    attempt: int = 1,
+    progress_every_s: float = progress.DEFAULT_EVERY_S,
 ) -> dict:
     """Run ``stage`` ("coarse" or "fine"); returns a summary.
 
@@ -245,6 +256,10 @@ def run_stage(
     coarse → fine reproduce an uninterrupted run bit for bit (METHOD §7); on a GPU results
     agree up to floating-point reordering. ``deadline``: the job's end (seconds since the
     epoch), before which the training stops (:func:`chord.train.run`).
+
+    Rank 0 reports progress (:class:`chord.progress.Progress`: a line in the log every
+    ``progress_every_s`` seconds, ``progress.jsonl`` and ``progress.json`` beside the loss
+    history), naming ``scene`` (the run), ``tier`` and ``attempt``.
     """
     method = stage_config(method, "train")  # only the keys it reads
     if torch.device(device).type == "cpu":
@@ -320,8 +335,21 @@ def run_stage(
     # requeued job keeps the rows before its resume point.
     history = ckpt_dir / LOSS_HISTORY
     log = LossLog(history, start, timings) if writer else None
+    watch = None
     try:
         if start < stop and (early is None or start <= early):
+            if writer:
+                watch = progress.Progress(
+                    ckpt_dir,
+                    scene=scene,
+                    stage=stage,
+                    start=start,
+                    last=min(stop - 1, early) if early is not None else stop - 1,
+                    tier=tier,
+                    attempt=attempt,
+                    every_s=progress_every_s,
+                    gpu_peak=gpu_peak_gb(device),
+                )
             last = train.run(
                 trainer,
                 start,
@@ -333,12 +361,19 @@ def run_stage(
                 max_nonfinite_steps=guidance.max_nonfinite_steps,
                 fallback=guidance.nonfinite_fallback,
                 deadline=deadline,
+                progress=watch,
             )
         else:
             last = start - 1
+    except Exception as exc:
+        if watch is not None and not isinstance(exc, train.Interrupted):
+            watch.event("failed", watch.latest.get("it", start), error=type(exc).__name__)
+        raise
     finally:
         if log is not None:
             log.close()
+    if watch is not None:
+        watch.finish(last)
     log_measured_memory(device, predicted, memory)
     if writer:
         Path(loss_log).parent.mkdir(parents=True, exist_ok=True)
@@ -370,6 +405,7 @@ def run(
     checkpoint_dir: Path,
     handoff: Path | None,
     env,
+    attempt: int = 1,
 ) -> dict:
     """Rules ``train_coarse`` and ``train_fine``: :func:`run_stage` on this attempt's memory
     ``tier`` (its flags and size applied to the scene's method and the config's memory
@@ -405,6 +441,9 @@ def run(
         "handoff": handoff,
         "tier": chosen.name,
         "render_backend": conf.render_backend,
+        "scene": scene,
+        "attempt": attempt,
+        "progress_every_s": spec.method.progress_every_s,
     }
     order = list(table)
     deadline = kwargs["deadline"] = slurm_time_limit.slurm_deadline(env)

@@ -5,17 +5,20 @@ from __future__ import annotations
 
 import csv
 import functools
+import json
+import sys
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 from chord import config as cc
-from chord import demo, ply, preflight, train
+from chord import demo, ply, preflight, progress, train
 from chord import result_keys as rk
 from chord import scene as sc
 from chord.render import BackendUnavailable, gsplat_backend
 from chord.stages import train as train_stage
+from chord.stages.adapter import stage_logging
 from tests.stages.test_geometry_stages import train_inputs
 
 
@@ -67,6 +70,8 @@ def test_coarse_stage_writes_the_hand_off_and_resumes(hop):
         "ckpt_000002.pt",
         "ckpt_000004.pt",
         "losses.tsv",  # the loss log across attempts, copied to the output
+        "progress.json",  # the newest progress (chord status reads it)
+        "progress.jsonl",  # every progress line and event across attempts
     ]
     with open(log) as f:
         rows = list(csv.DictReader(f, delimiter="\t"))
@@ -116,6 +121,66 @@ def test_coarse_stage_writes_the_hand_off_and_resumes(hop):
     r = train.load_checkpoint(root / "r.pt")
     for k in a["motion"]:  # and the resumed run ends bit for bit where the first one did
         assert r["motion"][k].equal(a["motion"][k]), k
+
+
+def progress_lines(log):
+    """The fields of each progress line of a log file."""
+    out = []
+    for line in log.read_text().splitlines():
+        parsed = progress.parse_line(line)
+        if parsed and parsed[0] == progress.TAG:
+            out.append(parsed[1])
+    return out
+
+
+def test_progress_lines_reach_the_log_without_a_terminal_and_resume_from_the_checkpoint(
+    hop, tmp_path
+):
+    root, m, inputs = hop
+    assert not sys.stderr.isatty()  # as under Snakemake and Slurm: tqdm is off
+    guidance = cc.guidance_from_mapping({"backend": "oracle"})
+    kwargs = dict(
+        inputs=inputs,
+        checkpoint_dir=tmp_path / "ckpt",
+        method=m,
+        guidance=guidance,
+        scene="hop",
+        tier="full",
+        attempt=2,
+        progress_every_s=0,  # every iteration
+    )
+    first = tmp_path / "first.log"
+    with stage_logging(str(first)):
+        train_stage.run_stage(
+            "coarse", out=tmp_path / "a.pt", loss_log=tmp_path / "a.tsv", **kwargs
+        )
+    text = first.read_text()
+    assert "\x1b" not in text and "\r" not in text  # no terminal codes, one line each
+    lines = progress_lines(first)
+    assert [f["it"] for f in lines] == ["1/4", "2/4", "3/4", "4/4"]
+    for f in lines:
+        assert list(f) == list(progress.FIELDS)
+        assert (f["scene"], f["stage"], f["tier"], f["attempt"]) == ("hop", "coarse", "full", "2")
+        assert float(f["s_per_it"]) > 0 and float(f["sds"]) >= 0
+    assert [float(f["pct"]) for f in lines] == [25.0, 50.0, 75.0, 100.0]
+    (folder,) = (tmp_path / "ckpt").iterdir()
+    latest = json.loads((folder / progress.LATEST).read_text())
+    assert (latest["state"], latest["it"], latest["total"]) == ("done", 4, 4)
+    # a run killed after its checkpoint of iteration 2 resumes at 3: its iterations 3 and 4
+    # are marked superseded, not counted twice, and the new process's lines start at 3
+    (folder / "ckpt_000004.pt").write_bytes(b"truncated")
+    (folder / "ckpt_000003.pt").unlink(missing_ok=True)
+    second = tmp_path / "second.log"
+    with stage_logging(str(second)):
+        again = train_stage.run_stage(
+            "coarse", out=tmp_path / "b.pt", loss_log=tmp_path / "b.tsv", **kwargs
+        )
+    assert again["start"] == 3
+    assert [f["it"] for f in progress_lines(second)] == ["3/4", "4/4"]
+    recs = [r for r in progress.read_records(folder / progress.JSONL) if "event" not in r]
+    assert [r["it"] for r in recs] == [1, 2, 3, 4]
+    lines = (folder / progress.JSONL).read_text().splitlines()
+    assert sum('"superseded": "resume"' in line for line in lines) == 2
 
 
 def test_oracle_needs_the_scripted_motion(hop, tmp_path):
