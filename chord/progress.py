@@ -118,7 +118,11 @@ class Progress:
         self.emitted = None  # clock of the last line
         self.written = float("-inf")  # clock of the last write of LATEST
         self.latest: dict = {}
-        self.preview: str | None = None
+        self.preview: str | None = None  # the newest live preview's path
+        # live previews (:mod:`chord.live_preview`, set by the stage): a function of the
+        # iteration that writes one and returns its path, every so many iterations
+        self.render_preview = None
+        self.preview_every = 0
         self._supersede(start, "resume")
         self.event("start", start, resumed=start > 1)
 
@@ -161,6 +165,7 @@ class Progress:
         }
         if self.preview:
             doc["preview"] = self.preview
+            doc["preview_s"] = getattr(self.render_preview, "seconds", None)
         with atomic_path(self.folder / LATEST) as tmp:
             tmp.write_text(json.dumps(doc, indent=1) + "\n")
 
@@ -196,6 +201,12 @@ class Progress:
             self._emit()
         elif now - self.written >= LATEST_EVERY_S:  # status sees the newest iteration
             self._write_latest("running")
+        if (
+            self.render_preview
+            and self.preview_every
+            and (it % self.preview_every == 0 or it >= self.last)
+        ):
+            self.previewed(self.render_preview(it))
 
     def _emit(self) -> None:
         shown = {k: self.latest.get(k) for k in FIELDS}

@@ -19,6 +19,7 @@ from chord import (
     config,
     job_size,
     out_of_memory,
+    paths,
     peak_memory,
     plan,
     ply,
@@ -157,6 +158,23 @@ def describe_device(device) -> str:
     return f"{dev} ({torch.cuda.get_device_name(dev)}, CUDA_VISIBLE_DEVICES={visible})"
 
 
+def live_preview(trainer: Trainer, method, preview: dict):
+    """The :class:`chord.live_preview.Previews` of ``trainer`` from the reference camera."""
+    from chord.live_preview import Previews
+
+    view = cameras.reference_view(
+        method.elev_l, method.elev_r, preview["ref_azim"], preview["ref_cam_radius"], trainer.target
+    )
+    return Previews(
+        preview["folder"],
+        trainer,
+        viewmat=view,
+        fovy=method.fovy,
+        background=cameras.background_for(method.invert_bg_prob),
+        fps=preview["fps"],
+    )
+
+
 def gpu_peak_gb(device):
     """A function of the peak GPU memory allocated so far (GB) on CUDA, else None."""
     if torch.device(device).type != "cuda" or not torch.cuda.is_available():
@@ -242,6 +260,7 @@ def run_stage(
     scene: str = "-",
     attempt: int = 1,
     progress_every_s: float = progress.DEFAULT_EVERY_S,
+    preview: dict | None = None,
 ) -> dict:
     """Run ``stage`` ("coarse" or "fine"); returns a summary.
 
@@ -259,7 +278,9 @@ def run_stage(
 
     Rank 0 reports progress (:class:`chord.progress.Progress`: a line in the log every
     ``progress_every_s`` seconds, ``progress.jsonl`` and ``progress.json`` beside the loss
-    history), naming ``scene`` (the run), ``tier`` and ``attempt``.
+    history), naming ``scene`` (the run), ``tier`` and ``attempt``; with ``preview`` (folder,
+    every, ref_azim, ref_cam_radius, fps: the run's view-only keys, read by no training) a
+    live preview of the motion every so many iterations (:mod:`chord.live_preview`).
     """
     method = stage_config(method, "train")  # only the keys it reads
     if torch.device(device).type == "cpu":
@@ -350,6 +371,9 @@ def run_stage(
                     every_s=progress_every_s,
                     gpu_peak=gpu_peak_gb(device),
                 )
+                if preview and preview["every"]:
+                    watch.render_preview = live_preview(trainer, method, preview)
+                    watch.preview_every = preview["every"]
             last = train.run(
                 trainer,
                 start,
@@ -391,6 +415,13 @@ def run_stage(
         train.save_checkpoint(out, final)
     group.barrier()
     return {"stage": stage, "start": start, "last": last, "seed": seed}
+
+
+def live_preview_every(method) -> int:
+    """Iterations between live previews (method.preview_every; -1: about ten per run)."""
+    from chord.live_preview import every
+
+    return every(method.preview_every, method.iterations)
 
 
 def run(
@@ -444,6 +475,13 @@ def run(
         "scene": scene,
         "attempt": attempt,
         "progress_every_s": spec.method.progress_every_s,
+        "preview": {  # the live previews' view-only keys: read here, by no training
+            "folder": paths.previews_dir(conf.results, scene),
+            "every": live_preview_every(spec.method),
+            "ref_azim": spec.method.ref_azim,
+            "ref_cam_radius": spec.method.ref_cam_radius,
+            "fps": spec.method.save_fps,
+        },
     }
     order = list(table)
     deadline = kwargs["deadline"] = slurm_time_limit.slurm_deadline(env)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from chord import config as cc
-from chord import demo, ply, preflight, progress, train
+from chord import demo, media, ply, preflight, progress, train
 from chord import result_keys as rk
 from chord import scene as sc
 from chord.render import BackendUnavailable, gsplat_backend
@@ -181,6 +181,40 @@ def test_progress_lines_reach_the_log_without_a_terminal_and_resume_from_the_che
     assert [r["it"] for r in recs] == [1, 2, 3, 4]
     lines = (folder / progress.JSONL).read_text().splitlines()
     assert sum('"superseded": "resume"' in line for line in lines) == 2
+
+
+def test_live_previews_show_the_motion_and_change_nothing(hop, tmp_path):
+    root, m, inputs = hop
+    guidance = cc.guidance_from_mapping({"backend": "oracle"})
+    folder = tmp_path / "previews"
+    preview = {"folder": folder, "every": 3, "ref_azim": 0.0, "ref_cam_radius": 2.0, "fps": 10}
+    states = {}
+    for name, kw in (("plain", {}), ("previewed", {"preview": preview})):
+        train_stage.run_stage(
+            "coarse",
+            inputs=inputs,
+            out=tmp_path / f"{name}.pt",
+            loss_log=tmp_path / f"{name}.tsv",
+            checkpoint_dir=tmp_path / f"ckpt_{name}",
+            method=m,
+            guidance=guidance,
+            **kw,
+        )
+        states[name] = train.load_checkpoint(tmp_path / f"{name}.pt")
+    for k, v in states["plain"]["motion"].items():  # the previews draw nothing, change nothing
+        assert v.equal(states["previewed"]["motion"][k]), k
+    # every 3 iterations and after the last (4): the run's frames at the SDS size (48 x 32:
+    # narrower than the previews' 256 px), the newest also as latest.mp4
+    assert sorted(p.name for p in folder.iterdir()) == ["it_000003.mp4", "it_000004.mp4",
+                                                          "latest.mp4"]  # fmt: skip
+    frames, _ = media.read_mp4(folder / "latest.mp4")
+    assert frames.shape == (m.frame_num, 32, 48, 3)
+    assert (folder / "latest.mp4").read_bytes() == (folder / "it_000004.mp4").read_bytes()
+    first, _ = media.read_mp4(folder / "it_000003.mp4")
+    assert first.std() > 0  # the scene, not an empty background
+    (ckpt,) = (tmp_path / "ckpt_previewed").iterdir()
+    latest = json.loads((ckpt / progress.LATEST).read_text())
+    assert latest["preview"] == str(folder / "it_000004.mp4") and latest["preview_s"] > 0
 
 
 def test_oracle_needs_the_scripted_motion(hop, tmp_path):

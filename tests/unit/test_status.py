@@ -20,12 +20,13 @@ SCENES = {"fin": "hop", "run": "sway", "stuck": "hop", "bad": "sway", "wait": "h
 SLOWEST_S = 2.0  # the stalled run's slowest iteration: its limit is max(10 x 2 s, 10 min)
 
 
-def progress_doc(path: Path, *, age_s: float, state="running", it=120, total=300, s_per_it=1.5):
+def progress_doc(path: Path, *, age_s: float, state="running", it=120, total=300, s_per_it=1.5,
+                 **extra):  # fmt: skip
     path.parent.mkdir(parents=True, exist_ok=True)
     doc = {"scene": "x", "stage": "coarse", "it": it, "total": total, "s_per_it": s_per_it,
            "eta_s": (total - it) * s_per_it, "sds": 0.25, "arap": 0.003, "tier": "full",
            "attempt": 2, "state": state, "slowest_s": SLOWEST_S,
-           "updated_at": time.time() - age_s}  # fmt: skip
+           "updated_at": time.time() - age_s, **extra}  # fmt: skip
     path.write_text(json.dumps(doc))
 
 
@@ -49,7 +50,8 @@ def tree(tmp_path):
                  P.ref_view_mp4(res, "fin"), P.metrics_json(res, "fin")):  # fmt: skip
         touch(path)
     ckpt = P.checkpoints(res, "run", "coarse") / "0123abcd"
-    progress_doc(ckpt / progress.LATEST, age_s=5)
+    preview = P.previews_dir(res, "run") / "it_000120.mp4"
+    progress_doc(ckpt / progress.LATEST, age_s=5, preview=str(preview))
     touch(ckpt.parent / out_of_memory.RECORD, "full\n")  # ran out of memory once, retried
     touch(P.scene_json(res, "run"))
     stale = STALL_FACTOR_S = max(status.STALL_FACTOR * SLOWEST_S, status.STALL_FLOOR_S)
@@ -112,6 +114,7 @@ def test_each_state_is_told_without_torch(tree):
     assert [lines[s][2] for s in SCENES] == ["done", "running", "stalled", "failed", "waiting"]
     assert lines["run"][3] == "coarse:120/300"
     assert "log: " in text and "obj_1.glb: no mesh" in text
+    assert f"preview: {tree / 'results/run/train/previews/it_000120.mp4'}" in text
     assert text.splitlines()[-1].startswith("total: 5 runs: 1 done, 1 running, 1 stalled")
 
 
