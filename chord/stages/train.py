@@ -25,6 +25,7 @@ from chord import (
     ply,
     progress,
     rng,
+    scalars,
     slurm_time_limit,
     tiers,
     train,
@@ -261,6 +262,7 @@ def run_stage(
     attempt: int = 1,
     progress_every_s: float = progress.DEFAULT_EVERY_S,
     preview: dict | None = None,
+    tensorboard: bool = False,
 ) -> dict:
     """Run ``stage`` ("coarse" or "fine"); returns a summary.
 
@@ -280,7 +282,8 @@ def run_stage(
     ``progress_every_s`` seconds, ``progress.jsonl`` and ``progress.json`` beside the loss
     history), naming ``scene`` (the run), ``tier`` and ``attempt``; with ``preview`` (folder,
     every, ref_azim, ref_cam_radius, fps: the run's view-only keys, read by no training) a
-    live preview of the motion every so many iterations (:mod:`chord.live_preview`).
+    live preview of the motion every so many iterations (:mod:`chord.live_preview`);
+    ``tensorboard``: TensorBoard scalars too (:mod:`chord.scalars`).
     """
     method = stage_config(method, "train")  # only the keys it reads
     if torch.device(device).type == "cpu":
@@ -295,6 +298,8 @@ def run_stage(
             logger.info("continuing the coarse hand-off at its size %s, not %s", size, method.size)
             method = dataclasses.replace(method, size=size)
     memory = memory or config.memory_from_mapping({})
+    if tensorboard:
+        scalars.summary_writer()  # its absence stops the run before anything loads
     if tier:
         logger.info("training %s on tier %s", stage, tier)
     run_preflight(
@@ -356,6 +361,11 @@ def run_stage(
     # requeued job keeps the rows before its resume point.
     history = ckpt_dir / LOSS_HISTORY
     log = LossLog(history, start, timings) if writer else None
+    board = (
+        scalars.Scalars(ckpt_dir / scalars.FOLDER, stage, start, log)
+        if log and tensorboard
+        else None
+    )
     watch = None
     try:
         if start < stop and (early is None or start <= early):
@@ -380,7 +390,7 @@ def run_stage(
                 stop,
                 config_hash=h,
                 checkpoint_dir=ckpt_dir,
-                log=log,
+                log=board or log,
                 writer=writer,
                 max_nonfinite_steps=guidance.max_nonfinite_steps,
                 fallback=guidance.nonfinite_fallback,
@@ -396,6 +406,8 @@ def run_stage(
     finally:
         if log is not None:
             log.close()
+        if board is not None:
+            board.close()
     if watch is not None:
         watch.finish(last)
     log_measured_memory(device, predicted, memory)
@@ -475,6 +487,7 @@ def run(
         "scene": scene,
         "attempt": attempt,
         "progress_every_s": spec.method.progress_every_s,
+        "tensorboard": conf.logging.tensorboard,
         "preview": {  # the live previews' view-only keys: read here, by no training
             "folder": paths.previews_dir(conf.results, scene),
             "every": live_preview_every(spec.method),

@@ -13,12 +13,13 @@ import pytest
 import torch
 
 from chord import config as cc
-from chord import demo, media, ply, preflight, progress, train
+from chord import demo, media, ply, preflight, progress, scalars, train
 from chord import result_keys as rk
 from chord import scene as sc
 from chord.render import BackendUnavailable, gsplat_backend
 from chord.stages import train as train_stage
 from chord.stages.adapter import stage_logging
+from tests.components import TENSORBOARD, missing
 from tests.stages.test_geometry_stages import train_inputs
 
 
@@ -215,6 +216,45 @@ def test_live_previews_show_the_motion_and_change_nothing(hop, tmp_path):
     (ckpt,) = (tmp_path / "ckpt_previewed").iterdir()
     latest = json.loads((ckpt / progress.LATEST).read_text())
     assert latest["preview"] == str(folder / "it_000004.mp4") and latest["preview_s"] > 0
+
+
+def test_tensorboard_scalars_follow_the_iterations_across_a_resume(hop, tmp_path):
+    try:
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    except ImportError as exc:
+        missing(TENSORBOARD, f"tensorboard does not import ({exc})")
+    root, m, inputs = hop
+    guidance = cc.guidance_from_mapping({"backend": "oracle"})
+    kw = dict(inputs=inputs, checkpoint_dir=tmp_path / "ckpt", method=m, guidance=guidance,
+              tensorboard=True)  # fmt: skip
+    train_stage.run_stage("coarse", out=tmp_path / "a.pt", loss_log=tmp_path / "a.tsv", **kw)
+    (folder,) = (tmp_path / "ckpt").iterdir()
+    (folder / "ckpt_000004.pt").write_bytes(b"truncated")  # killed after iteration 2's
+    again = train_stage.run_stage(
+        "coarse", out=tmp_path / "b.pt", loss_log=tmp_path / "b.tsv", **kw
+    )
+    assert again["start"] == 3
+    board = EventAccumulator(str(folder / scalars.FOLDER))
+    board.Reload()
+    with open(tmp_path / "b.tsv") as f:
+        rows = list(csv.DictReader(f, delimiter="\t"))
+    events = board.Scalars("coarse/sds")
+    assert [e.step for e in events] == [1, 2, 3, 4]  # iterations 3 and 4 once, the resumed
+    for e, row in zip(events, rows, strict=True):
+        assert e.value == pytest.approx(float(row["sds"]), rel=1e-5)  # the TSV's 6 digits
+    assert "coarse/seconds_per_iteration" in board.Tags()["scalars"]
+
+
+def test_tensorboard_without_the_package_stops_with_the_extra_to_install(hop, monkeypatch):
+    root, m, inputs = hop
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # an import fails
+    with pytest.raises(cc.ConfigError, match=r"pip install -e '.\[tensorboard\]'"):
+        train_stage.run_stage(
+            "coarse", inputs=inputs, out=root / "x.pt", loss_log=root / "x.tsv",
+            checkpoint_dir=root / "none", method=m,
+            guidance=cc.guidance_from_mapping({"backend": "oracle"}), tensorboard=True,
+        )  # fmt: skip
+    assert not (root / "none").exists()  # stopped before anything
 
 
 def test_oracle_needs_the_scripted_motion(hop, tmp_path):
