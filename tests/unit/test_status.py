@@ -157,3 +157,27 @@ def test_an_error_of_an_earlier_attempt_is_not_a_failure(tmp_path):
     with open(log, "a") as f:
         f.write("Traceback (most recent call last):\nRuntimeError: boom\n")
     assert status.last_error(log) == "RuntimeError: boom"
+
+
+def test_watch_prints_again_until_interrupted_and_configfile_merges(tree, monkeypatch, capsys):
+    import time as time_module
+
+    from chord import cli
+
+    # a --configfile over --config, as snakemake's: here a results folder with nothing in it
+    touch(tree / "over.yaml", json.dumps({"results": str(tree / "elsewhere")}))
+    naps = []
+
+    def nap(seconds):
+        naps.append(seconds)
+        if len(naps) == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(time_module, "sleep", nap)
+    monkeypatch.setenv("PATH", no_slurm_path())
+    argv = ["status", "--config", str(tree / "config.yaml"), "--watch", "30"]
+    assert cli.main([*argv, "--configfile", str(tree / "over.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert naps == [30, 30] and out.count("total: 5 runs") == 2  # printed twice, then Ctrl-C
+    assert "\x1b" not in out  # not a terminal: no redraw codes
+    assert "total: 5 runs: 0 done, 0 running, 0 stalled, 0 failed, 5 waiting" in out
