@@ -8,7 +8,7 @@ age of its last progress, and a failed job's log and last error line. On Slurm (
 gives each job (``rule_<rule>_wildcards_<values joined by _, / as _>``).
 
 States: ``done`` (metrics.json written), ``running`` (a training reported within the stall
-limit, or its Slurm job runs), ``stalled`` (a training's newest progress is older than
+limit, a new attempt of it is loading, or its Slurm job runs), ``stalled`` (a training's newest progress is older than
 max(:data:`STALL_FACTOR` x its slowest iteration, :data:`STALL_FLOOR_S`) and it did not say it
 stopped), ``failed`` (an error ends the newest attempt's log, a training recorded a failure or
 a bad input, or Slurm ended its job so), ``waiting`` (none of these: not started, queued, or
@@ -111,8 +111,10 @@ def _latest_progress(p: plan.ScenePlan) -> tuple[Path | None, dict | None]:
     return best[0], best[1]
 
 
-def _records(p: plan.ScenePlan) -> str | None:
-    """The run's out-of-memory, time-limit and bad-input records, in words."""
+def _records(p: plan.ScenePlan, now: float) -> str | None:
+    """The run's out-of-memory, time-limit and bad-input records, in words. A Slurm job's
+    time-limit record (:mod:`chord.slurm_time_limit`) is written at its start and removed when
+    it ends in time: only one whose deadline has passed tells of a job killed at its limit."""
     notes = []
     for st in p.stages:
         folder = P.checkpoints(p.results, p.run, st)
@@ -121,9 +123,12 @@ def _records(p: plan.ScenePlan) -> str | None:
             notes.append(f"{st}: out of memory on {','.join(sorted(oom))}")
         try:
             limit = json.loads((folder / TIME_LIMIT_RECORD).read_text())
-            notes.append(f"{st}: time limit of job {limit.get('job')} ({limit.get('tier')})")
         except (OSError, ValueError):
-            pass
+            limit = None
+        if isinstance(limit, dict) and now >= limit.get("deadline", float("inf")):
+            notes.append(
+                f"{st}: job {limit.get('job')} reached its time limit on tier {limit.get('tier')}"
+            )
         try:
             bad = (folder / INPUT_ERROR_RECORD).read_text().strip()
             notes.append(f"{st}: bad input: {bad}")
@@ -162,6 +167,24 @@ def _logs(p: plan.ScenePlan) -> list[Path]:
         except OSError:
             continue
     return [path for _, path in sorted(found, reverse=True)]
+
+
+def _loading(p: plan.ScenePlan, now: float, since: float | None) -> bool:
+    """Whether a training attempt started (its log's first line, written by the adapter)
+    after the newest progress (``since``), within the stall limit, and has no error yet."""
+    for stage in p.stages:
+        log = P.log(p.results, p.run, f"train_{stage}")
+        try:
+            mtime = log.stat().st_mtime
+        except OSError:
+            continue
+        if now - mtime > STALL_FLOOR_S or (since is not None and mtime <= since):
+            continue
+        lines = _tail(log)
+        starts = [i for i, line in enumerate(lines) if ATTEMPT_LINE in line]
+        if starts and not any(ERROR_LINE.search(x) for x in lines[starts[-1] :]):
+            return True
+    return False
 
 
 def _failure(p: plan.ScenePlan) -> tuple[str, str] | None:
@@ -239,7 +262,7 @@ def run_status(
 ) -> RunStatus:
     """The status of the run ``p`` at ``now`` (seconds since the epoch)."""
     st = RunStatus(run=p.run, scene=p.scene, done=_furthest(p), state="waiting")
-    st.record = _records(p)
+    st.record = _records(p, now)
     folder, doc = _latest_progress(p)
     spec = conf.scenes[p.scene]
     st.tier = spec.tier
@@ -264,6 +287,8 @@ def run_status(
             st.eta_s = max(st.eta_s - st.age_s, 0.0)
     elif pstate == "failed":
         st.state = "failed"
+    if pstate in (None, "failed", "stopped") and _loading(p, now, (doc or {}).get("updated_at")):
+        st.state = "running"  # a new attempt of the training loads (no iteration yet)
     if st.job_state in SLURM_LIVE and st.state != "stalled":
         st.state = "running" if st.job_state == "RUNNING" else st.state
     elif st.job_state in SLURM_FAILED and st.state != "running":

@@ -14,6 +14,7 @@ import pytest
 
 from chord import out_of_memory, progress, status
 from chord import paths as P
+from chord.slurm_time_limit import TIME_LIMIT_RECORD
 from tests.conftest import REPO
 
 SCENES = {"fin": "hop", "run": "sway", "stuck": "hop", "bad": "sway", "wait": "hop"}
@@ -181,3 +182,34 @@ def test_watch_prints_again_until_interrupted_and_configfile_merges(tree, monkey
     assert naps == [30, 30] and out.count("total: 5 runs") == 2  # printed twice, then Ctrl-C
     assert "\x1b" not in out  # not a terminal: no redraw codes
     assert "total: 5 runs: 0 done, 0 running, 0 stalled, 0 failed, 5 waiting" in out
+
+
+def test_a_new_attempt_loading_runs_and_only_a_passed_time_limit_is_a_record(tree):
+    res = tree / "results"
+    now = time.time()
+    # "bad": its training failed once (progress), then a retry started, no iteration yet
+    progress_doc(P.checkpoints(res, "bad", "coarse") / "h" / progress.LATEST, age_s=300,
+                 state="failed")  # fmt: skip
+    P.log(res, "bad", "ingest").unlink()
+    touch(P.log(res, "bad", "train_coarse"),
+          "t ERROR chord: out of GPU memory: injected\n"
+          "t INFO chord: attempt started (pid 7, Slurm job 12)\n")  # fmt: skip
+    # "wait": a Slurm job stopped at its time limit (its deadline passed); "run": one whose
+    # job is still within its limit (the record each job writes at its start)
+    folder = P.checkpoints(res, "wait", "coarse")
+    touch(
+        folder / TIME_LIMIT_RECORD,
+        json.dumps({"job": "41", "deadline": now - 60, "tier": "full", "runtime_h": 1}),
+    )
+    touch(
+        P.checkpoints(res, "run", "coarse") / TIME_LIMIT_RECORD,
+        json.dumps({"job": "42", "deadline": now + 3600, "tier": "full", "runtime_h": 1}),
+    )
+    progress_doc(folder / "h" / progress.LATEST, age_s=2 * status.STALL_FLOOR_S,
+                 state="stopped")  # fmt: skip
+    proc = chord_status(tree, "--json", path=no_slurm_path())
+    runs = {r["run"]: r for r in json.loads(proc.stdout)["runs"]}
+    assert (runs["bad"]["state"], runs["bad"]["error"]) == ("running", None)
+    assert runs["wait"]["state"] == "waiting"
+    assert runs["wait"]["record"] == "coarse: job 41 reached its time limit on tier full"
+    assert runs["run"]["record"] == "coarse: out of memory on full"  # no time-limit record
