@@ -8,11 +8,12 @@ age of its last progress, and a failed job's log and last error line. On Slurm (
 gives each job (``rule_<rule>_wildcards_<values joined by _, / as _>``).
 
 States: ``done`` (metrics.json written), ``running`` (a training reported within the stall
-limit, a new attempt of it is loading, or its Slurm job runs), ``stalled`` (a training's newest progress is older than
-max(:data:`STALL_FACTOR` x its slowest iteration, :data:`STALL_FLOOR_S`) and it did not say it
-stopped), ``failed`` (an error ends the newest attempt's log, a training recorded a failure or
-a bad input, or Slurm ended its job so), ``waiting`` (none of these: not started, queued, or
-between jobs). Reads files only and imports no torch."""
+limit, a new attempt of it is loading, or its Slurm job runs), ``stalled`` (a training's
+newest progress is older than max(:data:`STALL_FACTOR` x its slowest iteration,
+:data:`STALL_FLOOR_S`) and it did not say it stopped), ``failed`` (an error ends the newest
+attempt's log, a training recorded a failure or a bad input, or Slurm ended its job so),
+``waiting`` (none of these: not started, queued, or between jobs). Reads files only and
+imports no torch."""
 
 from __future__ import annotations
 
