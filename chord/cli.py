@@ -16,6 +16,8 @@ from chord.errors import InputError
 logger = logging.getLogger("chord")
 
 EXIT_INPUT = 2  # bad configuration or scene input
+# commands that read files only: torch is not imported (chord status on a login node)
+TORCH_FREE = (["status"],)
 
 
 def _load(args) -> cfg.Config:
@@ -88,6 +90,28 @@ def cmd_doctor(args) -> int:
         file=sys.stderr,
     )
     return EXIT_INPUT if counts["fail"] else 0
+
+
+def cmd_status(args) -> int:
+    """Every run of the sheet: the stage done, state, progress, records, Slurm job; with
+    ``--watch`` again every so many seconds until interrupted. Reads files only."""
+    import time
+
+    from chord import status
+
+    while True:
+        conf = cfg.load_file(Path(args.config), *(Path(p) for p in args.configfile))
+        rows = status.collect(conf)
+        text = status.as_json(rows) if args.json else status.render(rows)
+        if args.watch and sys.stdout.isatty():
+            print("\033[H\033[2J", end="")  # a terminal: redraw in place
+        print(text, flush=True)
+        if not args.watch:
+            return 0
+        try:
+            time.sleep(args.watch)
+        except KeyboardInterrupt:
+            return 0
 
 
 def cmd_demo_scenes(args) -> int:
@@ -320,6 +344,22 @@ def build_parser() -> argparse.ArgumentParser:
     with_configfiles(sp)
     sp.set_defaults(func=cmd_doctor)
 
+    sp = with_configfiles(
+        with_config(
+            sub.add_parser(
+                "status",
+                help="where every run of the sheet stands: stage done, state (done, running, "
+                "stalled, failed, waiting), iteration, s/it, ETA, losses, tier, records, the "
+                "failing log, the Slurm job; reads files only",
+            )
+        )
+    )
+    sp.add_argument("--json", action="store_true", help="the same as JSON")
+    sp.add_argument(
+        "--watch", type=float, metavar="SECONDS", help="print it again every SECONDS (Ctrl-C ends)"
+    )
+    sp.set_defaults(func=cmd_status)
+
     sp = sub.add_parser(
         "build-kernels",
         help="build gsplat's CUDA kernels for this node's GPU kind (once; jobs that start "
@@ -371,10 +411,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     import os
 
-    from chord import runtime
-
-    runtime.configure_allocator(os.environ)  # before anything starts CUDA (METHOD §15)
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] not in TORCH_FREE:  # chord.runtime imports torch
+        from chord import runtime
+
+        runtime.configure_allocator(os.environ)  # before anything starts CUDA (METHOD §15)
     if argv[:1] == ["train"]:  # CHORD's train.py flags, parsed by chord.runs
         return _train(argv[1:])
     args = build_parser().parse_args(argv)

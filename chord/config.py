@@ -189,6 +189,13 @@ class PreviewConfig:
 
 
 @dataclass(frozen=True)
+class LoggingConfig:
+    """Where a training reports besides its log (``logging:``)."""
+
+    tensorboard: bool = False
+
+
+@dataclass(frozen=True)
 class SceneSpec:
     """One row of the scene sheet with its effective method parameters."""
 
@@ -227,6 +234,7 @@ class Config:
     gpus_per_node: int | None = None
     preview: PreviewConfig = field(default_factory=PreviewConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
 
 
 def check_guidance(guidance: GuidanceConfig, methods: dict, *, flags: bool = False) -> None:
@@ -353,6 +361,7 @@ def load(config: dict, *, base: Path | None = None) -> Config:
         gpus_per_node=config["gpus_per_node"],
         preview=PreviewConfig(**config["preview"]),
         sweep=sweep,
+        logging=LoggingConfig(**config["logging"]),
     )
 
 

@@ -77,6 +77,11 @@ def train_losses(results, scene: str, stage: str) -> Path:
     return scene_dir(results, scene) / "train" / f"{stage}_losses.tsv"
 
 
+def previews_dir(results, scene: str) -> Path:
+    """A training's live previews (``it_<i>.mp4``, ``latest.mp4``): outside the rules' outputs."""
+    return scene_dir(results, scene) / "train" / "previews"
+
+
 def checkpoints(results, scene: str, stage: str) -> Path:
     """Resume checkpoints: kept outside the rules' declared outputs (DESIGN §3)."""
     return scene_dir(results, scene) / "checkpoints" / stage

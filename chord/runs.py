@@ -226,6 +226,15 @@ def train(argv: list[str]) -> int:
                 group=group,
                 render_backend=args.render_backend,
                 env=os.environ,
+                scene=s,
+                progress_every_s=method.progress_every_s,
+                preview={
+                    "folder": paths.previews_dir(res, s),
+                    "every": train_stage.live_preview_every(method),
+                    "ref_azim": method.ref_azim,
+                    "ref_cam_radius": method.ref_cam_radius,
+                    "fps": method.save_fps,
+                },
             )
             logger.info(
                 "%s: iterations %d..%d (seed %d)",

@@ -13,7 +13,7 @@ import threading
 import time
 from pathlib import Path
 
-from chord import config, tiers, train
+from chord import config, tiers
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +79,8 @@ def time_limit(folder: Path, tier: tiers.Tier, env, deadline: float | None, scen
     if deadline is None:
         yield
         return
+    from chord import train  # torch: not for the record's readers (chord status)
+
     path = Path(folder) / TIME_LIMIT_RECORD
     newest = _newest_checkpoint_file(folder)
     try:

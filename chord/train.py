@@ -111,6 +111,7 @@ def run(
     deadline: float | None = None,
     runtime_h: float | None = None,
     tier: str | None = None,
+    progress=None,
 ) -> int:
     """Iterations [start, stop) (early stop honoured); returns the last iteration run.
 
@@ -131,6 +132,9 @@ def run(
     After the first iteration and :data:`PROJECT_AFTER` more, the run's total time is projected
     (:func:`project_run_time`) and logged, with a warning when it exceeds ``runtime_h``, the
     wall time of ``tier``'s jobs (:func:`check_projection`).
+
+    ``progress`` (a :class:`chord.progress.Progress`, rank 0's): the log's progress lines and
+    records, and a line of each roll-back, float32 fallback, time-limit stop and SIGTERM.
     """
     import signal
     import threading
@@ -197,13 +201,18 @@ def run(
                         "float32) and the learning rates"
                     )
                 rolled_back_to = ckpts[-1]
+                failed_at = it
                 it = trainer_checkpoint.restore(trainer, load_checkpoint(ckpts[-1]))
+                if progress is not None:
+                    progress.event("rollback", failed_at, to=it - 1, nonfinite=trainer.nonfinite)
                 if fallback == "float32" and hasattr(trainer.guidance, "use_float32"):
-                    float32_fallback.fall_back(
+                    taken = float32_fallback.fall_back(
                         trainer,
                         f"after {trainer.nonfinite} non-finite steps in a row",
                         "retrying at the guidance's precision",
                     )
+                    if progress is not None:
+                        progress.event("float32", it, taken=taken)
                 trainer.nonfinite = 0
                 logger.warning("rolled back to %s after non-finite steps", ckpts[-1].name)
                 continue
@@ -225,6 +234,10 @@ def run(
                     newest.unlink(missing_ok=True)
                 newest = None if kept else path
             slowest = max(slowest, time.perf_counter() - began)
+            if progress is not None:
+                progress.step(it, rec, time.perf_counter() - began)
+                if halt or late:
+                    progress.event("sigterm" if halt else "time_limit", it)
             if halt:
                 raise Interrupted(f"SIGTERM after iteration {it}; checkpoint written")
             if late:

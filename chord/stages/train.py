@@ -19,10 +19,13 @@ from chord import (
     config,
     job_size,
     out_of_memory,
+    paths,
     peak_memory,
     plan,
     ply,
+    progress,
     rng,
+    scalars,
     slurm_time_limit,
     tiers,
     train,
@@ -160,6 +163,30 @@ def describe_device(device) -> str:
     return f"{dev} ({torch.cuda.get_device_name(dev)}, CUDA_VISIBLE_DEVICES={visible})"
 
 
+def live_preview(trainer: Trainer, method, preview: dict):
+    """The :class:`chord.live_preview.Previews` of ``trainer`` from the reference camera."""
+    from chord.live_preview import Previews
+
+    view = cameras.reference_view(
+        method.elev_l, method.elev_r, preview["ref_azim"], preview["ref_cam_radius"], trainer.target
+    )
+    return Previews(
+        preview["folder"],
+        trainer,
+        viewmat=view,
+        fovy=method.fovy,
+        background=cameras.background_for(method.invert_bg_prob),
+        fps=preview["fps"],
+    )
+
+
+def gpu_peak_gb(device):
+    """A function of the peak GPU memory allocated so far (GB) on CUDA, else None."""
+    if torch.device(device).type != "cuda" or not torch.cuda.is_available():
+        return None
+    return lambda: torch.cuda.max_memory_allocated() / 1e9
+
+
 def run_preflight(
     inputs, method, memory, guidance, device, render_backend, tier, checkpoint_dir, env
 ):
@@ -236,6 +263,11 @@ def run_stage(
     env=None,
     deadline: float | None = None,
     runtime_h: float | None = None,
+    scene: str = "-",
+    attempt: int = 1,
+    progress_every_s: float = progress.DEFAULT_EVERY_S,
+    preview: dict | None = None,
+    tensorboard: bool = False,
 ) -> dict:
     """Run ``stage`` ("coarse" or "fine"); returns a summary.
 
@@ -251,6 +283,13 @@ def run_stage(
     agree up to floating-point reordering. ``deadline``: the job's end (seconds since the
     epoch), before which the training stops (:func:`chord.train.run`); ``runtime_h``: the
     tier's wall time, which the log warns of when the run's projected time exceeds it.
+
+    Rank 0 reports progress (:class:`chord.progress.Progress`: a line in the log every
+    ``progress_every_s`` seconds, ``progress.jsonl`` and ``progress.json`` beside the loss
+    history), naming ``scene`` (the run), ``tier`` and ``attempt``; with ``preview`` (folder,
+    every, ref_azim, ref_cam_radius, fps: the run's view-only keys, read by no training) a
+    live preview of the motion every so many iterations (:mod:`chord.live_preview`);
+    ``tensorboard``: TensorBoard scalars too (:mod:`chord.scalars`).
     """
     method = stage_config(method, "train")  # only the keys it reads
     if torch.device(device).type == "cpu":
@@ -265,6 +304,8 @@ def run_stage(
             logger.info("continuing the coarse hand-off at its size %s, not %s", size, method.size)
             method = dataclasses.replace(method, size=size)
     memory = memory or config.memory_from_mapping({})
+    if tensorboard:
+        scalars.summary_writer()  # its absence stops the run before anything loads
     if tier:
         logger.info("training %s on tier %s", stage, tier)
     run_preflight(
@@ -326,27 +367,57 @@ def run_stage(
     # requeued job keeps the rows before its resume point.
     history = ckpt_dir / LOSS_HISTORY
     log = LossLog(history, start, timings) if writer else None
+    board = (
+        scalars.Scalars(ckpt_dir / scalars.FOLDER, stage, start, log)
+        if log and tensorboard
+        else None
+    )
+    watch = None
     try:
         if start < stop and (early is None or start <= early):
+            if writer:
+                watch = progress.Progress(
+                    ckpt_dir,
+                    scene=scene,
+                    stage=stage,
+                    start=start,
+                    last=min(stop - 1, early) if early is not None else stop - 1,
+                    tier=tier,
+                    attempt=attempt,
+                    every_s=progress_every_s,
+                    gpu_peak=gpu_peak_gb(device),
+                )
+                if preview and preview["every"]:
+                    watch.render_preview = live_preview(trainer, method, preview)
+                    watch.preview_every = preview["every"]
             last = train.run(
                 trainer,
                 start,
                 stop,
                 config_hash=h,
                 checkpoint_dir=ckpt_dir,
-                log=log,
+                log=board or log,
                 writer=writer,
                 max_nonfinite_steps=guidance.max_nonfinite_steps,
                 fallback=guidance.nonfinite_fallback,
                 deadline=deadline,
                 runtime_h=runtime_h,
                 tier=tier,
+                progress=watch,
             )
         else:
             last = start - 1
+    except Exception as exc:
+        if watch is not None and not isinstance(exc, train.Interrupted):
+            watch.event("failed", watch.latest.get("it", start), error=type(exc).__name__)
+        raise
     finally:
         if log is not None:
             log.close()
+        if board is not None:
+            board.close()
+    if watch is not None:
+        watch.finish(last)
     log_measured_memory(device, predicted, memory)
     if writer:
         Path(loss_log).parent.mkdir(parents=True, exist_ok=True)
@@ -366,6 +437,13 @@ def run_stage(
     return {"stage": stage, "start": start, "last": last, "seed": seed}
 
 
+def live_preview_every(method) -> int:
+    """Iterations between live previews (method.preview_every; -1: about ten per run)."""
+    from chord.live_preview import every
+
+    return every(method.preview_every, method.iterations)
+
+
 def run(
     stage: str,
     *,
@@ -378,6 +456,7 @@ def run(
     checkpoint_dir: Path,
     handoff: Path | None,
     env,
+    attempt: int = 1,
 ) -> dict:
     """Rules ``train_coarse`` and ``train_fine``: :func:`run_stage` on this attempt's memory
     ``tier`` (its flags and size applied to the scene's method and the config's memory
@@ -414,6 +493,17 @@ def run(
         "tier": chosen.name,
         "runtime_h": chosen.runtime_h,
         "render_backend": conf.render_backend,
+        "scene": scene,
+        "attempt": attempt,
+        "progress_every_s": spec.method.progress_every_s,
+        "tensorboard": conf.logging.tensorboard,
+        "preview": {  # the live previews' view-only keys: read here, by no training
+            "folder": paths.previews_dir(conf.results, scene),
+            "every": live_preview_every(spec.method),
+            "ref_azim": spec.method.ref_azim,
+            "ref_cam_radius": spec.method.ref_cam_radius,
+            "fps": spec.method.save_fps,
+        },
     }
     order = list(table)
     deadline = kwargs["deadline"] = slurm_time_limit.slurm_deadline(env)

@@ -8,7 +8,7 @@ import shlex
 
 import pytest
 
-from chord import cli, demo, runs, train
+from chord import cli, demo, progress, runs, train
 from chord.guidance import tiny_models
 
 SEED_48GB = """--ex_name <experiment_name> --mesh_source_path data/<scene_name> --model
@@ -121,6 +121,12 @@ def test_seed_command_runs_against_a_tiny_saved_model(tmp_path, caplog, monkeypa
     assert (ckpt["render_backend"], ckpt["device"]) == ("torch", "cpu")
     assert (run / "condition" / "text.safetensors").is_file()
     assert (run / "train" / "coarse_losses.tsv").read_text().count("\n") == 3
+    # its progress lines (the first iteration's and the last's: the run is under a minute)
+    # and live previews (iterations // 10 = 0, so every iteration) in the run folder's train/
+    lines = [progress.parse_line(r.getMessage()) for r in caplog.records]
+    its = [f["it"] for tag, f in filter(None, lines) if tag == progress.TAG]
+    assert its[0] == "1/2" and its[-1] == "2/2"
+    assert (run / "train" / "previews" / "latest.mp4").is_file()
 
 
 def assert_same_state(a, b, where: str = "state") -> None:

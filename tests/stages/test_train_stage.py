@@ -5,17 +5,21 @@ from __future__ import annotations
 
 import csv
 import functools
+import json
+import sys
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 from chord import config as cc
-from chord import demo, ply, preflight, train
+from chord import demo, media, ply, preflight, progress, scalars, train
 from chord import result_keys as rk
 from chord import scene as sc
 from chord.render import BackendUnavailable, gsplat_backend
 from chord.stages import train as train_stage
+from chord.stages.adapter import stage_logging
+from tests.components import TENSORBOARD, missing
 from tests.stages.test_geometry_stages import train_inputs
 
 
@@ -67,6 +71,8 @@ def test_coarse_stage_writes_the_hand_off_and_resumes(hop):
         "ckpt_000002.pt",
         "ckpt_000004.pt",
         "losses.tsv",  # the loss log across attempts, copied to the output
+        "progress.json",  # the newest progress (chord status reads it)
+        "progress.jsonl",  # every progress line and event across attempts
     ]
     with open(log) as f:
         rows = list(csv.DictReader(f, delimiter="\t"))
@@ -116,6 +122,139 @@ def test_coarse_stage_writes_the_hand_off_and_resumes(hop):
     r = train.load_checkpoint(root / "r.pt")
     for k in a["motion"]:  # and the resumed run ends bit for bit where the first one did
         assert r["motion"][k].equal(a["motion"][k]), k
+
+
+def progress_lines(log):
+    """The fields of each progress line of a log file."""
+    out = []
+    for line in log.read_text().splitlines():
+        parsed = progress.parse_line(line)
+        if parsed and parsed[0] == progress.TAG:
+            out.append(parsed[1])
+    return out
+
+
+def test_progress_lines_reach_the_log_without_a_terminal_and_resume_from_the_checkpoint(
+    hop, tmp_path
+):
+    root, m, inputs = hop
+    assert not sys.stderr.isatty()  # as under Snakemake and Slurm: tqdm is off
+    guidance = cc.guidance_from_mapping({"backend": "oracle"})
+    kwargs = dict(
+        inputs=inputs,
+        checkpoint_dir=tmp_path / "ckpt",
+        method=m,
+        guidance=guidance,
+        scene="hop",
+        tier="full",
+        attempt=2,
+        progress_every_s=0,  # every iteration
+    )
+    first = tmp_path / "first.log"
+    with stage_logging(str(first)):
+        train_stage.run_stage(
+            "coarse", out=tmp_path / "a.pt", loss_log=tmp_path / "a.tsv", **kwargs
+        )
+    text = first.read_text()
+    assert "\x1b" not in text and "\r" not in text  # no terminal codes, one line each
+    lines = progress_lines(first)
+    assert [f["it"] for f in lines] == ["1/4", "2/4", "3/4", "4/4"]
+    for f in lines:
+        assert list(f) == list(progress.FIELDS)
+        assert (f["scene"], f["stage"], f["tier"], f["attempt"]) == ("hop", "coarse", "full", "2")
+        assert float(f["s_per_it"]) > 0 and float(f["sds"]) >= 0
+    assert [float(f["pct"]) for f in lines] == [25.0, 50.0, 75.0, 100.0]
+    (folder,) = (tmp_path / "ckpt").iterdir()
+    latest = json.loads((folder / progress.LATEST).read_text())
+    assert (latest["state"], latest["it"], latest["total"]) == ("done", 4, 4)
+    # a run killed after its checkpoint of iteration 2 resumes at 3: its iterations 3 and 4
+    # are marked superseded, not counted twice, and the new process's lines start at 3
+    (folder / "ckpt_000004.pt").write_bytes(b"truncated")
+    (folder / "ckpt_000003.pt").unlink(missing_ok=True)
+    second = tmp_path / "second.log"
+    with stage_logging(str(second)):
+        again = train_stage.run_stage(
+            "coarse", out=tmp_path / "b.pt", loss_log=tmp_path / "b.tsv", **kwargs
+        )
+    assert again["start"] == 3
+    assert [f["it"] for f in progress_lines(second)] == ["3/4", "4/4"]
+    recs = [r for r in progress.read_records(folder / progress.JSONL) if "event" not in r]
+    assert [r["it"] for r in recs] == [1, 2, 3, 4]
+    lines = (folder / progress.JSONL).read_text().splitlines()
+    assert sum('"superseded": "resume"' in line for line in lines) == 2
+
+
+def test_live_previews_show_the_motion_and_change_nothing(hop, tmp_path):
+    root, m, inputs = hop
+    guidance = cc.guidance_from_mapping({"backend": "oracle"})
+    folder = tmp_path / "previews"
+    preview = {"folder": folder, "every": 3, "ref_azim": 0.0, "ref_cam_radius": 2.0, "fps": 10}
+    states = {}
+    for name, kw in (("plain", {}), ("previewed", {"preview": preview})):
+        train_stage.run_stage(
+            "coarse",
+            inputs=inputs,
+            out=tmp_path / f"{name}.pt",
+            loss_log=tmp_path / f"{name}.tsv",
+            checkpoint_dir=tmp_path / f"ckpt_{name}",
+            method=m,
+            guidance=guidance,
+            **kw,
+        )
+        states[name] = train.load_checkpoint(tmp_path / f"{name}.pt")
+    for k, v in states["plain"]["motion"].items():  # the previews draw nothing, change nothing
+        assert v.equal(states["previewed"]["motion"][k]), k
+    # every 3 iterations and after the last (4): the run's frames at the SDS size (48 x 32:
+    # narrower than the previews' 256 px), the newest also as latest.mp4
+    assert sorted(p.name for p in folder.iterdir()) == ["it_000003.mp4", "it_000004.mp4",
+                                                          "latest.mp4"]  # fmt: skip
+    frames, _ = media.read_mp4(folder / "latest.mp4")
+    assert frames.shape == (m.frame_num, 32, 48, 3)
+    assert (folder / "latest.mp4").read_bytes() == (folder / "it_000004.mp4").read_bytes()
+    first, _ = media.read_mp4(folder / "it_000003.mp4")
+    assert first.std() > 0  # the scene, not an empty background
+    (ckpt,) = (tmp_path / "ckpt_previewed").iterdir()
+    latest = json.loads((ckpt / progress.LATEST).read_text())
+    assert latest["preview"] == str(folder / "it_000004.mp4") and latest["preview_s"] > 0
+
+
+def test_tensorboard_scalars_follow_the_iterations_across_a_resume(hop, tmp_path):
+    try:
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    except ImportError as exc:
+        missing(TENSORBOARD, f"tensorboard does not import ({exc})")
+    root, m, inputs = hop
+    guidance = cc.guidance_from_mapping({"backend": "oracle"})
+    kw = dict(inputs=inputs, checkpoint_dir=tmp_path / "ckpt", method=m, guidance=guidance,
+              tensorboard=True)  # fmt: skip
+    train_stage.run_stage("coarse", out=tmp_path / "a.pt", loss_log=tmp_path / "a.tsv", **kw)
+    (folder,) = (tmp_path / "ckpt").iterdir()
+    (folder / "ckpt_000004.pt").write_bytes(b"truncated")  # killed after iteration 2's
+    again = train_stage.run_stage(
+        "coarse", out=tmp_path / "b.pt", loss_log=tmp_path / "b.tsv", **kw
+    )
+    assert again["start"] == 3
+    board = EventAccumulator(str(folder / scalars.FOLDER))
+    board.Reload()
+    with open(tmp_path / "b.tsv") as f:
+        rows = list(csv.DictReader(f, delimiter="\t"))
+    events = board.Scalars("coarse/sds")
+    assert [e.step for e in events] == [1, 2, 3, 4]  # iterations 3 and 4 once, the resumed
+    for e, row in zip(events, rows, strict=True):
+        assert e.value == pytest.approx(float(row["sds"]), rel=1e-5)  # the TSV's 6 digits
+    assert "coarse/seconds_per_iteration" in board.Tags()["scalars"]
+
+
+def test_tensorboard_without_the_package_stops_with_the_extra_to_install(hop, monkeypatch):
+    root, m, inputs = hop
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # an import fails
+    with pytest.raises(cc.ConfigError, match=r"pip install -e '.\[tensorboard\]'"):
+        train_stage.run_stage(
+            "coarse", inputs=inputs, out=root / "x.pt", loss_log=root / "x.tsv",
+            checkpoint_dir=root / "none", method=m,
+            guidance=cc.guidance_from_mapping({"backend": "oracle"}), tensorboard=True,
+        )  # fmt: skip
+    assert not (root / "none").exists()  # stopped before anything
 
 
 def test_oracle_needs_the_scripted_motion(hop, tmp_path):

@@ -20,8 +20,9 @@ SCHEMA = cc.read_schema(cc.CONFIG_SCHEMA)["properties"]
 # The training's view-only keys: what a change to re-runs no training. Pinned, with the hash
 # values below: the hash names checkpoint folders and is in every hand-off state.
 # the view-only keys before the construction, and the evaluation's interaction threshold since
+# and how often a training reports its progress and previews its motion (issue 37)
 VIEW = {"ref_azim", "ref_cam_radius", "save_fps", "ex_name", "export_size", "static_threshold",
-        "penetration_threshold"}  # fmt: skip
+        "penetration_threshold", "progress_every_s", "preview_every"}  # fmt: skip
 
 
 @pytest.mark.parametrize("section", ["method", "guidance"])

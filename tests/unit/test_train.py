@@ -4,6 +4,7 @@ coarse then fine equals one uninterrupted run."""
 from __future__ import annotations
 
 import itertools
+import json
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ import torch
 import trimesh
 
 from chord import config as cc
-from chord import float32_fallback, gaussians, runtime, train, trainer_checkpoint
+from chord import float32_fallback, gaussians, progress, runtime, train, trainer_checkpoint
 from chord.guidance import text, tiny_models, wan, wan_folder
 from chord.guidance.oracle import OracleGuidance
 from chord.motion.model import DynamicObject, MotionScene
@@ -309,8 +310,21 @@ def test_non_finite_steps_roll_back_and_fall_back_to_float32(tmp_path):
     train.run(tr, 1, 3, config_hash="h", checkpoint_dir=tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt_000001.pt", "ckpt_000002.pt"]
     tr.guidance.fp32 = False  # now every step is non-finite until the fallback
-    last = train.run(tr, 3, 7, config_hash="h", checkpoint_dir=tmp_path, max_nonfinite_steps=2)
+    watch = progress.Progress(
+        tmp_path / "progress", scene="s", stage="coarse", start=3, last=6, every_s=0
+    )
+    last = train.run(
+        tr, 3, 7, config_hash="h", checkpoint_dir=tmp_path, max_nonfinite_steps=2, progress=watch
+    )
     assert last == 6 and tr.guidance.fp32 and tr.nonfinite == 0
+    # the roll-back (two failed steps, 3 and 4, back to the checkpoint of 2) and the fallback
+    # each have their line and record; the failed span is marked, not counted twice
+    events = progress.read_records(tmp_path / "progress" / progress.JSONL)
+    kinds = [(r["event"], r["it"]) for r in events if "event" in r]
+    assert kinds == [("start", 3), ("rollback", 4), ("float32", 3)]
+    assert [r["it"] for r in events if "event" not in r] == [3, 4, 5, 6]
+    marked = (tmp_path / "progress" / progress.JSONL).read_text().count('"superseded": "rollback"')
+    assert marked == 1  # iteration 3's first, non-finite try
     stuck = make_trainer(m)
     stuck.guidance = FlakyTeacher(stuck.guidance)
     stuck.guidance.fp32 = True
@@ -353,9 +367,11 @@ def test_sigterm_writes_a_checkpoint_and_stops(tmp_path):
         if rec["it"] == 2:
             os.kill(os.getpid(), signal.SIGTERM)
 
+    watch = progress.Progress(tmp_path / "progress", scene="s", stage="coarse", start=1, last=6)
     with pytest.raises(train.Interrupted):
-        train.run(tr, 1, 7, config_hash="h", checkpoint_dir=tmp_path, log=log)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt_000001.pt", "ckpt_000002.pt"]
+        train.run(tr, 1, 7, config_hash="h", checkpoint_dir=tmp_path, log=log, progress=watch)
+    assert sorted(p.name for p in tmp_path.glob("ckpt_*")) == ["ckpt_000001.pt", "ckpt_000002.pt"]
+    assert json.loads((tmp_path / "progress" / progress.LATEST).read_text())["event"] == "sigterm"
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # handler restored
 
 

@@ -6,13 +6,17 @@ seed re-runs only what it should."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import yaml
 
-from chord import media
+from chord import media, progress
 from chord import paths as P
+from tests.conftest import REPO
 from tests.workflow.test_workflow import demo_workdir, planned_jobs, snakemake
 
 UPSTREAM = ("demo_hop", "demo_sway", "ingest", "reference", "condition")
@@ -102,3 +106,34 @@ def test_a_rule_change_reruns_only_the_sweep_and_a_new_seed_trains_only_itself(s
     assert {rule: more.get(rule, 0) for rule in PER_RUN} == dict.fromkeys(PER_RUN, 1)
     assert not set(more) & set(UPSTREAM)
     assert more["sweep"] == 1 and more["aggregate"] == 1
+
+
+def test_each_seeds_training_reports_in_its_log_and_chord_status_tells_it_done(swept):
+    """Through Snakemake (stderr no terminal): each seed's train_coarse log has progress lines
+    of its run, attempt 1, in increasing iterations to the last (20: the early stop of 30);
+    its live previews are beside its training; chord status reads the tree as both done."""
+    results = swept / "results"
+    for seed in (0, 1):
+        run = f"hop/seed_{seed}"
+        lines = [
+            parsed[1]
+            for line in P.log(results, run, "train_coarse").read_text().splitlines()
+            if (parsed := progress.parse_line(line)) and parsed[0] == progress.TAG
+        ]
+        its = [int(f["it"].split("/")[0]) for f in lines]
+        assert its[0] == 1 and its[-1] == 20 and its == sorted(set(its)), its
+        assert {(f["scene"], f["stage"], f["attempt"]) for f in lines} == {(run, "coarse", "1")}
+        previews = P.previews_dir(results, run)
+        # preview_every -1: iterations // 10 = every 3, and after the last
+        names = sorted(p.name for p in previews.glob("it_*.mp4"))
+        assert names == [f"it_{i:06d}.mp4" for i in (3, 6, 9, 12, 15, 18, 20)]
+        assert (previews / "latest.mp4").is_file()
+    proc = subprocess.run(
+        [sys.executable, "-m", "chord.cli", "status", "--json"],
+        capture_output=True, text=True, cwd=swept, env={**os.environ, "PYTHONPATH": str(REPO)},
+        check=True,
+    )  # fmt: skip
+    runs = {r["run"]: r for r in json.loads(proc.stdout)["runs"]}
+    assert {k: (r["state"], r["done"]) for k, r in runs.items()} == {
+        f"hop/seed_{s}": ("done", "evaluate") for s in (0, 1)
+    }

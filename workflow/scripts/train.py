@@ -23,4 +23,5 @@ with stage_logging(snakemake.log[0], history=ckpt / "train.log"), input_error_on
         checkpoint_dir=Path(snakemake.params.checkpoints),
         handoff=inp.get("handoff"),
         env=os.environ,
+        attempt=snakemake.resources.attempt,
     )
