@@ -30,10 +30,11 @@ SLURM_ROOT = Component("Slurm needs root", "run the tests as root: sudo .venv/bi
 SLURM_PLUGIN = Component("Slurm executor plugin", "pip install -e '.[test]'", ci=True)
 CUDA = Component("CUDA GPU", "a machine with an NVIDIA GPU and a CUDA build of torch", ci=False)
 CPU_ONLY = Component("CPU-only paths", "they check what a machine without CUDA says", ci=False)
-TENSORBOARD = Component("TensorBoard", "pip install -e '.[tensorboard]'", ci=False)
+TENSORBOARD = Component("TensorBoard", "pip install -e '.[test]'", ci=True)
 
-COMPONENTS = (NODE, NPM_TOOLS, CHROMIUM, SLURM, SLURM_ROOT, SLURM_PLUGIN, CUDA, CPU_ONLY,
-              TENSORBOARD)  # fmt: skip
+COMPONENTS = (
+    NODE, NPM_TOOLS, CHROMIUM, SLURM, SLURM_ROOT, SLURM_PLUGIN, TENSORBOARD, CUDA, CPU_ONLY
+)  # fmt: skip
 
 
 def reason(component: Component, detail: str) -> str:
