@@ -28,6 +28,16 @@ def write_png(path: Path | str, image) -> None:
         Image.fromarray(img).save(tmp, format="PNG")
 
 
+def mp4_unavailable_reason() -> str | None:
+    """Why MP4s cannot be written here (imageio-ffmpeg, the encoder's binding, missing: the GPU
+    image carries no wheel of it), or None."""
+    import importlib.util
+
+    if importlib.util.find_spec("imageio_ffmpeg") is None:
+        return "imageio-ffmpeg is not installed (pip install imageio-ffmpeg)"
+    return None
+
+
 def write_mp4(path: Path | str, frames, fps: float) -> None:
     """frames: [T, H, W, 3] float in [0, 1] or uint8; H.264 (yuv420p), so W and H must be even."""
     frames = frames if getattr(frames, "dtype", None) == np.uint8 else to_uint8(frames)

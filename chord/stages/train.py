@@ -18,6 +18,7 @@ from chord import (
     cameras,
     config,
     job_size,
+    media,
     out_of_memory,
     paths,
     peak_memory,
@@ -388,8 +389,13 @@ def run_stage(
                     gpu_peak=gpu_peak_gb(device),
                 )
                 if preview and preview["every"]:
-                    watch.render_preview = live_preview(trainer, method, preview)
-                    watch.preview_every = preview["every"]
+                    # a preview is for watching: without an MP4 encoder the run goes on without
+                    off = media.mp4_unavailable_reason()
+                    if off is None:
+                        watch.render_preview = live_preview(trainer, method, preview)
+                        watch.preview_every = preview["every"]
+                    else:
+                        logger.warning("live previews off: %s", off)
             last = train.run(
                 trainer,
                 start,
