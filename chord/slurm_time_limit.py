@@ -136,6 +136,9 @@ def requeue(env, why: str) -> bool:
     """``scontrol requeue`` this Slurm job (its next run resumes from the checkpoints);
     whether Slurm took it, logged either way."""
     job = env["SLURM_JOB_ID"]
+    # Slurm stops this run as soon as it takes the requeue (its SIGTERM may come before
+    # scontrol returns), so the line is written first
+    logger.info("%s; requeueing Slurm job %s to continue", why, job)
     try:
         proc = subprocess.run(
             ["scontrol", "requeue", job], capture_output=True, text=True, timeout=60, env=env
@@ -146,7 +149,6 @@ def requeue(env, why: str) -> bool:
     except (OSError, subprocess.SubprocessError) as exc:
         problem = str(exc)
     if problem is None:
-        logger.info("%s; requeued Slurm job %s to continue", why, job)
         return True
     logger.error(
         "%s; Slurm job %s could not requeue itself (scontrol requeue: %s): the job fails and "

@@ -87,7 +87,7 @@ def test_a_training_longer_than_its_time_limit_requeues_and_ends_as_one_run(
         assert h * 3600 + m * 60 + s < 60, r  # stopped before the limit, not killed at it
 
     train_log = (work / "results/hop/logs/train_coarse.log").read_text()
-    assert len(re.findall(r"requeued Slurm job \d+ to continue", train_log)) == len(runs) - 1
+    assert len(re.findall(r"requeueing Slurm job \d+ to continue", train_log)) == len(runs) - 1
     resumed = [int(n) for n in re.findall(r"resuming coarse from iteration (\d+)", train_log)]
     assert len(resumed) == len(runs) - 1 and resumed == sorted(set(resumed)), resumed
 

@@ -149,3 +149,26 @@ def test_a_job_killed_at_its_limit_before_an_iteration_stops_the_next_one(hop, s
     summary = train_stage.run("coarse", **kwargs(hop, "stuck", env, conf=longer))
     assert summary["last"] == hop[1].scenes["hop"].method.iterations
     assert not record.exists()
+
+
+def test_the_requeue_is_logged_before_slurm_stops_the_run(tmp_path, caplog):
+    """Slurm stops the run as soon as it takes the requeue, its SIGTERM often before scontrol
+    returns (here: scontrol signals the training and hangs): the log still says the job was
+    requeued, as the line is written before the call."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "scontrol").write_text("#!/bin/sh\nkill -TERM $PPID\nsleep 30\n")
+    (fake / "scontrol").chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake}{os.pathsep}{os.environ['PATH']}", "SLURM_JOB_ID": JOB}
+
+    def stopped(signum, frame):  # as slurm_time_limit.time_limit's handler
+        raise train.Interrupted("SIGTERM")
+
+    old = signal.signal(signal.SIGTERM, stopped)
+    try:
+        with caplog.at_level("INFO", logger="chord.slurm_time_limit"):
+            with pytest.raises(train.Interrupted):
+                slurm_time_limit.requeue(env, "stopped 30 s before the time limit")
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    assert f"requeueing Slurm job {JOB} to continue" in caplog.text
