@@ -26,7 +26,8 @@ if __package__:
 else:
     import fixtures
 
-SHARED = fixtures.ROOT.parent / "shared" / "data"
+# The vendored Khronos models (tests/data/khronos/README.md: sources and licences).
+KHRONOS = fixtures.ROOT / "tests" / "data" / "khronos"
 
 
 def timed(fn, **kw) -> float:
@@ -76,13 +77,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         scenes = {name: demo.write_demo_scene(name, tmp / "data") for name in demo.DEMO_SCENES}
-        if (SHARED / "Duck.glb").is_file():
-            duck = tmp / "data" / "duck"
-            duck.mkdir()
-            shutil.copy(SHARED / "Duck.glb", duck / "obj_0.glb")
-            shutil.copy(SHARED / "BoxTextured.glb", duck / "obj_1.glb")
-            shutil.copy(SHARED / "Duck.glb", duck / "scene.glb")
-            scenes["duck"] = duck
+        duck = tmp / "data" / "duck"
+        duck.mkdir()
+        shutil.copy(KHRONOS / "Duck.glb", duck / "obj_0.glb")
+        shutil.copy(KHRONOS / "BoxTextured.glb", duck / "obj_1.glb")
+        shutil.copy(KHRONOS / "Duck.glb", duck / "scene.glb")
+        scenes["duck"] = duck
         print(f"gs_init_num {args.gs_init_num}, best of {args.repeat}")
         header = ("scene", "ingest s", "gaussians s", "voxelize s", "total s")
         print("{:8s} {:>9s} {:>12s} {:>11s} {:>8s}".format(*header))

@@ -13,7 +13,9 @@ from tests.conftest import REPO
 FOLDERS = ["chord", "rules", "workflow", "bench", "tests", ".ci", "profiles", "config"]
 FILES = ["Snakefile", "pyproject.toml"]
 # Ways to name the folder beside the repository (or the machine's own copy of it).
-OUTSIDE = re.compile(r"\.\./shared|/work/shared|REPO\.parent|\bparents\[\d+\]\s*/\s*\"shared\"")
+OUTSIDE = re.compile(
+    r"\.\./shared|/work/shared|REPO\.parent\b|(\.parent|\bparents\[\d+\])\s*/\s*[\"']shared[\"']"
+)
 TEXT = {".py", ".smk", ".yaml", ".yml", ".sh", ".toml", ".json", ".md", ".txt", ".tsv", ""}
 
 
