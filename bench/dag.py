@@ -353,7 +353,7 @@ TOUCH = "for path in snakemake.output:\n    open(path, 'a').close()\n"
 
 def write_workdir(root: Path, n: int) -> Path:
     """config/config.yaml (the default config) and a sheet of ``n`` scenes under ``root``."""
-    from chord import demo
+    from chord.scene import demo
 
     (root / "config").mkdir(parents=True)
     conf = yaml.safe_load((REPO / "config/config.yaml").read_text())
@@ -373,8 +373,8 @@ def write_toy(work: Path, kind: str = "script+conda") -> Path:
     """The toy Snakefile and its plan.json (each scene's demo files, object roles, final
     training stage and motion.json) for the sheet in ``work``; returns the Snakefile. ``bare``:
     shell rules instead of the real rules' conda and script directives."""
-    from chord import config as cc
-    from chord import demo
+    from chord.config import settings as cc
+    from chord.scene import demo
 
     conf = cc.load(cc.read_yaml(work / "config/config.yaml"), base=work)  # data: absolute
     demo_dir = yaml.safe_load((work / "config/config.yaml").read_text())["demo_dir"]

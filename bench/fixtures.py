@@ -36,9 +36,9 @@ def block_scene(gaussians: int = 4000, frames: int = 41, *, seed: int = 0, defor
     import torch
     import trimesh
 
-    from chord import gaussians as gs
+    from chord.gaussians import gaussian_set as gs
     from chord.motion.model import DynamicObject, MotionScene
-    from chord.render import splat_tensors
+    from chord.render.rasterizer import splat_tensors
 
     splats = []
     for i, (extents, centre) in enumerate(
@@ -76,19 +76,21 @@ def tiny_text(folder: Path) -> dict:
 # -- config -------------------------------------------------------------------------------------
 def load_config(root: Path = ROOT):
     """``root``'s config/config.yaml and scene sheet as the workflow loads them: a
-    chord.config.Config (chord.config.load_file, with relative paths from ``root`` rather than
+    chord.config.settings.Config (chord.config.settings.load_file, with relative paths from
+    ``root`` rather than
     the current directory)."""
-    from chord import config as cc
+    from chord.config import settings as cc
 
     return cc.load(cc.read_yaml(root / "config" / "config.yaml"), base=root)
 
 
 def scene_config(scene: str, root: Path = ROOT, overrides: dict | None = None) -> tuple:
     """(method, guidance) of ``scene`` in ``root``'s config/config.yaml and scene sheet, as the
-    workflow builds them (chord.config.load: ``method``, then the sheet row's ``preset``, then
+    workflow builds them (chord.config.settings.load: ``method``, then the sheet row's ``preset``,
+    then
     ``scene_overrides``; the demo rows' preset is ``cpu_demo``), with ``overrides`` (method
     keys) over the method."""
-    from chord import config as cc
+    from chord.config import settings as cc
 
     cfg = load_config(root)
     if scene not in cfg.scenes:
@@ -104,7 +106,8 @@ class MethodTimer:
     """Seconds per named phase, summed over calls, of functions and bound methods it wraps in
     place (:meth:`wrap`). ``clock``: the time source (time.perf_counter: wall seconds,
     time.process_time: CPU seconds); ``sync``: called before each reading (torch.cuda.synchronize
-    on a GPU). Unlike chord.phase_clock.PhaseClock (phases inside Trainer.step, the last call's wall
+    on a GPU). Unlike chord.training.phase_clock.PhaseClock (phases inside Trainer.step, the last
+    call's wall
     time, the CUDA peak reset per phase) it times any callable from outside and leaves the
     memory counters alone."""
 

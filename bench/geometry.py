@@ -16,9 +16,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from chord import config as cc
-from chord import demo, paths
-from chord import scene as sc
+from chord.config import settings as cc
+from chord.plan import results_layout
+from chord.scene import demo
+from chord.scene import ingestion as sc
 from chord.stages import gaussians, ingest, voxelize
 
 if __package__:
@@ -37,13 +38,13 @@ def timed(fn, **kw) -> float:
 
 
 def run_scene(data: Path, results: Path, scene: str, method) -> dict[str, float]:
-    sj = paths.scene_json(results, scene)
+    sj = results_layout.scene_json(results, scene)
     t = {
         "ingest": timed(
             ingest.run,
             data=data,
             out_json=sj,
-            out_meshes=paths.meshes_dir(results, scene),
+            out_meshes=results_layout.meshes_dir(results, scene),
             method=method,
             scene=scene,
         )
@@ -53,7 +54,7 @@ def run_scene(data: Path, results: Path, scene: str, method) -> dict[str, float]
     for o in doc["objects"]:
         if o["role"] == "avoided":
             continue
-        ply = paths.gaussians_ply(results, scene, o["name"])
+        ply = results_layout.gaussians_ply(results, scene, o["name"])
         t["gaussians"] += timed(gaussians.run, scene_json=sj, obj=o["name"], out=ply, method=method)
         if o["role"] == "dynamic":
             t["voxelize"] += timed(
@@ -61,7 +62,7 @@ def run_scene(data: Path, results: Path, scene: str, method) -> dict[str, float]
                 scene_json=sj,
                 obj=o["name"],
                 gaussians=ply,
-                out=paths.voxels_npz(results, scene, o["name"]),
+                out=results_layout.voxels_npz(results, scene, o["name"]),
                 method=method,
             )
     return t

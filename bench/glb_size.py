@@ -7,7 +7,8 @@ Rows: the demo scenes (hop, sway) with their geometry prepared by the demo confi
 cpu_demo: 21 frames), and one UV sphere of about ``--vertices`` vertices as the only (dynamic)
 object with ``--cp-num`` control points and ``--frames`` frames. The motion is trained-like:
 seeded random small values (σ 0.01) in every first-layer Fenwick table. Both files are
-written by chord.trained.write_glb, as the export stage writes them; prints bytes and write
+written by chord.export.trained_scene.write_glb, as the export stage writes them; prints bytes and
+write
 seconds. Not collected by pytest.
 """
 
@@ -22,10 +23,15 @@ import numpy as np
 import torch
 import trimesh
 
-from chord import control_points, demo, gaussians, gltf_io, ply, runs, trained
-from chord import scene as sc
+from chord.cli import upstream_train
+from chord.export import trained_scene
+from chord.gaussians import gaussian_set, ply
+from chord.gltf import container
+from chord.motion import control_points
 from chord.motion.model import DynamicObject, MotionScene, build_scene
-from chord.render import splat_tensors
+from chord.render.rasterizer import splat_tensors
+from chord.scene import demo
+from chord.scene import ingestion as sc
 
 if __package__:
     from bench import fixtures
@@ -48,13 +54,13 @@ def both_glbs(folder: Path, *, doc, scene, sources, frames: int, fps: float) -> 
     row = {"vertices": 0, "sources": sum(p.stat().st_size for p in sources.values())}
     for o in doc["objects"]:
         if o["role"] == "dynamic":  # POSITION rows of its GLB's primitives
-            src, _ = gltf_io.read_glb(sources[o["name"]])
+            src, _ = container.read_glb(sources[o["name"]])
             pos = {p["attributes"]["POSITION"] for m in src["meshes"] for p in m["primitives"]}
             row["vertices"] += sum(src["accessors"][a]["count"] for a in pos)
     for key, skinned in (("morph", False), ("skinned", True)):
         out = folder / f"{key}.glb"
         start = time.perf_counter()
-        trained.write_glb(
+        trained_scene.write_glb(
             out, doc=doc, scene=scene, sources=sources, frames=frames, fps=fps, skinned=skinned
         )
         row[f"{key} s"] = time.perf_counter() - start
@@ -65,7 +71,9 @@ def both_glbs(folder: Path, *, doc, scene, sources, frames: int, fps: float) -> 
 def demo_row(name: str, folder: Path) -> dict:
     method, _ = fixtures.scene_config(name)
     data = demo.write_demo_scene(name, folder / "data", frame_num=method.frame_num)
-    out = runs.prepare_geometry(data=data, results=folder / "results", scene=name, method=method)
+    out = upstream_train.prepare_geometry(
+        data=data, results=folder / "results", scene=name, method=method
+    )
     doc = out["doc"]
     gsets = {n: ply.read_ply(p, sh_degree_cap=method.sh_degree) for n, p in out["plys"].items()}
     vox = {}
@@ -92,7 +100,7 @@ def sphere_row(folder: Path, *, vertices: int, cp_num: int, frames: int) -> dict
     rest = normalised[0].vertices
     sample = rest[:: max(1, len(rest) // 20_000)]
     centres = control_points.place_control_points(sample, cp_num)
-    splats = splat_tensors(gaussians.init_from_mesh(normalised, 2000, seed=0))
+    splats = splat_tensors(gaussian_set.init_from_mesh(normalised, 2000, seed=0))
     t = lambda a: torch.as_tensor(np.asarray(a), dtype=torch.float32)  # noqa: E731
     obj = DynamicObject(
         "obj_0", splats["means"], splats["quats"], t(centres), t(sample[::10]), frame_num=frames

@@ -18,15 +18,17 @@ a row left out says so, and the JSON is rewritten after every row. gsplat's kern
 first (outside the budgets); --render-backend torch measures without them. The production
 allocator (expandable segments) is set before CUDA starts.
 It builds, with random weights: one Wan 2.2 I2V
-A14B-shaped DiT expert from the real transformer configuration (chord.peak_memory.A14B: 40
+A14B-shaped DiT expert from the real transformer configuration (chord.resources.peak_memory.A14B: 40
 layers, 40 heads of 128, FFN 13824, text dim 4096, 36 in / 16 out channels, patch 1x2x2) in
 bf16, as the high-noise expert that iterations 1 and 2 use (t = 0.98); the real-shaped Wan 2.1
 VAE (float32, saved to and loaded from a temporary diffusers folder as chord.guidance.wan loads
 it); the Tiny VAE encoder (TAEHV); random cached text embeddings (512 x 4096); and a demo-like
 scene (a block skinned by 12 control points on a slab) of 100,000 Gaussians. Then, for each
-tier, two training iterations (chord.trainer.Trainer.step, the real code path) at 832x480, 41
+tier, two training iterations (chord.training.trainer.Trainer.step, the real code path) at 832x480,
+41
 frames, batch 4, Tiny VAE on. The tiers are config/config.yaml's ``tiers:``
-(chord.tiers.parse), each applied by chord.tiers.apply over the config's ``memory`` values,
+(chord.resources.tiers.parse), each applied by chord.resources.tiers.apply over the config's
+``memory`` values,
 plus split_plain derived from split (the shipped config's rows):
 
     full        no memory flags
@@ -38,7 +40,8 @@ plus split_plain derived from split (the shipped config's rows):
     lowres_min  offload at 416x240
 
 and prints one table: tier, peak torch.cuda.max_memory_allocated and max_memory_reserved, the
-estimate of chord.peak_memory for the same shapes, and the seconds of the second iteration split
+estimate of chord.resources.peak_memory for the same shapes, and the seconds of the second
+iteration split
 into render (Gaussians to video, with the deformation), encode (Tiny VAE latents and the Wan
 VAE image condition), DiT (the CFG-batched expert calls, with mmgp's transfers) and backward
 (everything else: the SDS and regulariser backward passes, the regularisers, Adam). Each tier
@@ -59,7 +62,7 @@ to mmgp). Then the extras (--extras), each failing soft the same way:
     float32        row split_fp32 of a second table: the split tier after
                    guidance.use_float32() (the bf16 expert dropped, reloaded from the folder
                    in float32; weights and arithmetic in float32, no autocast) at 416x240
-                   (--float32-size), its peaks beside chord.peak_memory.estimate(...,
+                   (--float32-size), its peaks beside chord.resources.peak_memory.estimate(...,
                    expert_bytes=4), and that estimate at 832x480. Without bf16 tensor cores an
                    iteration takes about 25-35 s at 416x240: 60-90 s for the row. At 832x480
                    about 3 minutes an iteration: a run of its own (--tiers "" --extras float32
@@ -101,7 +104,7 @@ the plan); BENCHMARKS.md gives the commands. By hand, with the wheels installed:
 gsplat compiles its CUDA kernels on first use (its wheel holds the CUDA sources; nvcc, one to
 a few minutes): the check builds them first, outside the section budgets, as the training
 does (chord.render.gsplat_backend: under a lock, in TORCH_EXTENSIONS_DIR/chord-gsplat/<build>/
-sm_<cc>, for this card only), so a second run finds them; `python3 -c "from chord.cli import
+sm_<cc>, for this card only), so a second run finds them; `python3 -c "from chord.cli.main import
 main; main(['build-kernels'])"` builds them ahead (gpu_device.sh does, within a budget), and
 --render-backend torch measures without them.
 """
@@ -127,9 +130,10 @@ from pathlib import Path
 
 import torch
 
-from chord import config as cc
-from chord import peak_memory, trainer
-from chord import tiers as ct
+from chord.config import settings as cc
+from chord.resources import peak_memory
+from chord.resources import tiers as ct
+from chord.training import trainer
 
 if __package__:
     from bench import fixtures
@@ -149,7 +153,8 @@ TINY = dataclasses.replace(
 
 def tier_table(width: int, height: int, config: Path = CONFIG) -> dict[str, tuple]:
     """``{row: (MemoryConfig, (W, H))}`` of the check: each tier of ``config``'s ``tiers:``
-    (chord.tiers.parse) as a training of ``width`` x ``height`` runs it (chord.tiers.apply over
+    (chord.resources.tiers.parse) as a training of ``width`` x ``height`` runs it
+    (chord.resources.tiers.apply over
     the config's ``memory`` values: the lowres tiers lower the size), in the config's order,
     with ``split_plain`` (split without checkpoint_tiny_vae: what the checkpoints save) after
     ``split``. The config is validated (the schema's defaults filled) without its scene sheet,
@@ -633,8 +638,8 @@ def print_reload(row: dict, cuda: bool) -> None:
 def parity(scene, width: int, height: int, device) -> dict:
     """gsplat vs the torch rasteriser on the same inputs: image difference and gradient
     cosine (8 frames, one orbit view, white background)."""
-    from chord import cameras
-    from chord.render import gsplat_backend, render_video
+    from chord.render import cameras, gsplat_backend
+    from chord.render.rasterizer import render_video
 
     if device.type != "cuda" or not gsplat_backend.available():
         return {"status": "skipped: gsplat needs CUDA and its extension"}
@@ -703,8 +708,8 @@ def render_timing(
     frames, white background) without grad (the split tiers' target renders) and forward
     plus backward (a weighted sum's gradient to the per-frame Gaussians, as leaves: the
     deformation is outside the timing)."""
-    from chord import cameras
-    from chord.render import gsplat_backend, render_video
+    from chord.render import cameras, gsplat_backend
+    from chord.render.rasterizer import render_video
 
     if "gsplat" in backends and device.type != "cuda":
         return {"status": "skipped: gsplat needs CUDA (this run is on the CPU)"}
@@ -792,10 +797,10 @@ def build_gsplat(backend: str, cuda: bool) -> dict:
 
 
 def main(argv=None) -> int:
-    from chord import runtime
+    from chord.resources import cuda_settings
 
     # the production allocator (expandable segments), before anything starts CUDA
-    allocator = runtime.configure_allocator(os.environ)
+    allocator = cuda_settings.configure_allocator(os.environ)
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tiny", action="store_true", help="CPU, tiny shapes (CI)")
     p.add_argument(
@@ -971,7 +976,8 @@ def main(argv=None) -> int:
         if "float32" in extras:
             print("float32 fallback (split flags, after guidance.use_float32(): the expert's")
             print(
-                "weights and arithmetic in float32; model = chord.peak_memory with expert_bytes=4):"
+                "weights and arithmetic in float32;"
+                " model = chord.resources.peak_memory with expert_bytes=4):"
             )
             print_header(cuda)
             f32 = {**ctx, "guidance": float32_guidance(ctx, keep), "expert_bytes": 4}

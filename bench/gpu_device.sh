@@ -171,7 +171,7 @@ if ((build)); then
     step "gsplat's kernels (budget $build s; log part$part-build.log)"
     rc=0
     timeout --kill-after=5 "$build" $PY -c \
-        "import sys; from chord.cli import main; sys.exit(main(['build-kernels']))" \
+        "import sys; from chord.cli.main import main; sys.exit(main(['build-kernels']))" \
         >"$OUT/part$part-build.log" 2>&1 || rc=$?
     tail -n 5 "$OUT/part$part-build.log"
     if ((rc)); then

@@ -1,4 +1,4 @@
-"""Cost of the evaluate stage's interaction checks (chord.metrics.pair_interaction) per
+"""Cost of the evaluate stage's interaction checks (chord.evaluation.metrics.pair_interaction) per
 frame: a dynamic object's surface samples against another object's mesh of F faces, static
 (one query over every frame) or moved per frame (a tree built per frame).
 
@@ -22,7 +22,7 @@ if __package__:
 else:
     import fixtures  # noqa: F401
 
-from chord import metrics
+from chord.evaluation import metrics
 
 
 def main() -> None:

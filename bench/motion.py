@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from chord import quaternion as quat
+from chord.core import quaternion as quat
 from chord.motion.model import DynamicObject
 
 if __package__:

@@ -8,7 +8,7 @@ preset: 128x80, 21 frames, 300 iterations stopped early at 200) and its default
 ``preview_every`` (-1: iterations // 10 = every 30, and after the last), on the oracle, in a
 temporary folder; ``--iterations N`` stops after the first N iterations of that schedule
 (the previews keep the full run's cadence). Prints the training's wall time, the previews'
-(written by :class:`chord.live_preview.Previews`, counted by the process) and their share.
+(written by :class:`chord.training.live_preview.Previews`, counted by the process) and their share.
 Not collected by pytest.
 """
 
@@ -30,8 +30,11 @@ def main(argv=None) -> int:
     ap.add_argument("--iterations", type=int, help="stop after this many (default: the run's)")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(REPO))
-    from chord import config as cc
-    from chord import demo, paths, runs, tiers
+    from chord.cli import upstream_train
+    from chord.config import settings as cc
+    from chord.plan import results_layout
+    from chord.resources import tiers
+    from chord.scene import demo
     from chord.stages import train as train_stage
 
     conf = cc.load_file(REPO / "config" / "config.yaml")
@@ -44,29 +47,29 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         data = demo.write_demo_scene(args.scene, root / "data", frame_num=spec.method.frame_num)
-        out = runs.prepare_geometry(
+        out = upstream_train.prepare_geometry(
             data=data, results=root / "results", scene=args.scene, method=spec.method
         )
         inputs = {
-            "scene_json": paths.scene_json(root / "results", args.scene),
+            "scene_json": results_layout.scene_json(root / "results", args.scene),
             "plys": out["plys"],
             "voxels": out["voxels"],
             "text_path": None,
             "data_dir": data,
         }
-        folder = paths.previews_dir(root / "results", args.scene)
+        folder = results_layout.previews_dir(root / "results", args.scene)
         m = spec.method
         preview = {"folder": folder, "every": every, "ref_azim": m.ref_azim,
                    "ref_cam_radius": m.ref_cam_radius, "fps": m.save_fps}  # fmt: skip
         if args.iterations:
-            from chord import train
+            from chord.training import run_loop
 
-            real_run = train.run
+            real_run = run_loop.run
 
             def short(trainer, start, stop, **kw):
                 return real_run(trainer, start, min(stop, args.iterations + 1), **kw)
 
-            train.run = short
+            run_loop.run = short
         t0 = time.perf_counter()
         summary = train_stage.run_stage(
             "coarse",

@@ -45,12 +45,13 @@ MODES = [
 
 
 def prepare(scene: str, root: Path, method):
-    from chord import paths, runs
+    from chord.cli import upstream_train
+    from chord.plan import results_layout
 
     data = root / "data" / scene
-    out = runs.prepare_geometry(data=data, results=root, scene=scene, method=method)
+    out = upstream_train.prepare_geometry(data=data, results=root, scene=scene, method=method)
     return {
-        "scene_json": paths.scene_json(root, scene),
+        "scene_json": results_layout.scene_json(root, scene),
         "plys": out["plys"],
         "voxels": out["voxels"],
         "text_path": None,
@@ -61,7 +62,7 @@ def prepare(scene: str, root: Path, method):
 def recovery_error(trainer) -> float:
     """metrics.json's recovery_relative: mean |x_pred − x_scripted| over frames and the
     dynamic Gaussians, divided by their mean scripted displacement."""
-    from chord import metrics
+    from chord.evaluation import metrics
 
     target = trainer.guidance.target["means"]
     with torch.no_grad():
@@ -80,7 +81,7 @@ def recovery(args) -> None:
     every = max(1, method.iterations // 6)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        from chord import demo
+        from chord.scene import demo
 
         demo.write_demo_scene(args.scene, root / "data", frame_num=method.frame_num)
         inputs = prepare(args.scene, root, method)
@@ -107,9 +108,9 @@ def recovery(args) -> None:
 
 def one_mode(mode: str, repeat: int) -> None:
     """Child process: time one SDS backward in the given mode; print JSON."""
-    from chord import config as cc
-    from chord import trainer
+    from chord.config import settings as cc
     from chord.guidance import tiny_models, wan
+    from chord.training import trainer
 
     s, r, c = json.loads(mode)
     with tempfile.TemporaryDirectory() as tmp:

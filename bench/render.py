@@ -20,8 +20,10 @@ from pathlib import Path
 
 import torch
 
-from chord import cameras, demo, gaussians, scene
-from chord.render import rasterize, splat_tensors
+from chord.gaussians import gaussian_set
+from chord.render import cameras
+from chord.render.rasterizer import rasterize, splat_tensors
+from chord.scene import demo, ingestion
 
 if __package__:
     from bench import fixtures
@@ -32,9 +34,9 @@ else:
 def demo_splats(n: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         folder = demo.write_demo_scene("sway", Path(tmp))
-        parts = scene.load_parts(folder / "scene.glb")
-        centre, s = scene.normalisation(scene.bounds_of(parts))
-        g = gaussians.init_from_mesh(scene.normalise_parts(parts, centre, s), n, seed=0)
+        parts = ingestion.load_parts(folder / "scene.glb")
+        centre, s = ingestion.normalisation(ingestion.bounds_of(parts))
+        g = gaussian_set.init_from_mesh(ingestion.normalise_parts(parts, centre, s), n, seed=0)
     return splat_tensors(g)
 
 

@@ -1,5 +1,5 @@
 """How one training iteration's cost grows on a CPU, and the CPU-proxy calibration of the
-peak-memory model (``chord.peak_memory``).
+peak-memory model (``chord.resources.peak_memory``).
 
     python bench/scaling.py cost [--plot docs/scaling.png] [--repeat 2]
     python bench/scaling.py modes [--repeat 2]
@@ -20,20 +20,22 @@ render and Tiny VAE graphs that the split modes stop overlapping are both there.
 two fresh processes: CPU seconds (best of --repeat after a warm-up iteration) in one, the
 peak RSS of an iteration above the RSS before it in the other (experts loaded first).
 
-profile: CPU seconds per phase of chord.trainer.Trainer.step on a prepared demo workdir (a copy
+profile: CPU seconds per phase of chord.training.trainer.Trainer.step on a prepared demo workdir (a
+copy
 of config/ where ``snakemake --cores 2 --until voxelize`` has run), built as the training
 stage builds it (chord.stages.train.build) from that folder's config (method, the scene's
 overrides, guidance; --set overrides method keys), single-threaded unless --threads; the
 mean CPU seconds per phase and per iteration over --iterations after a warm-up iteration, and
 the wall seconds per iteration; --ops adds the torch profiler's operator table.
 
-memory-fit: the CPU proxy measurements behind ``chord.peak_memory``: the memory held by the
+memory-fit: the CPU proxy measurements behind ``chord.resources.peak_memory``: the memory held by
+the
 autograd graph (current RSS above the baseline, after the forward pass) of the render of a
 video (deform + projection + rasteriser, torch backend), of the deformation alone (what the
 temporal loss keeps besides its pair lists), of the Tiny VAE encoder and of the
 Wan VAE encoder (random weights, base widths 8 and 16), and the no-grad peak of the Wan VAE
 encoder, at several shapes; then least-squares fits of the per-unit coefficients, printed
-next to the constants ``chord.peak_memory`` uses.
+next to the constants ``chord.resources.peak_memory`` uses.
 
 The memory-fit children run with MALLOC_MMAP_THRESHOLD_=65536 so freed tensors go back to the
 system and RSS follows the live memory (cost children do not: it would slow every
@@ -76,9 +78,9 @@ def oracle_trainer(frames: int, width: int, height: int, batch: int, gaussians: 
     random table (the scripted motion)."""
     import torch
 
-    from chord import config as cc
-    from chord import trainer
+    from chord.config import settings as cc
     from chord.guidance.oracle import OracleGuidance
+    from chord.training import trainer
 
     method = cc.method_from_mapping(
         {"size": f"{width}*{height}", "frame_num": frames, "batch_size": batch, "seed": 0}
@@ -119,10 +121,10 @@ def modes_trainer(p: dict, folder: Path):
     """The tiny random Wan (+ Tiny VAE) Trainer of the ``modes`` benchmark."""
     import torch
 
-    from chord import config as cc
-    from chord import trainer
+    from chord.config import settings as cc
     from chord.guidance import wan
     from chord.guidance.tiny_vae import TinyVAEEncoder
+    from chord.training import trainer
 
     torch.manual_seed(0)
     guide = wan.WanGuidance(folder, tiny_vae=TinyVAEEncoder())
@@ -169,8 +171,8 @@ def child_render(p: dict) -> dict:
     """Graph memory of one training render with grad (before backward), torch backend."""
     import torch
 
-    from chord import cameras
-    from chord.render import render_video
+    from chord.render import cameras
+    from chord.render.rasterizer import render_video
 
     scene = fixtures.block_scene(p["gaussians"], p["frames"], deform=0.02)
     K = cameras.intrinsics(p["width"], p["height"])
@@ -318,7 +320,7 @@ def plot(rows, path: Path) -> None:
 def profile(args) -> None:
     import torch
 
-    from chord import losses
+    from chord.motion import regularisers
     from chord.stages import train as stage
 
     torch.set_num_threads(args.threads)
@@ -339,8 +341,8 @@ def profile(args) -> None:
     cpu, wrap = clock.times, clock.wrap
     wrap(tr.guidance, "condition", "oracle target render")
     wrap(tr, "render", "training render (forward)")
-    wrap(losses, "temporal_loss", "temporal loss (forward)")
-    wrap(losses, "arap_energy", "ARAP energy (forward)")
+    wrap(regularisers, "temporal_loss", "temporal loss (forward)")
+    wrap(regularisers, "arap_energy", "ARAP energy (forward)")
     wrap(tr, "regularisers", "regularisers (forward + backward)")
     wrap(tr, "sds", "SDS (forward + backward)")
     tr.step(1)
@@ -424,7 +426,7 @@ def _lstsq(features, values):
 
 
 def memory_fit(args) -> None:
-    from chord import peak_memory
+    from chord.resources import peak_memory
 
     MB = 2**20
     out = {}
@@ -524,7 +526,7 @@ def memory_fit(args) -> None:
         ("Wan VAE bytes / (base·frame·pixel)", out["wan_vae"], "wan_vae_per_base_pixel"),
         ("Wan VAE no-grad / (base·pixel)", out["wan_vae_nograd"], "wan_vae_nograd_per_base_pixel"),
     ]
-    print(f"\n{'coefficient':36s} {'fit':>9s} {'chord.peak_memory':>12s}")
+    print(f"\n{'coefficient':36s} {'fit':>9s} {'chord.resources.peak_memory':>12s}")
     for name, fit, key in rows:
         print(f"{name:36s} {fit:9.2f} {c[key]:12.2f}")
 

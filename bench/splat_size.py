@@ -7,7 +7,7 @@ keys) against the per-frame 3DGS PLY sequence ``export/ply`` of the same scene.
 Rows: each scene exported under ``--results`` (a workflow's results folder, e.g. a demo run:
 the files as written), then one synthetic dynamic object of ``--gaussians`` Gaussians with
 ``--cp-num`` control points over ``--frames`` frames, whose GLB is written by
-chord.trained.write_splats_glb (random trained-like motion) and whose PLY sequence is
+chord.export.trained_scene.write_splats_glb (random trained-like motion) and whose PLY sequence is
 computed from the format (a PLY header plus 4 bytes per property per Gaussian, per frame; the
 formula is checked against a written file first). Not collected by pytest.
 """
@@ -27,10 +27,10 @@ else:
 
 
 def ply_sequence_bytes(gaussians: int, frames: int, sh_degree: int) -> int:
-    """Bytes of a PLY sequence (chord.ply.write_ply's layout): per frame a header and
+    """Bytes of a PLY sequence (chord.gaussians.ply.write_ply's layout): per frame a header and
     (17 + 3·((d+1)² − 1)) float32 properties per Gaussian."""
-    from chord import gaussians as gs
-    from chord import ply
+    from chord.gaussians import gaussian_set as gs
+    from chord.gaussians import ply
 
     k = (sh_degree + 1) ** 2
     one = gs.GaussianSet(np.zeros((1, 3)), np.zeros((1, 3)), [[1.0, 0, 0, 0]], [0.0],
@@ -45,12 +45,12 @@ def ply_sequence_bytes(gaussians: int, frames: int, sh_degree: int) -> int:
 
 def exported_rows(results: Path) -> list[dict]:
     """The workflow's own files: dynamic_splats.glb against export/ply of every scene."""
-    from chord import gltf_io
+    from chord.gltf import container
 
     rows = []
     for glb in sorted(results.glob("*/export/dynamic_splats.glb")):
         plys = sorted((glb.parent / "ply").glob("frame_*.ply"))
-        doc, _ = gltf_io.read_glb(glb)
+        doc, _ = container.read_glb(glb)
         count = sum(
             doc["accessors"][m["primitives"][0]["attributes"]["POSITION"]]["count"]
             for m in doc["meshes"]
@@ -74,10 +74,10 @@ def synthetic_row(gaussians: int, frames: int, cp_num: int, sh_degree: int) -> d
     trained-like motion (the table ~ N(0, 0.01²)); the GLB written, the PLYs computed."""
     import torch
 
-    from chord import gaussians as gs
-    from chord import trained
+    from chord.export import trained_scene
+    from chord.gaussians import gaussian_set as gs
     from chord.motion.model import DynamicObject, MotionScene
-    from chord.render import splat_tensors
+    from chord.render.rasterizer import splat_tensors
 
     rng = np.random.default_rng(0)
     means = rng.normal(size=(gaussians, 3))
@@ -106,7 +106,7 @@ def synthetic_row(gaussians: int, frames: int, cp_num: int, sh_degree: int) -> d
     }
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "dynamic_splats.glb"
-        trained.write_splats_glb(
+        trained_scene.write_splats_glb(
             out, doc=doc, scene=scene, gaussians={"obj_0": g}, frames=frames, fps=12
         )
         size = out.stat().st_size
@@ -123,13 +123,13 @@ def synthetic_row(gaussians: int, frames: int, cp_num: int, sh_degree: int) -> d
 
 def check_formula(tmp: Path) -> None:
     """The PLY formula equals a written sequence (3 frames of 1,234 Gaussians, degree 1)."""
-    from chord import export
-    from chord import gaussians as gs
+    from chord.export import videos
+    from chord.gaussians import gaussian_set as gs
 
     n, T = 1234, 3
     g = gs.GaussianSet(np.zeros((n, 3)), np.zeros((n, 3)), np.tile([1.0, 0, 0, 0], (n, 1)),
                        np.zeros(n), np.zeros((n, 4, 3)))  # fmt: skip
-    files = export.write_ply_sequence(
+    files = videos.write_ply_sequence(
         tmp / "ply", g, np.repeat(g.means[None], T, 0), np.repeat(g.quats[None], T, 0)
     )
     written = sum(f.stat().st_size for f in files)

@@ -8,7 +8,7 @@ as bench/dag.py does) and a results tree in which the runs cycle through the sta
 done (every stage's output to metrics.json), a fifth training with a fresh progress.json, a
 fifth stalled (an hour-old one), a fifth failed (an error at the end of a log of a few
 thousand lines) and a fifth not started. It prints the best wall time of the whole command
-(``python -m chord.cli status``: Python start-up, the config and sheet, every run's files) and
+(``python -m chord.cli.main status``: Python start-up, the config and sheet, every run's files) and
 the states counted. Not collected by pytest.
 """
 
@@ -27,15 +27,15 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def write_tree(root: Path, n: int) -> Path:
-    from chord import paths as P
-    from chord import progress
+    from chord.plan import results_layout as P
+    from chord.training import progress
 
     demo = root / "demo"
     res = root / "results"
     rows = ["scene\tdata\tprompt"]
     now = time.time()
     log_lines = "".join(
-        f"2026-12-04 10:00:00,000 INFO chord.progress: progress scene=s it={i}/3000\n"
+        f"2026-12-04 10:00:00,000 INFO chord.training.progress: progress scene=s it={i}/3000\n"
         for i in range(3000)
     )
     for i in range(n):
@@ -76,7 +76,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         config = write_tree(Path(tmp), args.scenes)
-        cmd = [sys.executable, "-m", "chord.cli", "status", "--config", str(config), "--json"]
+        cmd = [sys.executable, "-m", "chord.cli.main", "status", "--config", str(config), "--json"]
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         best = float("inf")
         for _ in range(args.repeat):

@@ -1,5 +1,5 @@
 # Each stage's one code input (issue 15): the sha256 of the chord sources its result depends
-# on, found from its module's imports (chord.sources.sources). An edited source is newer than
+# on, found from its module's imports (chord.plan.code_sources.sources). An edited source is newer than
 # the digest with another content; a changed file set (input) or content under an older time
 # (params) re-run this job too. The new digest re-runs its stage and what follows. A touch
 # alone (same checksum) or a complete run leaves nothing to do.
@@ -15,7 +15,7 @@ rule code:
     log:
         P.code_digest(CODE_ROOT, "{stage}").with_suffix(".log"),
     wildcard_constraints:
-        stage="|".join(chord.sources.STAGES),
+        stage="|".join(chord.plan.code_sources.STAGES),
     conda:
         "../workflow/envs/chord.yaml"
     params:

@@ -8,19 +8,19 @@ from snakemake.logging import logger
 from snakemake.utils import validate
 
 import chord
-import chord.config as cc
-import chord.demo as demo
-import chord.gltf_check
-import chord.gpus
-import chord.peak_memory
-import chord.job_memory
-import chord.paths as P
-import chord.plan
-import chord.result_keys as rk
-import chord.sheet
-import chord.sources
-import chord.tiers as ct
-import chord.workflow_jobs
+import chord.config.settings as cc
+import chord.scene.demo as demo
+import chord.gltf.check
+import chord.resources.gpus
+import chord.resources.peak_memory
+import chord.resources.job_memory
+import chord.plan.results_layout as P
+import chord.plan.scene_plan
+import chord.config.result_keys as rk
+import chord.config.sheet
+import chord.plan.code_sources
+import chord.resources.tiers as ct
+import chord.plan.workflow_jobs
 
 validate(config, cc.CONFIG_SCHEMA)
 DEBUG_SCENE = config["debug_scene"]
@@ -31,7 +31,7 @@ if DEBUG_SCENE:  # a debug run: one scene, the debug method values, its own resu
     _over = config["scene_overrides"].get(DEBUG_SCENE, {})
     config["scene_overrides"][DEBUG_SCENE] = {**_over, **config["debug"]["method"]}
 try:
-    _rows = chord.sheet.read_sheet(config["scenes"])
+    _rows = chord.config.sheet.read_sheet(config["scenes"])
     if DEBUG_SCENE and DEBUG_SCENE not in [r["scene"] for r in _rows]:
         raise cc.ConfigError(
             f"debug_scene: {DEBUG_SCENE!r} is not a scene of {config['scenes']}"
@@ -47,15 +47,15 @@ except cc.ConfigError as exc:
     raise WorkflowError(str(exc))
 
 RESULTS = config["results"]
-# the ingest job's mem_mb: the budget of its reads (chord.gltf_check)
-INGEST_MEM_MB = chord.gltf_check.INGEST_MEM_MB
+# the ingest job's mem_mb: the budget of its reads (chord.gltf.check)
+INGEST_MEM_MB = chord.gltf.check.INGEST_MEM_MB
 DEMO_DIR = config["demo_dir"]
 SCENES = [DEBUG_SCENE] if DEBUG_SCENE else list(CONF.scenes)
 # A stage's code input is one file, the sha256 of the chord sources its result depends on
 # (written by rules/code.smk). It lives beside the demo scenes, outside any results root, so
 # production and debug runs share it: one code change is a change for both.
 CODE_ROOT = "resources"
-_CODE = {}  # stage -> its sources, found once per run (chord.sources.sources_by_stage)
+_CODE = {}  # stage -> its sources, found once per run (chord.plan.code_sources.sources_by_stage)
 
 
 # The sheet's id pattern, not the list of ids: a 1000-name alternation in every output pattern
@@ -70,14 +70,14 @@ _PLANS = {}
 
 
 def plan(name):
-    """The plan of a scene or of one run of it (chord.plan.scene): its files, objects by role,
+    """The plan of a scene or of one run of it (chord.plan.scene_plan.scene): its files, objects by role,
     training stages and each stage's inputs and outputs, made once per workflow start.
     """
     if name not in _PLANS:
         scene, seed = P.run_parts(name)
         try:
             if seed is None:
-                _PLANS[name] = chord.plan.scene(CONF, scene)
+                _PLANS[name] = chord.plan.scene_plan.scene(CONF, scene)
             else:
                 _PLANS[name] = plan(scene).for_run(name)
         except cc.ConfigError as exc:
@@ -95,7 +95,7 @@ _NAMED = {}
 
 def planned(stage):
     """The input function of a stage's rule: its plan's inputs as Snakemake's named inputs
-    (chord.plan.named; the adapter reads them back with chord.plan.record). Made once per
+    (chord.plan.scene_plan.named; the adapter reads them back with chord.plan.scene_plan.record). Made once per
     scene and stage (a plan is frozen; gaussians and voxelize ask once per object, the two
     training stages once each); Snakemake does not change what an input function returns.
     """
@@ -105,7 +105,7 @@ def planned(stage):
         key = (stage, name)
         if key not in _NAMED:
             try:
-                named = chord.plan.named(getattr(plan(name), f"{stage}_inputs")())
+                named = chord.plan.scene_plan.named(getattr(plan(name), f"{stage}_inputs")())
             except cc.ConfigError as exc:
                 raise WorkflowError(str(exc))
             _NAMED[key] = named
@@ -125,14 +125,14 @@ def demo_frame_num(name):
 
 
 def stage_params(name, stage):
-    """The fields of a stage's config (chord.result_keys): the method keys it reads, of a
+    """The fields of a stage's config (chord.config.result_keys): the method keys it reads, of a
     scene or a run."""
     return rk.stage_params(run_spec(name).method, stage)
 
 
 def run_spec(name):
-    """The scene spec of a scene or run: a sweep's run has its own seed (chord.plan.run_spec)."""
-    return chord.plan.run_spec(CONF, name)
+    """The scene spec of a scene or run: a sweep's run has its own seed (chord.plan.scene_plan.run_spec)."""
+    return chord.plan.scene_plan.run_spec(CONF, name)
 
 
 def condition_params(scene):
@@ -150,14 +150,14 @@ def condition_params(scene):
 def code_sources(wildcards):
     """The chord files a stage's result depends on: its module's imports, transitively."""
     if not _CODE:
-        _CODE.update(chord.sources.sources_by_stage())
+        _CODE.update(chord.plan.code_sources.sources_by_stage())
     return [str(p) for p in _CODE[wildcards.stage]]
 
 
 def code_sha(wildcards):
     """The sha256 of those files' names and contents (a param: content changed under an
     older mtime, as from a restored copy, re-runs the stage too)."""
-    return chord.sources.digest(code_sources(wildcards))
+    return chord.plan.code_sources.digest(code_sources(wildcards))
 
 
 def code(stage):
@@ -169,28 +169,28 @@ def fitted_ply(wildcards):
     folder = CONF.scenes[wildcards.scene].gaussians
     if folder is None:
         return []
-    import chord.ply  # here: it imports trimesh (chord.gaussians), ~2 s the DAG build spares
+    import chord.gaussians.ply  # here: it imports trimesh (chord.gaussians.gaussian_set), ~2 s the DAG build spares
 
     try:
-        return [str(chord.ply.find_fitted_ply(Path(folder) / wildcards.obj))]
+        return [str(chord.gaussians.ply.find_fitted_ply(Path(folder) / wildcards.obj))]
     except ValueError:
         return []  # the stage reports what is missing
 
 
 # The experts' shapes for the memory model: the Wan folder's configs, else A14B.
-MODEL = chord.peak_memory.model_for(CONF.guidance.ckpt_dir)
+MODEL = chord.resources.peak_memory.model_for(CONF.guidance.ckpt_dir)
 # Host RAM of the condition job: the text encoder in float32 (UMT5-XXL ~23 GB).
-CONDITION_MEM_MB = chord.job_memory.condition_mem_mb(
+CONDITION_MEM_MB = chord.resources.job_memory.condition_mem_mb(
     CONF.guidance.ckpt_dir, CONF.guidance.backend
 )
 # Each scene's start tier, each attempt's tier and job request, the training hashes: worked
-# out once per workflow start (chord.workflow_jobs). The GPUs of `auto` tiers: the config's
+# out once per workflow start (chord.plan.workflow_jobs). The GPUs of `auto` tiers: the config's
 # gpu_mem_gb (a card label the profile sets) and gpus_per_node, else this machine's.
-JOBS = chord.workflow_jobs.WorkflowJobs(
+JOBS = chord.plan.workflow_jobs.WorkflowJobs(
     CONF,
     TIERS,
     scene_plan=plan,
-    node=lambda: chord.gpus.node(
+    node=lambda: chord.resources.gpus.node(
         os.environ,
         gpu_mem_gb=config["gpu_mem_gb"],
         gpus_per_node=config["gpus_per_node"],
@@ -225,7 +225,7 @@ def train_inputs(wildcards):
 
 
 def tier_resource(stage, key):
-    """A training resource as a function of the attempt (chord.workflow_jobs): tier, gpus
+    """A training resource as a function of the attempt (chord.plan.workflow_jobs): tier, gpus
     (the rules' gpu resource), mem_mb, cpus_per_gpu, runtime, gpu_model or slurm_partition.
     A training job is a run's; the teacher preview is a scene's (its unswept run)."""
     return lambda wc, attempt: asked(
@@ -264,12 +264,12 @@ CONDITION_GPU_KIND = (
 
 def aggregate_inputs(wildcards):
     """Every run's metrics.json and loss logs."""
-    return chord.plan.named(chord.plan.aggregate_inputs({s: plan(s) for s in SCENES}))
+    return chord.plan.scene_plan.named(chord.plan.scene_plan.aggregate_inputs({s: plan(s) for s in SCENES}))
 
 
 def runs():
     """Every run's name (a scene, or a swept scene's <scene>/seed_<s>), in sheet order."""
-    return [p.run for p in chord.plan.runs({s: plan(s) for s in SCENES})]
+    return [p.run for p in chord.plan.scene_plan.runs({s: plan(s) for s in SCENES})]
 
 
 def sweep_rule():
@@ -279,7 +279,7 @@ def sweep_rule():
 
 def sweep_inputs(wildcards):
     """A swept scene's seeds' reference-camera videos and metrics."""
-    return chord.plan.named(plan(wildcards.scene).sweep_inputs())
+    return chord.plan.scene_plan.named(plan(wildcards.scene).sweep_inputs())
 
 
 def preview_params(scene):
@@ -301,4 +301,4 @@ def debug_inputs(wildcards):
 
 
 def all_targets():
-    return chord.plan.all_targets({s: plan(s) for s in SCENES}, RESULTS)
+    return chord.plan.scene_plan.all_targets({s: plan(s) for s in SCENES}, RESULTS)

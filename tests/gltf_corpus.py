@@ -17,7 +17,7 @@ import numpy as np
 import trimesh
 from PIL import Image
 
-from chord import gltf_io
+from chord.gltf import container
 from tests import components
 from tests.conftest import REPO
 
@@ -96,11 +96,11 @@ class Doc:
     """A GLB's JSON and binary chunk, with accessors appended to the chunk."""
 
     def __init__(self, path: Path):
-        self.doc, blob = gltf_io.read_glb(path)
+        self.doc, blob = container.read_glb(path)
         self.blob = bytearray(blob)
 
     def add(self, array: np.ndarray, kind: str, component: int, **extra) -> int:
-        a = np.ascontiguousarray(array, dtype=np.dtype(gltf_io.COMPONENTS[component]))
+        a = np.ascontiguousarray(array, dtype=np.dtype(container.COMPONENTS[component]))
         self.blob.extend(b"\0" * (-len(self.blob) % 4))
         view = {"buffer": 0, "byteOffset": len(self.blob), "byteLength": a.nbytes}
         self.blob.extend(a.tobytes())
@@ -133,7 +133,7 @@ class Doc:
 
     def save(self, path: Path) -> Path:
         self.doc["buffers"] = [{"byteLength": len(self.blob) + (-len(self.blob) % 4)}]
-        gltf_io.write_glb(path, self.doc, bytes(self.blob))
+        container.write_glb(path, self.doc, bytes(self.blob))
         return path
 
 
@@ -152,13 +152,13 @@ def with_texture_transform(src: Path, dst: Path, ext: dict, *, second_texture=Fa
     the original UVs without a transform."""
     d = Doc(src)
     prim = d.prim()
-    uv = gltf_io.read_accessor(d.doc, bytes(d.blob), prim["attributes"]["TEXCOORD_0"])
+    uv = container.read_accessor(d.doc, bytes(d.blob), prim["attributes"]["TEXCOORD_0"])
     if second_texture:
         prim["attributes"]["TEXCOORD_1"] = prim["attributes"]["TEXCOORD_0"]
         d.material()["emissiveTexture"] = {"index": 0, "texCoord": 1}
         d.material()["emissiveFactor"] = [1.0, 1.0, 1.0]
     moved = texture_transform_inverse(uv, ext)
-    prim["attributes"]["TEXCOORD_0"] = d.add(moved, "VEC2", gltf_io.FLOAT)
+    prim["attributes"]["TEXCOORD_0"] = d.add(moved, "VEC2", container.FLOAT)
     base = d.material()["pbrMetallicRoughness"]["baseColorTexture"]
     base["extensions"] = {"KHR_texture_transform": ext}
     d.uses("KHR_texture_transform", required=False)
@@ -170,10 +170,10 @@ def gltfpack_quantised_uvs(src: Path, dst: Path) -> Path:
     KHR_texture_transform (offset = min, scale = range) on every texture of the material."""
     d = Doc(src)
     prim = d.prim()
-    uv = gltf_io.read_accessor(d.doc, bytes(d.blob), prim["attributes"]["TEXCOORD_0"])
+    uv = container.read_accessor(d.doc, bytes(d.blob), prim["attributes"]["TEXCOORD_0"])
     lo, span = uv.min(0), uv.max(0) - uv.min(0)
     q = np.round((uv - lo) / span * 65535).astype(np.uint16)
-    prim["attributes"]["TEXCOORD_0"] = d.add(q, "VEC2", gltf_io.UNSIGNED_SHORT, normalized=True)
+    prim["attributes"]["TEXCOORD_0"] = d.add(q, "VEC2", container.UNSIGNED_SHORT, normalized=True)
     ext = {"offset": lo.tolist(), "scale": span.tolist()}
     d.material()["pbrMetallicRoughness"]["baseColorTexture"]["extensions"] = {
         "KHR_texture_transform": ext
@@ -186,7 +186,9 @@ def gltfpack_quantised_uvs(src: Path, dst: Path) -> Path:
 def with_vertex_colours(src: Path, dst: Path, rgba: np.ndarray) -> Path:
     """COLOR_0 (normalised uint8 RGBA) beside the material's texture."""
     d = Doc(src)
-    d.prim()["attributes"]["COLOR_0"] = d.add(rgba, "VEC4", gltf_io.UNSIGNED_BYTE, normalized=True)
+    d.prim()["attributes"]["COLOR_0"] = d.add(
+        rgba, "VEC4", container.UNSIGNED_BYTE, normalized=True
+    )
     return d.save(dst)
 
 
@@ -195,11 +197,11 @@ def with_sparse_positions(src: Path, dst: Path, indices: np.ndarray, delta) -> P
     d = Doc(src)
     prim = d.prim()
     acc_index = prim["attributes"]["POSITION"]
-    pos = gltf_io.read_accessor(d.doc, bytes(d.blob), acc_index)
+    pos = container.read_accessor(d.doc, bytes(d.blob), acc_index)
     moved = (pos[indices] + np.asarray(delta)).astype(np.float32)
     acc = copy.deepcopy(d.doc["accessors"][acc_index])
-    idx_acc = d.add(indices.astype(np.uint16), "SCALAR", gltf_io.UNSIGNED_SHORT)
-    val_acc = d.add(moved, "VEC3", gltf_io.FLOAT)
+    idx_acc = d.add(indices.astype(np.uint16), "SCALAR", container.UNSIGNED_SHORT)
+    val_acc = d.add(moved, "VEC3", container.FLOAT)
     new = dict(acc)
     new["sparse"] = {
         "count": len(indices),
@@ -224,7 +226,7 @@ def with_ktx2_textures(src: Path, dst: Path, encoder: Path, work: Path) -> Path:
         png.write_bytes(d.view_bytes(im["bufferView"]))
         run([encoder, "-ktx2", "-uastc", png, "-output_file", work / f"image_{i}.ktx2"], cwd=work)
         data = np.frombuffer((work / f"image_{i}.ktx2").read_bytes(), np.uint8)
-        new = d.add(data, "SCALAR", gltf_io.UNSIGNED_BYTE)
+        new = d.add(data, "SCALAR", container.UNSIGNED_BYTE)
         view = d.doc["accessors"].pop(new)["bufferView"]
         d.doc["images"][i] = {"bufferView": view, "mimeType": "image/ktx2"}
     for tex in d.doc["textures"]:
@@ -248,7 +250,7 @@ def with_required_extension(src: Path, dst: Path, ext: str) -> Path:
 
 def lines_only(dst: Path) -> Path:
     """A GLB whose one mesh is a LINES primitive (a wireframe, no triangles)."""
-    out = gltf_io.GltfBuilder("test")
+    out = container.GltfBuilder("test")
     pos = out.add_accessor(np.array([[0, 0, 0], [1, 0, 0], [1, 1, 0]], float), "VEC3")
     prim = {"attributes": {"POSITION": pos}, "mode": 1}
     out.doc["nodes"] = [{"mesh": out.add("meshes", {"primitives": [prim]})}]
@@ -267,12 +269,12 @@ def zero_area(dst: Path) -> Path:
 def shared_mesh_nodes(dst: Path, n: int = 5) -> tuple[Path, list[np.ndarray]]:
     """One box mesh placed by ``n`` nodes (what glTF Transform's `instance` turns into one
     node with EXT_mesh_gpu_instancing); returns the file and the nodes' matrices."""
-    out = gltf_io.GltfBuilder("test")
+    out = container.GltfBuilder("test")
     box = trimesh.creation.box(extents=(0.2, 0.3, 0.2))
-    pos = out.add_accessor(box.vertices, "VEC3", target=gltf_io.ARRAY_BUFFER)
+    pos = out.add_accessor(box.vertices, "VEC3", target=container.ARRAY_BUFFER)
     idx = out.add_accessor(
-        box.faces.reshape(-1), "SCALAR", target=gltf_io.ELEMENT_ARRAY_BUFFER,
-        component=gltf_io.UNSIGNED_SHORT, bounds=False,
+        box.faces.reshape(-1), "SCALAR", target=container.ELEMENT_ARRAY_BUFFER,
+        component=container.UNSIGNED_SHORT, bounds=False,
     )  # fmt: skip
     mesh = out.add("meshes", {"primitives": [{"attributes": {"POSITION": pos}, "indices": idx}]})
     mats, nodes = [], []
@@ -281,7 +283,7 @@ def shared_mesh_nodes(dst: Path, n: int = 5) -> tuple[Path, list[np.ndarray]]:
         q = [0.0, float(np.sin(angle / 2)), 0.0, float(np.cos(angle / 2))]
         node = {"mesh": mesh, "translation": [0.5 * k, 0.1 * k, -0.2 * k], "rotation": q,
                 "scale": [1.0, 1.0 + 0.1 * k, 1.0]}  # fmt: skip
-        mats.append(gltf_io.node_matrix(node))
+        mats.append(container.node_matrix(node))
         nodes.append(out.add("nodes", node))
     out.doc["scenes"] = [{"nodes": nodes}]
     out.doc["scene"] = 0
@@ -297,7 +299,7 @@ def with_instances(src: Path, dst: Path, offsets: np.ndarray) -> Path:
     Transform's `instance` writes it)."""
     d = Doc(src)
     node = next(n for n in d.doc["nodes"] if "mesh" in n)
-    acc = d.add(np.asarray(offsets, np.float32), "VEC3", gltf_io.FLOAT)
+    acc = d.add(np.asarray(offsets, np.float32), "VEC3", container.FLOAT)
     node["extensions"] = {"EXT_mesh_gpu_instancing": {"attributes": {"TRANSLATION": acc}}}
     d.uses("EXT_mesh_gpu_instancing")
     return d.save(dst)
@@ -310,12 +312,12 @@ def with_draco(dst: Path) -> Path:
 
     box = trimesh.creation.box(extents=(0.4, 0.3, 0.2))
     data = DracoPy.encode(box.vertices.astype(np.float32), box.faces)
-    out = gltf_io.GltfBuilder("test")
+    out = container.GltfBuilder("test")
     view = out.add_view(data)
-    pos = out.add("accessors", {"componentType": gltf_io.FLOAT, "count": len(box.vertices),
+    pos = out.add("accessors", {"componentType": container.FLOAT, "count": len(box.vertices),
                                 "type": "VEC3", "min": box.bounds[0].tolist(),
                                 "max": box.bounds[1].tolist()})  # fmt: skip
-    idx = out.add("accessors", {"componentType": gltf_io.UNSIGNED_INT,
+    idx = out.add("accessors", {"componentType": container.UNSIGNED_INT,
                                 "count": box.faces.size, "type": "SCALAR"})  # fmt: skip
     ext = {"bufferView": view, "attributes": {"POSITION": 0}}
     prim = {"attributes": {"POSITION": pos}, "indices": idx,

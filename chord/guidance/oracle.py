@@ -17,10 +17,10 @@ import torch.nn.functional as F
 from scipy.spatial.transform import Rotation
 from torch import Tensor
 
-from chord import quaternion as quat
-from chord.errors import InputError
+from chord.core import quaternion as quat
+from chord.core.errors import InputError
 from chord.motion import scripted
-from chord.render import render_video
+from chord.render.rasterizer import render_video
 
 logger = logging.getLogger(__name__)
 
@@ -150,7 +150,7 @@ def for_scene(
 ):
     """The oracle of a scene (its stage files' ``doc`` and Gaussian sets ``gsets``): the
     target video of the scripted ``motion.json`` in ``data_dir`` at the SDS size."""
-    from chord.render import splat_tensors
+    from chord.render.rasterizer import splat_tensors
 
     path = Path(data_dir) / "motion.json"
     if not path.is_file():

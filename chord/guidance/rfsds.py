@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from chord import losses
+from chord.motion import regularisers
 
 T_MIN, T_MAX = 0.02, 0.98  # the range every schedule clamps t to
 QUANTILE_GRID_POINTS = 1_000_000  # grid of the resampled density (METHOD §12, step 1)
@@ -166,9 +166,9 @@ def resolution_scales(width: int, height: int) -> tuple[float, float]:
     """METHOD §14: (sds_scale, temporal_scale) for a W×H render; both exactly 1.0 at 832×480.
 
     sds_scale = (60·104)/((H/8)·(W/8)), temporal_scale = (832·480)/(W·H): 2.1667 at 576×320,
-    4.0 at 416×240. The formulas live in ``chord.losses``.
+    4.0 at 416×240. The formulas live in ``chord.motion.regularisers``.
     """
-    return losses.sds_scale(width, height), losses.temporal_scale(width, height)
+    return regularisers.sds_scale(width, height), regularisers.temporal_scale(width, height)
 
 
 # --- checks -----------------------------------------------------------------------------------

@@ -12,8 +12,8 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
-from chord.errors import InputError
-from chord.io import atomic_path
+from chord.core.atomic_files import atomic_path
+from chord.core.errors import InputError
 
 logger = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from chord.errors import InputError
+from chord.core.errors import InputError
 
 logger = logging.getLogger(__name__)
 

@@ -27,14 +27,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from chord.errors import InputError
+from chord.core.errors import InputError
+from chord.core.media import read_mp4
 from chord.guidance.tiny_vae import (
     LATENT_CHANNELS,
     SPATIAL_FACTOR,
     TinyVAEEncoder,
     load_tiny_vae,
 )
-from chord.media import read_mp4
 
 
 def _channel_stats(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

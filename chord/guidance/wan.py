@@ -17,9 +17,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from chord import runtime
-from chord.errors import InputError
+from chord.core.errors import InputError
 from chord.guidance import wan_float32, wan_folder
+from chord.resources import cuda_settings
 
 logger = logging.getLogger(__name__)
 
@@ -108,8 +108,9 @@ class WanGuidance:
 
     @functools.cached_property
     def model_shape(self):
-        """The experts' shapes from the folder's configs (:mod:`chord.peak_memory`'s model)."""
-        from chord import peak_memory
+        """The experts' shapes from the folder's configs (:mod:`chord.resources.peak_memory`'s
+        model)."""
+        from chord.resources import peak_memory
 
         return peak_memory.ModelShape.from_folder(self.folder)
 
@@ -199,7 +200,7 @@ class WanGuidance:
         self.experts.clear()
         self.active = None
         gc.collect()
-        runtime.empty_cache(self.device)
+        cuda_settings.empty_cache(self.device)
 
     @torch.no_grad()
     def velocity(
@@ -237,7 +238,7 @@ class WanGuidance:
     def use_float32(self) -> None:
         """The non-finite fallback: compute in float32 from now on (weights and arithmetic:
         no autocast, no TF32), with twice the expert's memory; the caller checks that it fits
-        first (:func:`chord.float32_fallback.problem`). The log line says what
+        first (:func:`chord.training.float32_fallback.problem`). The log line says what
         it costs (:func:`chord.guidance.wan_float32.float32_slowdown`).
 
         The resident expert is dropped, and the next pass loads it from the folder in float32,

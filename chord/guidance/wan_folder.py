@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from chord.errors import InputError
+from chord.core.errors import InputError
 
 logger = logging.getLogger(__name__)
 

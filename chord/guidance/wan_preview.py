@@ -11,8 +11,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from chord import runtime
 from chord.guidance import wan_folder
+from chord.resources import cuda_settings
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ class PreviewExperts:
         model.to(torch.device("meta"))
         del model
         gc.collect()
-        runtime.empty_cache(self.device)
+        cuda_settings.empty_cache(self.device)
         logger.info("preview: released expert %s", name)
 
     def __call__(self, pipe, step: int, timestep, callback_kwargs: dict) -> dict:
@@ -121,7 +121,7 @@ def sample_video(
     releases it before the VAE decode, so host RAM holds one 14B expert. On a GPU the VAE
     sits there; the expert moves there whole, or with ``mmgp`` (an :class:`MMGPResidency`,
     the tier's ``enable_mmgp``) stays in host RAM with mmgp streaming its blocks
-    (:func:`chord.job_memory.preview_estimate`). No diffusers offload hooks: model CPU
+    (:func:`chord.resources.job_memory.preview_estimate`). No diffusers offload hooks: model CPU
     offload would move the whole expert as we do, its hooks are set once for the components
     present then, and the mmgp tiers' training already streams with mmgp (its profile, budget
     and the memory model's window). Returns frames [F, H, W, 3] uint8."""

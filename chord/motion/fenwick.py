@@ -14,7 +14,7 @@ import math
 import torch
 from torch import Tensor
 
-from chord.quaternion import normalize
+from chord.core.quaternion import normalize
 
 IDENTITY = (1.0, 0.0, 0.0, 0.0)
 

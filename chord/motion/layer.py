@@ -8,7 +8,7 @@ import torch
 from scipy.spatial import cKDTree
 from torch import Tensor, nn
 
-from chord import quaternion as quat
+from chord.core import quaternion as quat
 from chord.motion import fenwick
 
 WEIGHT_FLOOR = 1e-7
@@ -29,7 +29,7 @@ def init_log_radius(centres: Tensor) -> Tensor:
 
 
 def rotate(q: Tensor, v: Tensor) -> Tensor:
-    """:func:`chord.quaternion.rotate` written per component: the same formula,
+    """:func:`chord.core.quaternion.rotate` written per component: the same formula,
     v + 2w(u × v) + 2u × (u × v), without ``linalg.cross`` on broadcast operands, which is
     3-4x slower on a CPU for the [F, N, K] blends of every frame (forward and backward)."""
     w, x, y, z = q.unbind(-1)

@@ -10,8 +10,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from chord import control_points
-from chord import quaternion as quat
+from chord.core import quaternion as quat
+from chord.motion import control_points
 from chord.motion.layer import ControlPointLayer
 
 logger = logging.getLogger(__name__)
@@ -221,7 +221,7 @@ def build_scene(
     """A :class:`MotionScene` from the stage outputs: scene.json's mapping ``doc``,
     ``gaussians`` {name: GaussianSet} for every non-avoided object, and ``voxels`` {name:
     mapping with "control_points" and "surface"} for every dynamic object."""
-    from chord.render import splat_tensors
+    from chord.render.rasterizer import splat_tensors
 
     names, splats, dynamic = [], [], {}
     for obj in doc["objects"]:
@@ -259,7 +259,7 @@ def plan_second_layer(
     k-means; a surface set bisected from v₂ with target ⌊surface_target_num·add_cp_num/M₁⌋;
     centres pruned against the Gaussians and the new set. Returns (centres, surface, v*).
     """
-    from chord import voxels as vx
+    from chord.motion import voxels as vx
 
     v2 = mem_init_voxel_size / method.add_cp_voxel_scale
     solid = vx.solid_voxels(mesh, v2)

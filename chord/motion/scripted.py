@@ -1,6 +1,6 @@
 """Scripted ground-truth motion (``motion.json``, format ``chord-scripted-motion/1``): what
 the oracle teacher renders and the evaluation compares against, and what the demo scenes
-write (:mod:`chord.demo`).
+write (:mod:`chord.scene.demo`).
 
 Per dynamic object and frame ``t`` it is a world-space map of the object's rest-pose points
 ``p``:
@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from chord.errors import InputError
+from chord.core.errors import InputError
 
 MOTION_FORMAT = "chord-scripted-motion/1"
 UP = (0.0, 1.0, 0.0)

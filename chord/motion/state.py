@@ -1,5 +1,6 @@
 """The motion state (METHOD §19): plain tensors plus JSON-able metadata, which every training
-checkpoint and hand-off state holds (``chord.train.save_checkpoint``: a torch file read back
+checkpoint and hand-off state holds (``chord.training.run_loop.save_checkpoint``: a torch file read
+back
 with ``weights_only``, so loading executes no code). It holds everything needed to rebuild and
 continue the motion of a scene on top of its rest Gaussians: per dynamic object the layers'
 centres, radii, rotations and tables (with their per-frame flags), the surface set, the ARAP
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from chord.errors import InputError
+from chord.core.errors import InputError
 from chord.motion.model import MotionScene
 
 FORMAT = "chord-motion/1"

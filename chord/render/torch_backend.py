@@ -23,7 +23,7 @@ import math
 import torch
 from torch import Tensor
 
-from chord.quaternion import to_rotmat
+from chord.core.quaternion import to_rotmat
 from chord.render.sh import spherical_harmonics
 
 ALPHA_THRESHOLD = 1.0 / 255.0
@@ -450,7 +450,8 @@ def rasterize(
     dense=False,
     pair_budget=PAIR_BUDGET,
 ):
-    """The torch backend of :func:`chord.render.rasterize` (flattened batch: B leading)."""
+    """The torch backend of :func:`chord.render.rasterizer.rasterize` (flattened batch: B
+    leading)."""
     B, N = means.shape[:2]
     C = viewmats.shape[1]
     proj = project(

@@ -11,10 +11,10 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from chord import config as cfg
-from chord import plan
-from chord.errors import InputError
-from chord.out_of_memory import is_out_of_memory
+from chord.config import settings as cfg
+from chord.core.errors import InputError
+from chord.plan import scene_plan
+from chord.resources.out_of_memory import is_out_of_memory
 
 logger = logging.getLogger("chord")
 
@@ -33,9 +33,9 @@ def stage_logging(log_path: str, history: str | os.PathLike | None = None) -> It
     attempt until one completes. Snakemake deletes the rule's log before each attempt (a retry
     on the next tier, a requeued job), so the log starts with the earlier attempts' lines
     copied from it; a completed attempt removes it."""
-    from chord import runtime
+    from chord.resources import cuda_settings
 
-    runtime.configure_allocator(os.environ)  # before anything starts CUDA (METHOD §15)
+    cuda_settings.configure_allocator(os.environ)  # before anything starts CUDA (METHOD §15)
     root = logging.getLogger()
     root.setLevel(logging.INFO)
     formatter = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -101,4 +101,4 @@ def input_error_once(record: str | os.PathLike, attempt: int) -> Iterator[None]:
 def scene_spec(config: dict, name: str) -> cfg.SceneSpec:
     """The typed spec of a scene, or of a run ``<scene>/seed_<s>`` of its seed sweep (its own
     seed), from the workflow config mapping."""
-    return plan.run_spec(cfg.load(config), name)
+    return scene_plan.run_spec(cfg.load(config), name)

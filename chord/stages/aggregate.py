@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from chord import metrics_file, plots
-from chord.errors import InputError
-from chord.io import atomic_path
+from chord.core.atomic_files import atomic_path
+from chord.core.errors import InputError
+from chord.evaluation import metrics_file, plots
 
 logger = logging.getLogger(__name__)
 

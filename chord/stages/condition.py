@@ -6,7 +6,8 @@ metadata says so.
 
 The job uses a GPU only where it asks for one (:func:`gpus`, the rule's ``gpu`` resource): the
 Wan folder's UMT5 (~11 GB in bf16) encodes on a GPU unless ``method.t5_cpu``; it then takes a
-free GPU the way a training does (:func:`chord.gpus.job_gpu`), and otherwise hides CUDA, so it
+free GPU the way a training does (:func:`chord.resources.gpus.job_gpu`), and otherwise hides CUDA,
+so it
 never lands on a GPU a training is using."""
 
 from __future__ import annotations
@@ -17,11 +18,11 @@ from pathlib import Path
 
 import torch
 
-from chord.errors import InputError
-from chord.gpus import job_gpu
+from chord.config.result_keys import guidance_config, stage_config
+from chord.core.errors import InputError
 from chord.guidance import text
-from chord.job_size import condition_gpus
-from chord.result_keys import guidance_config, stage_config
+from chord.resources.gpus import job_gpu
+from chord.resources.job_size import condition_gpus
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +72,8 @@ def run(
 
     ``env``: the job's environment (the workflow's condition job passes ``os.environ``, before
     CUDA starts). With :func:`gpus` 1 it takes a free GPU among several and narrows
-    ``CUDA_VISIBLE_DEVICES`` to it (:func:`chord.gpus.job_gpu`; one GPU or none visible: as it
+    ``CUDA_VISIBLE_DEVICES`` to it (:func:`chord.resources.gpus.job_gpu`; one GPU or none visible:
+    as it
     is); with 0 it empties ``CUDA_VISIBLE_DEVICES``, so the process takes no GPU it did not ask
     for. None (``chord train``, which trains on in the same process): the environment stays as
     it is and the GPU is used where one is visible and ``t5_cpu`` is false."""

@@ -1,11 +1,11 @@
-"""Rules ``demo_<name>``: a bundled procedural demo scene (:mod:`chord.demo`) in CHORD's input
+"""Rules ``demo_<name>``: a bundled procedural demo scene (:mod:`chord.scene.demo`) in CHORD's input
 layout, with its scripted motion at the frame count of the sheet rows that use it."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from chord import demo
+from chord.scene import demo
 
 
 def run(*, name: str, out_dir: Path, frame_num: int) -> Path:

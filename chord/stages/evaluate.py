@@ -14,12 +14,16 @@ import torch
 import trimesh
 from PIL import Image
 
-from chord import cameras, config, losses, media, metrics, metrics_file, plots, trained
-from chord import scene as sc
-from chord.errors import InputError
-from chord.io import write_json
-from chord.motion import scripted
-from chord.result_keys import stage_config
+from chord.config import settings
+from chord.config.result_keys import stage_config
+from chord.core import media
+from chord.core.atomic_files import write_json
+from chord.core.errors import InputError
+from chord.evaluation import metrics, metrics_file, plots
+from chord.export import trained_scene
+from chord.motion import regularisers, scripted
+from chord.render import cameras
+from chord.scene import ingestion as sc
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +61,7 @@ def rigidity(scene, frames: int) -> list[float]:
     with torch.no_grad():
         for obj in scene.dynamic.values():
             X, _ = obj.deform(torch.arange(frames), "surface", with_rotations=False)
-            nbr, mask = losses.arap_connectivity(obj.surface)
+            nbr, mask = regularisers.arap_connectivity(obj.surface)
             Xs.append(X)
             nbrs.append(nbr + offset)
             masks.append(mask)
@@ -81,7 +85,7 @@ def object_mesh(scene_json: Path, doc: dict, name: str) -> tuple[np.ndarray, np.
 
 
 def interaction(scene_json: Path, doc: dict, scene, frames: int, samples: int) -> list[dict]:
-    """Per-frame :func:`chord.metrics.pair_interaction` of every dynamic object's surface
+    """Per-frame :func:`chord.evaluation.metrics.pair_interaction` of every dynamic object's surface
     samples (``samples`` per object, area-uniform on its normalised mesh, seeded by its index,
     moved by its trained deformation) against every other non-avoided object's mesh (its
     vertices deformed per frame when it is dynamic, as the export's GLB moves them). One
@@ -90,13 +94,13 @@ def interaction(scene_json: Path, doc: dict, scene, frames: int, samples: int) -
     moved = {}  # name -> vertices [T, V, 3] (dynamic) or [V, 3] (static)
     for name, (V, _) in meshes.items():
         moved[name] = (
-            trained.deformer(scene.dynamic[name], frames)(V) if name in scene.dynamic else V
+            trained_scene.deformer(scene.dynamic[name], frames)(V) if name in scene.dynamic else V
         )
     index = {o["name"]: o["id"] for o in doc["objects"]}
     pairs = []
     for name, obj in scene.dynamic.items():
         S = metrics.surface_samples(*meshes[name], samples, seed=index[name])  # [S, 3]
-        P = trained.deformer(obj, frames)(S)  # [T, S, 3]
+        P = trained_scene.deformer(obj, frames)(S)  # [T, S, 3]
         for other in scene.names:
             if other != name:
                 r = metrics.pair_interaction(P, moved[other], meshes[other][1])
@@ -130,7 +134,7 @@ def run(
 ) -> dict:
     """Compute and write the metrics of one trained scene; returns them."""
     method = stage_config(method, "evaluate")  # only the keys it reads
-    doc, scene, ckpt = trained.load_trained(
+    doc, scene, ckpt = trained_scene.load_trained(
         scene_json=scene_json,
         plys=plys,
         voxels=voxels,
@@ -138,7 +142,7 @@ def run(
         frame_num=method.frame_num,
         sh_degree=method.sh_degree,
     )
-    T = trained.scene_frame_num(scene, method)
+    T = trained_scene.scene_frame_num(scene, method)
     dynamic = list(scene.dynamic)
     with torch.no_grad():
         X = (
@@ -149,7 +153,7 @@ def run(
     out = {
         "format": metrics_file.FORMAT,
         "scene": doc["scene"],
-        "stage": config.final_stage(method),
+        "stage": settings.final_stage(method),
         "iteration": ckpt["iteration"],
         "seed": ckpt["seed"],
         "frames": T,
@@ -177,16 +181,16 @@ def run(
 
     # frame-0 fidelity: the rest pose rendered from the reference camera against ref.png, at
     # the SDS size as ref.png is (export_size only sizes the export stage's videos)
-    width, height = config.parse_size(method.size, where="method: size")
+    width, height = settings.parse_size(method.size, where="method: size")
     ref = read_png(ref_png)
     if ref.shape[:2] != (height, width):
         raise InputError(
             f"{ref_png}: {ref.shape[1]}x{ref.shape[0]}, but method size is {width}x{height}; "
             "rerun the reference stage"
         )
-    g0 = trained.scene_frames(scene, 1, objects=scene.names)
+    g0 = trained_scene.scene_frames(scene, 1, objects=scene.names)
     view = cameras.method_reference_view(method, cameras.scene_target(method, doc))
-    from chord.export import render_frames
+    from chord.export.videos import render_frames
 
     bg = cameras.background_for(method.invert_bg_prob)
     frame0 = media.to_uint8(render_frames(g0, view, cameras.intrinsics(width, height, method.fovy),

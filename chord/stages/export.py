@@ -11,8 +11,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from chord import cameras, export, gaussians, media, paths, ply, trained
-from chord.result_keys import stage_config
+from chord.config.result_keys import stage_config
+from chord.core import media
+from chord.export import trained_scene, videos
+from chord.gaussians import gaussian_set, ply
+from chord.plan import results_layout
+from chord.render import cameras
 
 logger = logging.getLogger(__name__)
 
@@ -46,9 +50,9 @@ def run(
     """Render and write every export of a trained scene, the videos at ``export_size``
     (default: the SDS ``size``)."""
     method = stage_config(method, "export")  # only the keys it reads
-    width, height = trained.export_size(method)
+    width, height = trained_scene.export_size(method)
     chunk = frames_per_chunk(width, height)
-    doc, scene, ckpt = trained.load_trained(
+    doc, scene, ckpt = trained_scene.load_trained(
         scene_json=scene_json,
         plys=plys,
         voxels=voxels,
@@ -56,8 +60,8 @@ def run(
         frame_num=method.frame_num,
         sh_degree=method.sh_degree,
     )
-    T, fps = trained.scene_frame_num(scene, method), trained.video_fps(method)
-    g = trained.scene_frames(scene, T, objects=scene.names)
+    T, fps = trained_scene.scene_frame_num(scene, method), trained_scene.video_fps(method)
+    g = trained_scene.scene_frames(scene, T, objects=scene.names)
     K = cameras.intrinsics(width, height, method.fovy)
     bg = cameras.background_for(method.invert_bg_prob)
     target = cameras.scene_target(method, doc)
@@ -65,7 +69,7 @@ def run(
 
     def video(path: Path, viewmats: torch.Tensor) -> np.ndarray:
         images = media.to_uint8(
-            export.render_frames(g, viewmats, K, width, height, bg, chunk=chunk)
+            videos.render_frames(g, viewmats, K, width, height, bg, chunk=chunk)
         )
         media.write_mp4(path, images, fps)
         logger.info("%s: %d frames", path, len(images))
@@ -73,25 +77,30 @@ def run(
 
     ref = cameras.method_reference_view(method, target)
     ref_images = video(out_ref_view, ref)
-    export.write_gif(out_gif, ref_images, fps)
+    videos.write_gif(out_gif, ref_images, fps)
     azim = method.ref_azim + torch.arange(T, dtype=torch.float64) * 360.0 / T
     video(
         out_orbit,
         cameras.orbit_viewmats(torch.full_like(azim, elev), azim, method.cam_radius, target),
     )
     for name, path in out_views.items():
-        if name not in paths.FIXED_VIEWS:
-            raise ValueError(f"out_views: {name!r} is not one of {sorted(paths.FIXED_VIEWS)}")
+        if name not in results_layout.FIXED_VIEWS:
+            raise ValueError(
+                f"out_views: {name!r} is not one of {sorted(results_layout.FIXED_VIEWS)}"
+            )
         video(
-            path, cameras.orbit_viewmats(elev, paths.FIXED_VIEWS[name], method.cam_radius, target)
+            path,
+            cameras.orbit_viewmats(
+                elev, results_layout.FIXED_VIEWS[name], method.cam_radius, target
+            ),
         )
     sets = {n: ply.read_ply(plys[n], sh_degree_cap=method.sh_degree) for n in scene.names}
-    rest = gaussians.concat([sets[n] for n in scene.names])
-    export.write_ply_sequence(out_ply_dir, rest, g["means"], g["quats"])
+    rest = gaussian_set.concat([sets[n] for n in scene.names])
+    videos.write_ply_sequence(out_ply_dir, rest, g["means"], g["quats"])
     kw = {"doc": doc, "scene": scene, "sources": sources, "frames": T, "fps": method.save_fps}
-    glb = trained.write_glb(out_glb, **kw)
-    skinned = trained.write_glb(out_skinned_glb, skinned=True, **kw)
-    splats = trained.write_splats_glb(
+    glb = trained_scene.write_glb(out_glb, **kw)
+    skinned = trained_scene.write_glb(out_skinned_glb, skinned=True, **kw)
+    splats = trained_scene.write_splats_glb(
         out_splats_glb, doc=doc, scene=scene, gaussians=sets, frames=T, fps=method.save_fps
     )
     logger.info(

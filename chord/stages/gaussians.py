@@ -6,10 +6,10 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from chord import gaussians as gs
-from chord import ply
-from chord import scene as sc
-from chord.result_keys import stage_config
+from chord.config.result_keys import stage_config
+from chord.gaussians import gaussian_set as gs
+from chord.gaussians import ply
+from chord.scene import ingestion as sc
 
 logger = logging.getLogger(__name__)
 

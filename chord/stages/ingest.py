@@ -7,10 +7,10 @@ from pathlib import Path
 
 import trimesh
 
-from chord import config as cfg
-from chord import scene as sc
-from chord.io import atomic_dir, write_json
-from chord.result_keys import stage_config
+from chord.config import settings as cfg
+from chord.config.result_keys import stage_config
+from chord.core.atomic_files import atomic_dir, write_json
+from chord.scene import ingestion as sc
 
 logger = logging.getLogger(__name__)
 
@@ -20,7 +20,7 @@ def run(
 ) -> dict:
     """Read the scene folder ``data``; write ``out_json`` and ``out_meshes/obj_<i>.glb``.
 
-    Every file is read through :func:`chord.gltf_source.read` (compressed, quantised,
+    Every file is read through :func:`chord.gltf.reader.read` (compressed, quantised,
     instanced or KTX2-textured glTF made plain); what cannot be read is an input error naming
     the file, and what is read but not rendered (material extensions) a warning, in the log
     and in scene.json. A file whose estimated peak memory exceeds ``mem_mb`` (the job's

@@ -14,12 +14,17 @@ import numpy as np
 import torch
 from PIL import Image
 
-from chord import cameras, config, media, ply, tiers, trained
-from chord import scene as sc
+from chord.config import settings as config
+from chord.config.result_keys import stage_config
+from chord.core import media
+from chord.core.atomic_files import atomic_path
+from chord.export import trained_scene
+from chord.gaussians import ply
 from chord.guidance import oracle
 from chord.guidance import text as text_cond
-from chord.io import atomic_path
-from chord.result_keys import stage_config
+from chord.render import cameras
+from chord.resources import tiers
+from chord.scene import ingestion as sc
 
 logger = logging.getLogger(__name__)
 
@@ -62,8 +67,8 @@ def run(
         frames = media.to_uint8(video.permute(0, 2, 3, 1))
         source = "the oracle's scripted target video"
     else:
-        from chord import job_memory, peak_memory
         from chord.guidance import wan_preview
+        from chord.resources import job_memory, peak_memory
 
         image = Image.open(ref_png).convert("RGB")
         if image.size != (width, height):
@@ -99,7 +104,7 @@ def run(
             mmgp=mmgp_residency(memory),
         )
         source = f"Wan 2.2 from {guidance.ckpt_dir}, {settings.steps} steps"
-    fps = trained.video_fps(method)
+    fps = trained_scene.video_fps(method)
     media.write_mp4(out_mp4, frames, fps)
     with atomic_path(out_png, suffix=".png") as tmp:
         Image.fromarray(frames_strip(frames)).save(tmp, format="PNG")
@@ -122,8 +127,8 @@ def mmgp_residency(memory):
 
 def run_job(*, conf, scene: str, tier: str, inputs: dict, out_mp4: Path, out_png: Path, env):
     """The rule's job: :func:`run` on the scene's memory tier (its size and memory flags), on
-    a GPU of its own where there are several (:func:`chord.gpus.job_gpu`)."""
-    from chord import gpus
+    a GPU of its own where there are several (:func:`chord.resources.gpus.job_gpu`)."""
+    from chord.resources import gpus
 
     spec = conf.scenes[scene]
     job = tiers.training_job(spec.method, conf.memory, tiers.parse(conf.tiers)[tier], scene=scene)

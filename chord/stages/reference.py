@@ -8,11 +8,14 @@ from pathlib import Path
 
 import torch
 
-from chord import cameras, config, gaussians, media, ply
-from chord import scene as sc
-from chord.errors import InputError
-from chord.render import render_views, splat_tensors
-from chord.result_keys import stage_config
+from chord.config import settings
+from chord.config.result_keys import stage_config
+from chord.core import media
+from chord.core.errors import InputError
+from chord.gaussians import gaussian_set, ply
+from chord.render import cameras
+from chord.render.rasterizer import render_views, splat_tensors
+from chord.scene import ingestion as sc
 
 logger = logging.getLogger(__name__)
 
@@ -27,12 +30,12 @@ def scene_splats(scene_json: Path, plys: dict[str, Path], *, dtype=torch.float32
     missing = sorted(set(names) - set(plys))
     if missing:
         raise InputError(f"{scene_json}: no Gaussians given for {missing}")
-    return splat_tensors(gaussians.concat([ply.read_ply(plys[n]) for n in names]), dtype=dtype)
+    return splat_tensors(gaussian_set.concat([ply.read_ply(plys[n]) for n in names]), dtype=dtype)
 
 
 def run(*, scene_json: Path, plys: dict[str, Path], out_png: Path, out_orbit: Path, method) -> None:
     method = stage_config(method, "reference")  # only the keys it reads
-    width, height = config.parse_size(method.size, where="method: size")
+    width, height = settings.parse_size(method.size, where="method: size")
     doc = sc.read_scene_json(scene_json)
     splats = scene_splats(scene_json, plys)
     target = cameras.scene_target(method, doc)

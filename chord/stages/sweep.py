@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from chord import media, metrics_file, plots
-from chord import paths as P
-from chord import sweep as sw
-from chord.config import SweepConfig
-from chord.errors import InputError
-from chord.io import atomic_path, write_json
+from chord.config.settings import SweepConfig
+from chord.core import media
+from chord.core.atomic_files import atomic_path, write_json
+from chord.core.errors import InputError
+from chord.evaluation import metrics_file, plots
+from chord.evaluation import seed_choice as sw
+from chord.plan import results_layout as P
 
 logger = logging.getLogger(__name__)
 

@@ -14,33 +14,22 @@ import numpy as np
 import torch
 import trimesh
 
-from chord import (
-    cameras,
-    config,
-    job_size,
-    media,
-    out_of_memory,
-    paths,
-    peak_memory,
-    plan,
-    ply,
-    progress,
-    rng,
-    scalars,
-    slurm_time_limit,
-    tiers,
-    train,
-    trainer_checkpoint,
-)
-from chord import scene as sc
-from chord.distributed import Group
-from chord.errors import InputError
+from chord.config import settings
+from chord.config.result_keys import stage_config, training_hash
+from chord.core import media
+from chord.core.errors import InputError
+from chord.gaussians import ply
 from chord.guidance import oracle
 from chord.guidance import text as text_cond
 from chord.motion.model import build_scene
-from chord.render import describe_backend, resolve_backend
-from chord.result_keys import stage_config, training_hash
-from chord.trainer import Trainer
+from chord.plan import results_layout, scene_plan
+from chord.render import cameras
+from chord.render.rasterizer import describe_backend, resolve_backend
+from chord.resources import job_size, out_of_memory, peak_memory, tiers
+from chord.scene import ingestion as sc
+from chord.training import checkpoint, progress, rng, run_loop, scalars, slurm_time_limit
+from chord.training.distributed import Group
+from chord.training.trainer import Trainer
 
 logger = logging.getLogger(__name__)
 
@@ -68,10 +57,11 @@ def build(
     device="cpu",
     render_backend: str = "auto",
 ) -> Trainer:
-    """A :class:`~chord.trainer.Trainer` from the stage outputs of one scene, with the memory
+    """A :class:`~chord.training.trainer.Trainer` from the stage outputs of one scene, with the
+    memory
     flags ``memory`` (a MemoryConfig; None: the defaults); ``render_backend`` is resolved for
     ``device`` first (an error before anything loads when it cannot run)."""
-    memory = memory or config.memory_from_mapping({})
+    memory = memory or settings.memory_from_mapping({})
     backend = resolve_backend(render_backend, device)
     doc = sc.read_scene_json(scene_json)
     names = [o["name"] for o in doc["objects"] if o["role"] != "avoided"]
@@ -81,7 +71,7 @@ def build(
         with np.load(path) as z:
             vox[name] = {k: z[k] for k in z.files}
     scene = build_scene(doc, gsets, vox, method, device=device)
-    width, height = config.parse_size(method.size, where="method: size")
+    width, height = settings.parse_size(method.size, where="method: size")
     target = tuple(cameras.scene_target(method, doc))
     if guidance.backend == "oracle":
         teacher = oracle.for_scene(
@@ -124,7 +114,7 @@ def newest_checkpoint(folder: Path) -> dict | None:
         return None
     for path in sorted(folder.glob("ckpt_*.pt"), reverse=True):
         try:
-            return train.load_checkpoint(path)
+            return run_loop.load_checkpoint(path)
         except ValueError as exc:  # e.g. a file cut short by a kill: try the one before
             logger.warning("skipping %s: %s", path, exc)
     return None
@@ -165,8 +155,9 @@ def describe_device(device) -> str:
 
 
 def live_preview(trainer: Trainer, method, preview: dict):
-    """The :class:`chord.live_preview.Previews` of ``trainer`` from the reference camera."""
-    from chord.live_preview import Previews
+    """The :class:`chord.training.live_preview.Previews` of ``trainer`` from the reference
+    camera."""
+    from chord.training.live_preview import Previews
 
     view = cameras.reference_view(
         method.elev_l, method.elev_r, preview["ref_azim"], preview["ref_cam_radius"], trainer.target
@@ -191,8 +182,8 @@ def gpu_peak_gb(device):
 def run_preflight(
     inputs, method, memory, guidance, device, render_backend, tier, checkpoint_dir, env
 ):
-    """:func:`chord.preflight.preflight` of this training, from its input files' headers."""
-    from chord import preflight
+    """:func:`chord.checks.preflight.preflight` of this training, from its input files' headers."""
+    from chord.checks import preflight
 
     counts = {name: job_size.ply_vertex_count(path) for name, path in inputs["plys"].items()}
     dynamic = list(inputs["voxels"])
@@ -213,7 +204,8 @@ def run_preflight(
 
 
 def log_memory_estimate(trainer: Trainer, method, guidance, tier: str | None) -> dict | None:
-    """Log the peak-memory model's estimate (:mod:`chord.peak_memory`, that of the Wan teacher) of
+    """Log the peak-memory model's estimate (:mod:`chord.resources.peak_memory`, that of the Wan
+    teacher) of
     this training, ``method`` and ``trainer.memory`` being the effective ones; returns it (None
     for the oracle)."""
     if guidance.backend != "wan":
@@ -273,24 +265,26 @@ def run_stage(
     """Run ``stage`` ("coarse" or "fine"); returns a summary.
 
     ``method`` and ``memory`` (a MemoryConfig; None: the defaults) are the effective ones, with
-    the memory tier's flags and size applied (:func:`chord.tiers.apply`); the hand-off state
+    the memory tier's flags and size applied (:func:`chord.resources.tiers.apply`); the hand-off
+    state
     records that size and ``tier``. The fine
     stage continues the coarse hand-off at the size it was trained at.
 
-    The training's preflight (:func:`chord.preflight.preflight`, ``env`` the process
+    The training's preflight (:func:`chord.checks.preflight.preflight`, ``env`` the process
     environment for its allocator check) runs first and stops a run that would fail later.
     On a CPU, torch's deterministic algorithms are switched on for the process, so resume and
     coarse → fine reproduce an uninterrupted run bit for bit (METHOD §7); on a GPU results
     agree up to floating-point reordering. ``deadline``: the job's end (seconds since the
-    epoch), before which the training stops (:func:`chord.train.run`); ``runtime_h``: the
+    epoch), before which the training stops (:func:`chord.training.run_loop.run`); ``runtime_h``:
+    the
     tier's wall time, which the log warns of when the run's projected time exceeds it.
 
-    Rank 0 reports progress (:class:`chord.progress.Progress`: a line in the log every
+    Rank 0 reports progress (:class:`chord.training.progress.Progress`: a line in the log every
     ``progress_every_s`` seconds, ``progress.jsonl`` and ``progress.json`` beside the loss
     history), naming ``scene`` (the run), ``tier`` and ``attempt``; with ``preview`` (folder,
     every, ref_azim, ref_cam_radius, fps: the run's view-only keys, read by no training) a
-    live preview of the motion every so many iterations (:mod:`chord.live_preview`);
-    ``tensorboard``: TensorBoard scalars too (:mod:`chord.scalars`).
+    live preview of the motion every so many iterations (:mod:`chord.training.live_preview`);
+    ``tensorboard``: TensorBoard scalars too (:mod:`chord.training.scalars`).
     """
     method = stage_config(method, "train")  # only the keys it reads
     if torch.device(device).type == "cpu":
@@ -299,12 +293,12 @@ def run_stage(
     if stage == "fine":
         if handoff is None:
             raise ValueError("train_fine needs the coarse hand-off state")
-        start_ckpt = train.load_checkpoint(handoff)
+        start_ckpt = run_loop.load_checkpoint(handoff)
         size = start_ckpt.get("size", method.size)
         if size != method.size:  # e.g. the coarse stage escalated to a lowres tier
             logger.info("continuing the coarse hand-off at its size %s, not %s", size, method.size)
             method = dataclasses.replace(method, size=size)
-    memory = memory or config.memory_from_mapping({})
+    memory = memory or settings.memory_from_mapping({})
     if tensorboard:
         scalars.summary_writer()  # its absence stops the run before anything loads
     if tier:
@@ -351,9 +345,9 @@ def run_stage(
     stop = method.add_cp_layer_iter if stage == "coarse" and method.add_cp_objs else N + 1
     start = 1
     if start_ckpt is not None:
-        start = trainer_checkpoint.restore(trainer, start_ckpt)
+        start = checkpoint.restore(trainer, start_ckpt)
     if resume is not None and resume["iteration"] + 1 > start:
-        start = trainer_checkpoint.restore(trainer, resume)
+        start = checkpoint.restore(trainer, resume)
         logger.info("resuming %s from iteration %d", stage, start)
     early = (2 * N) // 3 if method.early_stop else None
     timings = ()
@@ -396,7 +390,7 @@ def run_stage(
                         watch.preview_every = preview["every"]
                     else:
                         logger.warning("live previews off: %s", off)
-            last = train.run(
+            last = run_loop.run(
                 trainer,
                 start,
                 stop,
@@ -414,7 +408,7 @@ def run_stage(
         else:
             last = start - 1
     except Exception as exc:
-        if watch is not None and not isinstance(exc, train.Interrupted):
+        if watch is not None and not isinstance(exc, run_loop.Interrupted):
             watch.event("failed", watch.latest.get("it", start), error=type(exc).__name__)
         raise
     finally:
@@ -430,7 +424,7 @@ def run_stage(
         shutil.copyfile(history, loss_log)
     if writer:  # the hand-off records the size trained at (a lowres tier changes it) and the tier
         final = {
-            **trainer_checkpoint.contents(trainer, last, h),
+            **checkpoint.contents(trainer, last, h),
             "size": method.size,
             "tier": tier,
             # every stage's tier, coarse first: the result's provenance (metrics.tsv)
@@ -438,14 +432,14 @@ def run_stage(
             "render_backend": trainer.backend,
             "device": str(device),
         }
-        train.save_checkpoint(out, final)
+        run_loop.save_checkpoint(out, final)
     group.barrier()
     return {"stage": stage, "start": start, "last": last, "seed": seed}
 
 
 def live_preview_every(method) -> int:
     """Iterations between live previews (method.preview_every; -1: about ten per run)."""
-    from chord.live_preview import every
+    from chord.training.live_preview import every
 
     return every(method.preview_every, method.iterations)
 
@@ -466,21 +460,24 @@ def run(
 ) -> dict:
     """Rules ``train_coarse`` and ``train_fine``: :func:`run_stage` on this attempt's memory
     ``tier`` (its flags and size applied to the scene's method and the config's memory
-    flags), on the tier's GPUs (:func:`chord.gpus.job_gpus` narrows ``env``'s
+    flags), on the tier's GPUs (:func:`chord.resources.gpus.job_gpus` narrows ``env``'s
     CUDA_VISIBLE_DEVICES to them before CUDA starts), noting an out-of-memory exit for the
-    retry's tier (:func:`chord.out_of_memory.recorded`).
+    retry's tier (:func:`chord.resources.out_of_memory.recorded`).
 
     On a multi-GPU tier (``gpus: N``) N ranks train, one process per GPU
-    (:func:`chord.launch.launch`: NCCL on CUDA, gloo on a CPU), each :func:`run_stage` on
-    ``batch_size / N`` of the scene's videos (:func:`chord.tiers.per_gpu`; a ``batch_size``
+    (:func:`chord.training.multi_gpu_launch.launch`: NCCL on CUDA, gloo on a CPU), each
+    :func:`run_stage` on
+    ``batch_size / N`` of the scene's videos (:func:`chord.resources.tiers.per_gpu`; a
+    ``batch_size``
     that N does not divide is a ConfigError): the draws and the result of one process with
     ``batch_size`` videos, up to the reduction order. Rank 0 writes; a failing rank fails the
     job with its traceback, and an out-of-memory error in any rank is recorded for the retry.
     ``CHORD_TEST_OOM_TIERS`` in ``env`` (tests) makes the training run out of memory on those
     tiers (``<tier>@<rank>``: in that rank only)."""
-    from chord import gpus, launch
+    from chord.resources import gpus
+    from chord.training import multi_gpu_launch
 
-    spec = plan.run_spec(conf, scene)  # a seed sweep's run (<scene>/seed_<s>): its seed
+    spec = scene_plan.run_spec(conf, scene)  # a seed sweep's run (<scene>/seed_<s>): its seed
     table = tiers.parse(conf.tiers)
     chosen = table[tier]
     job = tiers.training_job(spec.method, conf.memory, chosen, scene=scene)
@@ -504,7 +501,7 @@ def run(
         "progress_every_s": spec.method.progress_every_s,
         "tensorboard": conf.logging.tensorboard,
         "preview": {  # the live previews' view-only keys: read here, by no training
-            "folder": paths.previews_dir(conf.results, scene),
+            "folder": results_layout.previews_dir(conf.results, scene),
             "every": live_preview_every(spec.method),
             "ref_azim": spec.method.ref_azim,
             "ref_cam_radius": spec.method.ref_cam_radius,
@@ -523,7 +520,7 @@ def run(
             out_of_memory.inject(oom, chosen.name)
             return run_stage(stage, device="cuda" if cuda else "cpu", env=env, **kwargs)
         if cuda and torch.cuda.device_count() < chosen.gpus:
-            raise config.ConfigError(
+            raise settings.ConfigError(
                 f"scene {scene}: tier {chosen.name} trains on {chosen.gpus} GPUs (gpus: "
                 f"{chosen.gpus}), but this job sees {torch.cuda.device_count()} "
                 f"(CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES', 'unset')}); run it "
@@ -540,6 +537,6 @@ def run(
         )
         target = out_of_memory.with_injected(run_stage, oom, chosen.name)
         env = dict(env)
-        return launch.launch(
+        return multi_gpu_launch.launch(
             target, chosen.gpus, env=env, kwargs={"stage": stage, "env": env, **kwargs}
         )

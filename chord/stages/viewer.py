@@ -8,7 +8,7 @@ committed, so no node is needed at run time) and its GLB as base64: nothing is f
 view time. Two pages, not one: the demo's sway scene with both GLBs in one page is 1.57 MB,
 over :data:`REPORT_LIMIT_BYTES`. URL parameters (tests, comparing frames): ``?t=<seconds>``
 pauses at that time; ``?camera=elev,azim,radius,x,y,z`` and ``?fovy=`` fix a camera as
-:mod:`chord.cameras` places one.
+:mod:`chord.render.cameras` places one.
 """
 
 from __future__ import annotations
@@ -20,13 +20,14 @@ import logging
 import re
 from pathlib import Path
 
-from chord import gltf_io, gltf_splats
-from chord.errors import InputError
-from chord.io import atomic_path
+from chord.core.atomic_files import atomic_path
+from chord.core.errors import InputError
+from chord.gltf import container
+from chord.gltf import splats as gltf_splats
 
 logger = logging.getLogger(__name__)
 
-# The built page script (package data); a string relative to this folder, so chord.sources
+# The built page script (package data); a string relative to this folder, so chord.plan.code_sources
 # counts it among the stage's sources and a rebuilt bundle re-runs the stage.
 BUNDLE = (Path(__file__).resolve().parent / "../viewer/dist/viewer.js").resolve()
 # The Snakemake report opens an HTML result in an iframe from a base64 data URL, and Chromium
@@ -90,7 +91,7 @@ def write_page(glb: Path, out: Path, *, title: str, view: str, bundle: Path = BU
 
     Returns a summary: {"bytes": page size, "glb_bytes": GLB size, "animations": clip count}.
     """
-    doc, _ = gltf_io.read_glb(glb)  # InputError for a file that is no GLB
+    doc, _ = container.read_glb(glb)  # InputError for a file that is no GLB
     if view == "splats" and gltf_splats.EXTENSION not in doc.get("extensionsUsed", []):
         raise InputError(f"{glb}: no {gltf_splats.EXTENSION} primitive to draw as splats")
     animations = len(doc.get("animations", []))

@@ -9,12 +9,13 @@ from pathlib import Path
 import numpy as np
 import trimesh
 
-from chord import control_points, ply
-from chord import scene as sc
-from chord import voxels as vx
-from chord.errors import InputError
-from chord.io import atomic_path
-from chord.result_keys import stage_config
+from chord.config.result_keys import stage_config
+from chord.core.atomic_files import atomic_path
+from chord.core.errors import InputError
+from chord.gaussians import ply
+from chord.motion import control_points
+from chord.motion import voxels as vx
+from chord.scene import ingestion as sc
 
 logger = logging.getLogger(__name__)
 

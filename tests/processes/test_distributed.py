@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from chord.distributed import Group
+from chord.training.distributed import Group
 from tests.unit.test_train import make_trainer, method, tiny_scene
 
 
@@ -92,7 +92,7 @@ def test_collectives_take_tensors_on_the_trainers_device_not_torchs_default(monk
 
 
 def test_torchrun_on_cuda_selects_the_local_gpu_before_starting_nccl(monkeypatch):
-    from chord import distributed
+    from chord.training import distributed
 
     calls = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

@@ -16,9 +16,10 @@ def test_one_training_iteration_imports_only_what_the_device_has(tmp_path):
     bench/gpu_wheels.txt fails here, not on the device (ftfy needs wcwidth, for one)."""
     from safetensors.torch import save_file
 
-    from chord import demo, train
     from chord.guidance import tiny_models
     from chord.guidance.tiny_vae import TinyVAEEncoder
+    from chord.scene import demo
+    from chord.training import run_loop
 
     wan = tiny_models.write_tiny_wan(tmp_path / "wan")
     tiny = tmp_path / "taew.safetensors"
@@ -42,7 +43,7 @@ def test_one_training_iteration_imports_only_what_the_device_has(tmp_path):
     }
     args = [a for k, v in flags.items() for a in (f"--{k}", str(v))]
     proc = subprocess.run(
-        [sys.executable, str(GUARD), "-m", "chord.cli", "train", *args, "--use_tiny_vae"],
+        [sys.executable, str(GUARD), "-m", "chord.cli.main", "train", *args, "--use_tiny_vae"],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -52,5 +53,5 @@ def test_one_training_iteration_imports_only_what_the_device_has(tmp_path):
     assert "rendering with the torch rasterizer" in proc.stderr
     # no MP4 encoder on the image: the live previews are off, the training goes on
     assert "live previews off: imageio-ffmpeg is not installed" in proc.stderr
-    ckpt = train.load_checkpoint(tmp_path / "trained" / "guarded" / "train" / "coarse.pt")
+    ckpt = run_loop.load_checkpoint(tmp_path / "trained" / "guarded" / "train" / "coarse.pt")
     assert (ckpt["iteration"], ckpt["render_backend"]) == (1, "torch")

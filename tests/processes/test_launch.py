@@ -1,4 +1,5 @@
-"""chord.launch: the ranks of a multi-GPU tier in one job (two CPU processes, gloo). Their
+"""chord.training.multi_gpu_launch: the ranks of a multi-GPU tier in one job (two CPU processes,
+gloo). Their
 outcome is the job's: rank 0's result, or the failing rank's error of its own type with its
 traceback; an out-of-memory error in one rank wins over what it causes in the others; SIGTERM
 stops every rank after the same iteration, with rank 0's checkpoint."""
@@ -14,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from chord import launch, train
-from chord.errors import InputError
+from chord.core.errors import InputError
+from chord.training import multi_gpu_launch, run_loop
 
 # -- rank targets (module level: they reach the ranks by pickle) -----------------------------
 
@@ -55,7 +56,7 @@ def interrupted_in_rank_1(group, device, folder):
             os.kill(os.getpid(), signal.SIGTERM)
 
     ckpts = Path(folder, f"ckpt{group.rank}")
-    train.run(tr, 1, 50, config_hash="h", checkpoint_dir=ckpts, log=log, writer=group.rank == 0)
+    run_loop.run(tr, 1, 50, config_hash="h", checkpoint_dir=ckpts, log=log, writer=group.rank == 0)
     return "not interrupted"
 
 
@@ -64,7 +65,9 @@ def interrupted_in_rank_1(group, device, folder):
 
 def test_ranks_run_the_target_and_rank_0s_result_returns(tmp_path, caplog):
     with caplog.at_level("INFO"):
-        out = launch.launch(sum_of_ranks, 2, env=dict(os.environ), kwargs={"folder": tmp_path})
+        out = multi_gpu_launch.launch(
+            sum_of_ranks, 2, env=dict(os.environ), kwargs={"folder": tmp_path}
+        )
     assert out["rank"] == 0 and out["sum"] == 3.0  # 1 + 2: the ranks met in one group
     assert out["threads"] == max(1, torch.get_num_threads() // 2)  # the cores shared out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0", "rank1"]
@@ -74,8 +77,10 @@ def test_ranks_run_the_target_and_rank_0s_result_returns(tmp_path, caplog):
 
 
 def test_a_failing_rank_fails_the_launch_with_its_traceback(caplog):
-    with caplog.at_level("INFO"), pytest.raises(launch.RankFailed) as err:
-        launch.launch(fails_in_rank_1, 2, env=dict(os.environ), kwargs={"error": "bug"}, grace_s=5)
+    with caplog.at_level("INFO"), pytest.raises(multi_gpu_launch.RankFailed) as err:
+        multi_gpu_launch.launch(
+            fails_in_rank_1, 2, env=dict(os.environ), kwargs={"error": "bug"}, grace_s=5
+        )
     assert "rank 1 of 2 failed: ValueError: a bug in rank 1" in str(err.value)
     cause = str(err.value.__cause__)
     assert "Traceback" in cause and "in fails_in_rank_1" in cause and "a bug in rank 1" in cause
@@ -87,28 +92,35 @@ def test_out_of_memory_in_one_rank_is_the_jobs_error():
     """Rank 0's collective fails because rank 1 is gone; the out-of-memory error is the one
     raised, so the training's record sees it and the retry escalates."""
     with pytest.raises(torch.cuda.OutOfMemoryError, match="rank 1's test") as err:
-        launch.launch(fails_in_rank_1, 2, env=dict(os.environ), kwargs={"error": "oom"}, grace_s=5)
+        multi_gpu_launch.launch(
+            fails_in_rank_1, 2, env=dict(os.environ), kwargs={"error": "oom"}, grace_s=5
+        )
     assert "in fails_in_rank_1" in str(err.value.__cause__)
 
 
 def test_a_bad_input_in_a_rank_keeps_its_type():
     with pytest.raises(InputError, match="a bad input seen by rank 1"):
-        launch.launch(
+        multi_gpu_launch.launch(
             fails_in_rank_1, 2, env=dict(os.environ), kwargs={"error": "input"}, grace_s=5
         )
 
 
 def test_a_rank_killed_by_a_signal_fails_the_launch():
-    with pytest.raises(launch.RankFailed, match="rank 1 of 2 exited with signal SIGKILL"):
-        launch.launch(fails_in_rank_1, 2, env=dict(os.environ), kwargs={"error": "kill"}, grace_s=5)
+    with pytest.raises(multi_gpu_launch.RankFailed, match="rank 1 of 2 exited with signal SIGKILL"):
+        multi_gpu_launch.launch(
+            fails_in_rank_1, 2, env=dict(os.environ), kwargs={"error": "kill"}, grace_s=5
+        )
 
 
 def test_sigterm_in_one_rank_stops_every_rank_after_the_same_iteration(tmp_path, caplog):
-    """chord.train.run agrees on SIGTERM over the group: rank 0, which did not get the signal,
+    """chord.training.run_loop.run agrees on SIGTERM over the group: rank 0, which did not get the
+    signal,
     stops after iteration 2 too and writes its checkpoint; the launch raises Interrupted, as
     one process would (without the agreement rank 0 goes on and fails in iteration 3)."""
-    with caplog.at_level("INFO"), pytest.raises(train.Interrupted, match="after iteration 2"):
-        launch.launch(interrupted_in_rank_1, 2, env=dict(os.environ), kwargs={"folder": tmp_path})
+    with caplog.at_level("INFO"), pytest.raises(run_loop.Interrupted, match="after iteration 2"):
+        multi_gpu_launch.launch(
+            interrupted_in_rank_1, 2, env=dict(os.environ), kwargs={"folder": tmp_path}
+        )
     assert "stopped too (interrupted): SIGTERM after iteration 2" in caplog.text
     assert max(p.name for p in (tmp_path / "ckpt0").iterdir()) == "ckpt_000002.pt"
     assert not (tmp_path / "ckpt1").exists()  # rank 1 does not write

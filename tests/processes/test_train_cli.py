@@ -8,8 +8,10 @@ import shlex
 
 import pytest
 
-from chord import cli, demo, progress, runs, train
+from chord.cli import main, upstream_train
 from chord.guidance import tiny_models
+from chord.scene import demo
+from chord.training import progress, run_loop
 
 SEED_48GB = """--ex_name <experiment_name> --mesh_source_path data/<scene_name> --model
 trained/<scene_name> --prompt "<prompt>" --split_sds_backward --split_render_backward
@@ -52,7 +54,7 @@ def tiny_train_flags(data, model, **overrides) -> list[str]:
 
 @pytest.mark.parametrize("command", [SEED_48GB, SEED_24GB])
 def test_seed_commands_parse(command):
-    args, method, memory = runs.parse(shlex.split(command))
+    args, method, memory = upstream_train.parse(shlex.split(command))
     assert args.mesh_source_path == "data/<scene_name>" and args.ckpt_dir == "./Wan2.2-I2V-A14B"
     assert memory.split_render_chunk_size == 21 and method.use_tiny_vae
     assert method.resample_timestep and method.early_stop and method.invert_bg_prob == -0.5
@@ -63,11 +65,11 @@ def test_seed_commands_parse(command):
 
 def test_bad_flags_are_errors(capsys):
     with pytest.raises(SystemExit):
-        runs.parse(shlex.split(SEED_48GB) + ["--cp_nmu", "3"])
+        upstream_train.parse(shlex.split(SEED_48GB) + ["--cp_nmu", "3"])
     assert "unrecognized arguments: --cp_nmu" in capsys.readouterr().err
-    code = cli.main(["train", *shlex.split(SEED_48GB), "--size", "833*480"])
+    code = main.main(["train", *shlex.split(SEED_48GB), "--size", "833*480"])
     assert code == 2 and "nearest valid sizes: 832*480, 848*480" in capsys.readouterr().err
-    code = cli.main(["train", *shlex.split(SEED_48GB), "--dit_fsdp"])
+    code = main.main(["train", *shlex.split(SEED_48GB), "--dit_fsdp"])
     assert code == 2 and "--dit_fsdp: sharded Wan is not supported" in capsys.readouterr().err
 
 
@@ -108,7 +110,7 @@ def test_seed_command_runs_against_a_tiny_saved_model(tmp_path, caplog, monkeypa
     ]
     monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
     with caplog.at_level("INFO"):
-        assert cli.main(["train", *shlex.split(command), *small]) == 0
+        assert main.main(["train", *shlex.split(command), *small]) == 0
     # set before CUDA starts (METHOD §15) and checked by the training's preflight
     assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
     preflight = [r.getMessage() for r in caplog.records if r.getMessage().startswith("preflight")]
@@ -116,7 +118,7 @@ def test_seed_command_runs_against_a_tiny_saved_model(tmp_path, caplog, monkeypa
     assert any("wan folder" in line and "pass" in line for line in preflight), preflight
     assert "rendering with the torch rasterizer" in caplog.text
     run = tmp_path / "trained" / "seed"
-    ckpt = train.load_checkpoint(run / "train" / "coarse.pt")
+    ckpt = run_loop.load_checkpoint(run / "train" / "coarse.pt")
     assert ckpt["iteration"] == 2  # --early_stop: ⌊2N/3⌋ = 2 of N = 3
     assert (ckpt["render_backend"], ckpt["device"]) == ("torch", "cpu")
     assert (run / "condition" / "text.safetensors").is_file()
@@ -171,7 +173,7 @@ def test_sigkill_mid_run_then_rerun_equals_an_uninterrupted_run(tmp_path):
         flags = tiny_train_flags(
             data, model, iterations=10, save_interval=2, seed=7, prev_frame_number=2, back_iter=3
         )
-        return [sys.executable, "-m", "chord.cli", *flags]
+        return [sys.executable, "-m", "chord.cli.main", *flags]
 
     once = subprocess.run(command(tmp_path / "once"), capture_output=True, text=True)
     assert once.returncode == 0, once.stderr[-3000:]
@@ -191,7 +193,7 @@ def test_sigkill_mid_run_then_rerun_equals_an_uninterrupted_run(tmp_path):
     # the resume point, from the checkpoints the kill left (save points 1, 2, 4, 5, 6, 8, 10)
     left = sorted(ckpts.glob("*/ckpt_*.pt"))
     assert len({p.parent for p in left}) == 1, left  # one configuration's folder
-    iterations = [train.load_checkpoint(p)["iteration"] for p in left]
+    iterations = [run_loop.load_checkpoint(p)["iteration"] for p in left]
     assert iterations == [int(p.stem.split("_")[1]) for p in left]
     resume_at = max(iterations) + 1
     assert 5 <= resume_at <= 10, f"killed after iteration {resume_at - 1}: nothing to resume"
@@ -220,8 +222,8 @@ def test_sigkill_mid_run_then_rerun_equals_an_uninterrupted_run(tmp_path):
     assert [r["sds"] for r in rows[: resume_at - 1]] == ["kept"] * (resume_at - 1)
     assert rows[resume_at - 1 :] == once_rows[resume_at - 1 :]
 
-    a = train.load_checkpoint(tmp_path / "once" / "default" / "train" / "coarse.pt")
-    b = train.load_checkpoint(run / "train" / "coarse.pt")
+    a = run_loop.load_checkpoint(tmp_path / "once" / "default" / "train" / "coarse.pt")
+    b = run_loop.load_checkpoint(run / "train" / "coarse.pt")
     assert a["iteration"] == b["iteration"] == 10
     assert a["motion"] and all(a["optimizers"][n]["state"] for n in a["optimizers"])
     assert all(  # Adam's fields, for every parameter of every object
@@ -244,7 +246,7 @@ def test_torchrun_two_ranks_equal_one_process_with_twice_the_batch(tmp_path):
         return tiny_train_flags(data, model, batch_size=batch)
 
     one = subprocess.run(
-        [sys.executable, "-m", "chord.cli", *flags(tmp_path / "one", 2)],
+        [sys.executable, "-m", "chord.cli.main", *flags(tmp_path / "one", 2)],
         capture_output=True,
         text=True,
     )
@@ -258,15 +260,15 @@ def test_torchrun_two_ranks_equal_one_process_with_twice_the_batch(tmp_path):
             "--nproc_per_node",
             "2",
             "-m",
-            "chord.cli",
+            "chord.cli.main",
             *flags(tmp_path / "two", 1),
         ],
         capture_output=True,
         text=True,
     )
     assert two.returncode == 0, two.stderr[-3000:]
-    a = train.load_checkpoint(tmp_path / "one" / "default" / "train" / "coarse.pt")
-    b = train.load_checkpoint(tmp_path / "two" / "default" / "train" / "coarse.pt")
+    a = run_loop.load_checkpoint(tmp_path / "one" / "default" / "train" / "coarse.pt")
+    b = run_loop.load_checkpoint(tmp_path / "two" / "default" / "train" / "coarse.pt")
     assert set(a["motion"]) == set(b["motion"]) and set(a["optimizers"]) == set(b["optimizers"])
     for k in a["motion"]:
         torch.testing.assert_close(

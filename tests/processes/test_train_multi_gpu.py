@@ -12,11 +12,13 @@ import pytest
 import torch
 import yaml
 
-from chord import config as cc
-from chord import demo, out_of_memory, train
-from chord import result_keys as rk
+from chord.config import result_keys as rk
+from chord.config import settings as cc
+from chord.resources import out_of_memory
+from chord.scene import demo
 from chord.stages import train as train_stage
-from chord.trainer import Trainer
+from chord.training import run_loop
+from chord.training.trainer import Trainer
 from tests.conftest import REPO
 from tests.stages.test_geometry_stages import train_inputs
 
@@ -78,7 +80,7 @@ def run_on(hop, tier, name=None, env=None):
         handoff=None,
         env=env or {},
     )
-    return summary, train.load_checkpoint(root / name / "coarse.pt")
+    return summary, run_loop.load_checkpoint(root / name / "coarse.pt")
 
 
 @pytest.fixture(scope="module")
@@ -209,7 +211,7 @@ def test_two_ranks_of_two_videos_train_what_one_process_of_four_trains(four_vide
     """More than one video per rank: rank r trains the scene's videos 2r and 2r + 1
     (Trainer.video_index of the per-rank batch), so 2 ranks of 2 draw and train exactly the
     4 videos of one process; the states agree up to float32 summation order."""
-    from chord import tiers
+    from chord.resources import tiers
 
     conf, (s1, one), (s2, two) = four_videos
     assert s1 == s2 == {"stage": "coarse", "start": 1, "last": 1, "seed": 3}

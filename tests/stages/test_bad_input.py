@@ -14,7 +14,8 @@ import pytest
 import trimesh
 import yaml
 
-from chord import cli, gltf_io
+from chord.cli import main
+from chord.gltf import container
 from tests.conftest import (
     box,
     empty_glb,
@@ -27,7 +28,7 @@ from tests.workflow.test_scale import copy_workflow, snakemake
 
 
 def run_cli(capsys, *argv) -> tuple[int, str]:
-    code = cli.main(list(argv))
+    code = main.main(list(argv))
     return code, capsys.readouterr().err
 
 
@@ -97,19 +98,19 @@ def test_not_a_glb(capsys, project):
 
 
 def _two_billion(data: Path) -> None:
-    doc, blob = gltf_io.read_glb(data / "obj_0.glb")
+    doc, blob = container.read_glb(data / "obj_0.glb")
     doc["accessors"].append({"componentType": 5126, "type": "MAT3", "count": 2_000_000_000})
-    gltf_io.write_glb(data / "obj_0.glb", doc, blob)
+    container.write_glb(data / "obj_0.glb", doc, blob)
 
 
 def _index_beyond(data: Path) -> None:
-    doc, blob = gltf_io.read_glb(data / "obj_0.glb")
+    doc, blob = container.read_glb(data / "obj_0.glb")
     acc = doc["accessors"][doc["meshes"][0]["primitives"][0]["indices"]]
     view = doc["bufferViews"][acc["bufferView"]]
-    kind = gltf_io.COMPONENTS[acc["componentType"]]
+    kind = container.COMPONENTS[acc["componentType"]]
     start = view.get("byteOffset", 0) + acc.get("byteOffset", 0)
     value = np.array([70000 if kind.endswith("4") else 9000], kind).tobytes()
-    gltf_io.write_glb(data / "obj_0.glb", doc, blob[:start] + value + blob[start + len(value) :])
+    container.write_glb(data / "obj_0.glb", doc, blob[:start] + value + blob[start + len(value) :])
 
 
 def _cut_short(data: Path) -> None:

@@ -1,8 +1,8 @@
 import pytest
 
-from chord import config as cc
+from chord.config import settings as cc
 from chord.guidance import text, tiny_models
-from chord.job_size import condition_gpus
+from chord.resources.job_size import condition_gpus
 from chord.stages import condition
 
 
@@ -66,11 +66,12 @@ def test_the_job_takes_a_free_gpu_for_the_wan_encoder_and_hides_cuda_otherwise(
     tmp_path, monkeypatch
 ):
     """With the Wan folder's UMT5 on a GPU (t5_cpu false) the job asks for one GPU
-    (chord.job_size.condition_gpus, the rule's gpu resource) and, among several visible, takes a
+    (chord.resources.job_size.condition_gpus, the rule's gpu resource) and, among several visible,
+    takes a
     free one as a training does (a lock per GPU), narrowing its CUDA_VISIBLE_DEVICES; with
     t5_cpu, or the oracle's tiny encoder, it asks for none and empties CUDA_VISIBLE_DEVICES,
     so it never lands on a GPU a training holds."""
-    from chord import gpus
+    from chord.resources import gpus
 
     monkeypatch.setattr(gpus, "default_lock_dir", lambda: tmp_path / "locks")
     folder = tiny_models.write_tiny_wan(tmp_path / "wan")

@@ -14,10 +14,13 @@ import pytest
 import torch
 from PIL import Image
 
-from chord import metrics, paths, plots, train, trained
-from chord.errors import InputError
+from chord.core.errors import InputError
+from chord.evaluation import metrics, plots
+from chord.export import trained_scene
 from chord.motion.model import MotionScene
+from chord.plan import results_layout
 from chord.stages import aggregate, evaluate
+from chord.training import run_loop
 from tests.stages.test_export_stage import sway  # noqa: F401 (a trained demo scene)
 
 
@@ -25,9 +28,9 @@ def test_a_scene_that_barely_moves_is_flagged(sway, tmp_path, caplog, monkeypatc
     res, s = sway.res, sway.s
     kw = {
         **sway.inputs,
-        "state_path": paths.train_state(res, s, "coarse"),
-        "ref_png": paths.reference_png(res, s),
-        "loss_logs": {"coarse": paths.train_losses(res, s, "coarse")},
+        "state_path": results_layout.train_state(res, s, "coarse"),
+        "ref_png": results_layout.reference_png(res, s),
+        "loss_logs": {"coarse": results_layout.train_losses(res, s, "coarse")},
         "motion_json": None,
         "out_frame0": tmp_path / "frame0.png",
         "out_losses": tmp_path / "losses.png",
@@ -70,7 +73,7 @@ def scripted_state(run, path, steps: dict) -> None:
     """The sway scene's trained state with a scripted motion: each dynamic object's control
     points all translate by t·steps[name] in frame t (float32, as stored), with the identity
     rotation, in a per-frame table (METHOD §6: row t+1 holds frame t)."""
-    ckpt = train.load_checkpoint(paths.train_state(run.res, run.s, "coarse"))
+    ckpt = run_loop.load_checkpoint(results_layout.train_state(run.res, run.s, "coarse"))
     assert set(ckpt["motion_meta"]["objects"]) == set(steps)
     for name, info in ckpt["motion_meta"]["objects"].items():
         assert not info["layer2"]  # one layer: the positions are that layer's blend alone
@@ -82,7 +85,7 @@ def scripted_state(run, path, steps: dict) -> None:
             table[t + 1, :, 4:] = t * v
         ckpt["motion"][key] = table
         info["layer1_per_frame"] = True
-    train.save_checkpoint(path, ckpt)
+    run_loop.save_checkpoint(path, ckpt)
 
 
 def scripted_displacement(run, state) -> tuple[float, float]:
@@ -97,7 +100,9 @@ def scripted_displacement(run, state) -> tuple[float, float]:
     float32 values is exact. So each ‖x_t − x_0‖ is within (2K + 1)·u·‖τ_t‖ + u·‖x‖ of
     ‖τ_t‖, and the mean within (2K + 1)·u·d + u·max‖x‖, plus float64 rounding of the norms
     and the mean; twice the first-order bound covers the second-order terms."""
-    _, scene, _ = trained.load_trained(**run.inputs, state_path=state, frame_num=run.m.frame_num)
+    _, scene, _ = trained_scene.load_trained(
+        **run.inputs, state_path=state, frame_num=run.m.frame_num
+    )
     total, count, K, reach = 0.0, 0, 0, 0.0
     for obj in scene.dynamic.values():
         tau = obj.layer1.cp_deform.detach()[2 : obj.frame_num + 1, 0, 4:].double()  # t ≥ 1
@@ -124,8 +129,8 @@ def test_static_warning_flips_exactly_at_the_scripted_displacement(sway, tmp_pat
     kw = {
         **sway.inputs,
         "state_path": state,
-        "ref_png": paths.reference_png(sway.res, sway.s),
-        "loss_logs": {"coarse": paths.train_losses(sway.res, sway.s, "coarse")},
+        "ref_png": results_layout.reference_png(sway.res, sway.s),
+        "loss_logs": {"coarse": results_layout.train_losses(sway.res, sway.s, "coarse")},
         "motion_json": None,
         "out_frame0": tmp_path / "frame0.png",
         "out_losses": tmp_path / "losses.png",
@@ -169,7 +174,9 @@ def test_static_warning_measures_the_dynamic_objects_only(sway, tmp_path, monkey
     monkeypatch.setattr(MotionScene, "frame_gaussians", statics_move)
     threshold = 0.01
     # the stand-in works: over every object (the slab too) the scene moves well past it
-    _, scene, _ = trained.load_trained(**sway.inputs, state_path=state, frame_num=sway.m.frame_num)
+    _, scene, _ = trained_scene.load_trained(
+        **sway.inputs, state_path=state, frame_num=sway.m.frame_num
+    )
     with torch.no_grad():
         X = scene.frame_gaussians(range(sway.m.frame_num))["means"]
     assert float((X[1:] - X[:1]).norm(dim=-1).mean()) > 5 * threshold and moved == ["obj_1"]
@@ -177,8 +184,8 @@ def test_static_warning_measures_the_dynamic_objects_only(sway, tmp_path, monkey
     out = evaluate.run(
         **sway.inputs,
         state_path=state,
-        ref_png=paths.reference_png(sway.res, sway.s),
-        loss_logs={"coarse": paths.train_losses(sway.res, sway.s, "coarse")},
+        ref_png=results_layout.reference_png(sway.res, sway.s),
+        loss_logs={"coarse": results_layout.train_losses(sway.res, sway.s, "coarse")},
         motion_json=None,
         method=dataclasses.replace(sway.m, static_threshold=threshold),
         out_json=tmp_path / "still.json",
@@ -199,8 +206,8 @@ def run_scripted(run, tmp_path, state, name: str, **method) -> dict:
     return evaluate.run(
         **run.inputs,
         state_path=state,
-        ref_png=paths.reference_png(run.res, run.s),
-        loss_logs={"coarse": paths.train_losses(run.res, run.s, "coarse")},
+        ref_png=results_layout.reference_png(run.res, run.s),
+        loss_logs={"coarse": results_layout.train_losses(run.res, run.s, "coarse")},
         motion_json=None,
         method=dataclasses.replace(run.m, **method),
         out_json=tmp_path / f"{name}.json",
@@ -236,7 +243,7 @@ def block_geometry(run) -> dict:
 def stored_translations(state) -> tuple[np.ndarray, int]:
     """The block's scripted y translation per frame [T] as stored (float32, in float64), and
     a bound on its control-point neighbour count K (n_cp_num ≥ min(n_cp_num, M))."""
-    ckpt = train.load_checkpoint(state)
+    ckpt = run_loop.load_checkpoint(state)
     table = ckpt["motion"]["obj_2.layer1.cp_deform"]  # [P+1, M, 7], row t+1 is frame t
     T = ckpt["motion_meta"]["objects"]["obj_2"]["frame_num"]
     return table[1 : T + 1, 0, 5].double().numpy(), int(
@@ -317,7 +324,8 @@ def test_a_block_sinking_into_the_slab_by_known_depths(sway, tmp_path, caplog, m
     aggregate.run(
         metrics={name: tmp_path / f"{name}.json" for name in out},
         loss_logs={
-            name: {"coarse": paths.train_losses(sway.res, sway.s, "coarse")} for name in out
+            name: {"coarse": results_layout.train_losses(sway.res, sway.s, "coarse")}
+            for name in out
         },
         out_tsv=tmp_path / "metrics.tsv",
         out_metrics_png=tmp_path / "bars.png",
@@ -361,4 +369,4 @@ def test_a_missing_normalised_mesh_is_an_input_error_naming_it(sway, tmp_path): 
     inputs = {**sway.inputs, "scene_json": scene_dir / "scene.json"}
     with pytest.raises(InputError, match=r"obj_2\.glb"):
         run_scripted(SimpleNamespace(**{**vars(sway), "inputs": inputs}), tmp_path,
-                     paths.train_state(sway.res, sway.s, "coarse"), "missing")  # fmt: skip
+                     results_layout.train_state(sway.res, sway.s, "coarse"), "missing")  # fmt: skip

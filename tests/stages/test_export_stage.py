@@ -16,10 +16,17 @@ import pytest
 import torch
 from PIL import Image
 
-from chord import cameras, cli, demo, gaussians, gltf_io, media, paths, ply, runs, trained
-from chord import config as cc
-from chord import result_keys as rk
-from chord.export import render_frames
+from chord.cli import main, upstream_train
+from chord.config import result_keys as rk
+from chord.config import settings as cc
+from chord.core import media
+from chord.export import trained_scene
+from chord.export.videos import render_frames
+from chord.gaussians import gaussian_set, ply
+from chord.gltf import container
+from chord.plan import results_layout
+from chord.render import cameras
+from chord.scene import demo
 from chord.stages import aggregate, evaluate, reference
 from chord.stages import export as export_stage
 from chord.stages import train as train_stage
@@ -54,21 +61,25 @@ def sway(tmp_path_factory):
         }
     )
     res, s = root / "results", "sway"
-    out = runs.prepare_geometry(data=data, results=res, scene=s, method=m)
+    out = upstream_train.prepare_geometry(data=data, results=res, scene=s, method=m)
     reference.run(
-        scene_json=paths.scene_json(res, s),
+        scene_json=results_layout.scene_json(res, s),
         plys=out["plys"],
-        out_png=paths.reference_png(res, s),
-        out_orbit=paths.static_orbit_mp4(res, s),
+        out_png=results_layout.reference_png(res, s),
+        out_orbit=results_layout.static_orbit_mp4(res, s),
         method=m,
     )
-    inputs = {"scene_json": paths.scene_json(res, s), "plys": out["plys"], "voxels": out["voxels"]}
+    inputs = {
+        "scene_json": results_layout.scene_json(res, s),
+        "plys": out["plys"],
+        "voxels": out["voxels"],
+    }
     train_stage.run_stage(
         "coarse",
         inputs={**inputs, "text_path": None, "data_dir": data},
-        out=paths.train_state(res, s, "coarse"),
-        loss_log=paths.train_losses(res, s, "coarse"),
-        checkpoint_dir=paths.checkpoints(res, s, "coarse"),
+        out=results_layout.train_state(res, s, "coarse"),
+        loss_log=results_layout.train_losses(res, s, "coarse"),
+        checkpoint_dir=results_layout.checkpoints(res, s, "coarse"),
         method=m,
         guidance=cc.guidance_from_mapping({"backend": "oracle"}),
         tier="split",  # recorded in the state and metrics.tsv (test_evaluate)
@@ -81,18 +92,20 @@ def sway(tmp_path_factory):
 def exported(sway):
     res, s = sway.res, sway.s
     outs = {
-        "out_ref_view": paths.ref_view_mp4(res, s),
-        "out_orbit": paths.orbit_mp4(res, s),
-        "out_views": {v: paths.fixed_view_mp4(res, s, v) for v in paths.FIXED_VIEWS},
-        "out_gif": paths.preview_gif(res, s),
-        "out_glb": paths.dynamic_glb(res, s),
-        "out_skinned_glb": paths.dynamic_skinned_glb(res, s),
-        "out_ply_dir": paths.ply_sequence_dir(res, s),
-        "out_splats_glb": paths.dynamic_splats_glb(res, s),
+        "out_ref_view": results_layout.ref_view_mp4(res, s),
+        "out_orbit": results_layout.orbit_mp4(res, s),
+        "out_views": {
+            v: results_layout.fixed_view_mp4(res, s, v) for v in results_layout.FIXED_VIEWS
+        },
+        "out_gif": results_layout.preview_gif(res, s),
+        "out_glb": results_layout.dynamic_glb(res, s),
+        "out_skinned_glb": results_layout.dynamic_skinned_glb(res, s),
+        "out_ply_dir": results_layout.ply_sequence_dir(res, s),
+        "out_splats_glb": results_layout.dynamic_splats_glb(res, s),
     }
     summary = export_stage.run(
         **sway.inputs,
-        state_path=paths.train_state(res, s, "coarse"),
+        state_path=results_layout.train_state(res, s, "coarse"),
         sources=sway.sources,
         method=sway.m,
         **outs,
@@ -123,14 +136,16 @@ def test_export_writes_videos_gif_and_ply_sequence(sway, exported):
         frames[path.stem], meta = media.read_mp4(path)
         assert frames[path.stem].shape == (T, H, W, 3), path
         assert meta["fps"] == sway.m.save_fps and meta["codec"].startswith("h264")
-    ref = np.asarray(Image.open(paths.reference_png(sway.res, sway.s)).convert("RGB"), float)
+    ref = np.asarray(
+        Image.open(results_layout.reference_png(sway.res, sway.s)).convert("RGB"), float
+    )
     assert np.abs(frames["ref_view"][0] - ref).mean() < 4  # frame 0 is the reference (H.264)
     assert np.abs(frames["front"][0].astype(float) - frames["back"][0]).mean() > 1  # other views
     with Image.open(outs["out_gif"]) as gif:
         assert gif.n_frames == T
     plys = sorted(outs["out_ply_dir"].iterdir())
     assert [p.name for p in plys] == [f"frame_{t:04d}.ply" for t in range(T)]
-    rest = gaussians.concat([ply.read_ply(sway.inputs["plys"][f"obj_{i}"]) for i in range(3)])
+    rest = gaussian_set.concat([ply.read_ply(sway.inputs["plys"][f"obj_{i}"]) for i in range(3)])
     first, last = ply.read_ply(plys[0]), ply.read_ply(plys[-1])
     np.testing.assert_array_equal(first.means, rest.means)  # frame 0 is the rest pose
     assert np.abs(last.means - rest.means).max() > 1e-4  # the trained motion moves something
@@ -139,23 +154,23 @@ def test_export_writes_videos_gif_and_ply_sequence(sway, exported):
 
 def test_exported_glb_follows_the_trained_motion(sway, exported):
     _, outs = exported
-    doc, blob = gltf_io.read_glb(outs["out_glb"])
+    doc, blob = container.read_glb(outs["out_glb"])
     names = [doc["nodes"][r]["name"] for r in doc["scenes"][0]["nodes"]]
     assert names == ["obj_0", "obj_1", "obj_2"]
-    _, scene, _ = trained.load_trained(
-        **sway.inputs, state_path=paths.train_state(sway.res, sway.s, "coarse")
+    _, scene, _ = trained_scene.load_trained(
+        **sway.inputs, state_path=results_layout.train_state(sway.res, sway.s, "coarse")
     )
-    nd = json.loads(paths.scene_json(sway.res, sway.s).read_text())["normalisation"]
+    nd = json.loads(results_layout.scene_json(sway.res, sway.s).read_text())["normalisation"]
     c, s = np.asarray(nd["centre"]), nd["scale"]
     (anim,) = doc["animations"]
     for ch in anim["channels"]:  # one node per dynamic object (the demo GLBs place each once)
         n = ch["target"]["node"]
         obj = next(name for r, name in zip(doc["scenes"][0]["nodes"], names, strict=True)
-                   if n in gltf_io.world_matrices(doc, [r]))  # fmt: skip
+                   if n in container.world_matrices(doc, [r]))  # fmt: skip
         assert obj in ("obj_0", "obj_2")
-        M = gltf_io.world_matrices(doc, doc["scenes"][0]["nodes"])[n]
+        M = container.world_matrices(doc, doc["scenes"][0]["nodes"])[n]
         (prim,) = doc["meshes"][doc["nodes"][n]["mesh"]]["primitives"]
-        base = gltf_io.read_accessor(doc, blob, prim["attributes"]["POSITION"])
+        base = container.read_accessor(doc, blob, prim["attributes"]["POSITION"])
         to_n = lambda v, M=M: ((v @ M[:3, :3].T + M[:3, 3]) - c) * s  # noqa: E731
         with torch.no_grad():
             X, _ = scene.dynamic[obj].deform(
@@ -163,7 +178,7 @@ def test_exported_glb_follows_the_trained_motion(sway, exported):
             )
         assert len(prim["targets"]) == T - 1
         for k, target in enumerate(prim["targets"], start=1):
-            moved = base + gltf_io.read_accessor(doc, blob, target["POSITION"])
+            moved = base + container.read_accessor(doc, blob, target["POSITION"])
             np.testing.assert_allclose(to_n(moved), X[k].numpy(), atol=2e-5)
     sampler = anim["samplers"][0]
     assert sampler["interpolation"] == "STEP"
@@ -177,18 +192,18 @@ def test_exported_glb_passes_the_khronos_validator(exported, gltf_validator, tmp
 
 
 def test_glb_honours_exclude_objs(sway, tmp_path):
-    doc, scene, _ = trained.load_trained(
-        **sway.inputs, state_path=paths.train_state(sway.res, sway.s, "coarse")
+    doc, scene, _ = trained_scene.load_trained(
+        **sway.inputs, state_path=results_layout.train_state(sway.res, sway.s, "coarse")
     )
     out = tmp_path / "x.glb"
-    summary = trained.write_glb(
+    summary = trained_scene.write_glb(
         out, doc=doc, scene=scene, sources=sway.sources, frames=3, fps=4, exclude_objs=["obj_2"]
     )
     assert summary == {"nodes": 1, "targets": 2, "frames": 3}
-    got, _ = gltf_io.read_glb(out)
+    got, _ = container.read_glb(out)
     assert [got["nodes"][r]["name"] for r in got["scenes"][0]["nodes"]] == ["obj_0", "obj_1"]
     with pytest.raises(ValueError, match=r"exclude_objs: \['obj_9'\] are not objects"):
-        trained.write_glb(
+        trained_scene.write_glb(
             out, doc=doc, scene=scene, sources=sway.sources, frames=3, fps=4, exclude_objs=["obj_9"]
         )
 
@@ -197,9 +212,9 @@ def test_evaluate_and_aggregate(sway, tmp_path):
     res, s = sway.res, sway.s
     kw = {
         **sway.inputs,
-        "state_path": paths.train_state(res, s, "coarse"),
-        "ref_png": paths.reference_png(res, s),
-        "loss_logs": {"coarse": paths.train_losses(res, s, "coarse")},
+        "state_path": results_layout.train_state(res, s, "coarse"),
+        "ref_png": results_layout.reference_png(res, s),
+        "loss_logs": {"coarse": results_layout.train_losses(res, s, "coarse")},
         "method": sway.m,
         "out_frame0": tmp_path / "frame0.png",
         "out_losses": tmp_path / "losses.png",
@@ -231,7 +246,7 @@ def test_evaluate_and_aggregate(sway, tmp_path):
         evaluate.run(**{**kw, "ref_png": tmp_path / "ref.png"}, motion_json=None,
                      out_json=tmp_path / "c.json")  # fmt: skip
 
-    logs = {"coarse": paths.train_losses(res, s, "coarse")}
+    logs = {"coarse": results_layout.train_losses(res, s, "coarse")}
     df = aggregate.run(
         metrics={"sway": tmp_path / "a.json", "sway_bare": tmp_path / "b.json"},
         loss_logs={"sway": logs, "sway_bare": logs},
@@ -255,7 +270,7 @@ def test_cli_render_and_export_glb(sway, capsys):
     """CHORD's render_scene.py / save_dynamic_scene_glb.py flags on a run folder
     (<model>/<ex_name> holds scene/, gaussians/, voxels/, train/, checkpoints/)."""
     model, ex = str(sway.res), sway.s
-    rc = cli.main(
+    rc = main.main(
         ["render", "-m", model, "--ex_name", ex, "--image_width", "32", "--image_height", "16",
          "--azim", "30", "--elev", "10", "--lst_frame", "3", "--save_fps", "4"]
     )  # fmt: skip
@@ -263,28 +278,30 @@ def test_cli_render_and_export_glb(sway, capsys):
     out = sway.res / ex / "rendered_videos" / "iteration_2" / "azim_30_elev_10.mp4"
     frames, meta = media.read_mp4(out)
     assert frames.shape == (3, 16, 32, 3) and meta["fps"] == 4
-    rc = cli.main(
+    rc = main.main(
         ["render", "-m", model, "--ex_name", ex, "--image_width", "32", "--image_height", "16",
          "--checkpoint", "1", "--no_bg", "--exclude_objs", "obj_2"]
     )  # fmt: skip
     assert rc == 0
     frames, _ = media.read_mp4(sway.res / ex / "rendered_videos/iteration_1/azim_0_elev_-10.mp4")
     assert frames.shape == (T, 16, 32, 3)
-    rc = cli.main(
+    rc = main.main(
         ["export-glb", "-m", model, "--ex_name", ex, "--mesh_source_path", str(sway.data),
          "--exclude_objs", "obj_0", "--lst_frame", "4", "--static_id", "1"]
     )  # fmt: skip
     assert rc == 0
-    doc, _ = gltf_io.read_glb(sway.res / ex / "saved_meshes/iteration_2/dynamic_scene.glb")
+    doc, _ = container.read_glb(sway.res / ex / "saved_meshes/iteration_2/dynamic_scene.glb")
     assert [doc["nodes"][r]["name"] for r in doc["scenes"][0]["nodes"]] == ["obj_1", "obj_2"]
     (anim,) = doc["animations"]
     assert doc["accessors"][anim["samplers"][0]["input"]]["max"] == [pytest.approx(3 / 12)]
-    rc = cli.main(
+    rc = main.main(
         ["export-glb", "-m", model, "--ex_name", ex, "--mesh_source_path", str(sway.data),
          "--lst_frame", "4", "--skinned"]
     )  # fmt: skip
     assert rc == 0
-    doc, _ = gltf_io.read_glb(sway.res / ex / "saved_meshes/iteration_2/dynamic_scene_skinned.glb")
+    doc, _ = container.read_glb(
+        sway.res / ex / "saved_meshes/iteration_2/dynamic_scene_skinned.glb"
+    )
     assert sorted(_skinned_nodes(doc)) == ["obj_0", "obj_2"] and len(doc["skins"]) == 2
     capsys.readouterr()
     for argv, message in (
@@ -303,10 +320,10 @@ def test_cli_render_and_export_glb(sway, capsys):
             "--image_height",
             "16",
         ]
-        assert cli.main(base + argv) == cli.EXIT_INPUT
+        assert main.main(base + argv) == main.EXIT_INPUT
         assert message in capsys.readouterr().err
     missing = ["export-glb", "-m", model, "--ex_name", "nothing", "--mesh_source_path", "x"]
-    assert cli.main(missing) == cli.EXIT_INPUT
+    assert main.main(missing) == main.EXIT_INPUT
     assert "run folder" in capsys.readouterr().err
 
 
@@ -314,12 +331,12 @@ def test_exclude_plane_needs_static_obj_glb(sway, tmp_path):
     data = tmp_path / "data"
     shutil.copytree(sway.data, data)
     with pytest.raises(ValueError, match="--exclude_plane: .*static_obj.glb does not exist"):
-        runs.export_glb_run(sway.res / sway.s, mesh_source_path=data, exclude_plane=True)
+        upstream_train.export_glb_run(sway.res / sway.s, mesh_source_path=data, exclude_plane=True)
     shutil.copy(data / "obj_1.glb", data / "static_obj.glb")
-    out = runs.export_glb_run(
+    out = upstream_train.export_glb_run(
         sway.res / sway.s, mesh_source_path=data, exclude_plane=True, lst_frame=2
     )
-    doc, _ = gltf_io.read_glb(out)
+    doc, _ = container.read_glb(out)
     assert len(doc["scenes"][0]["nodes"]) == 3
 
 
@@ -338,11 +355,11 @@ def _skinned_nodes(doc: dict) -> dict[str, int]:
 
 def _source_vertices(path) -> np.ndarray:
     """World positions [n, 3] of the one mesh primitive of a source GLB."""
-    src, blob = gltf_io.read_glb(path)
-    world = gltf_io.world_matrices(src, src["scenes"][0]["nodes"])
+    src, blob = container.read_glb(path)
+    world = container.world_matrices(src, src["scenes"][0]["nodes"])
     ((n, M),) = [(n, M) for n, M in world.items() if "mesh" in src["nodes"][n]]
     (prim,) = src["meshes"][src["nodes"][n]["mesh"]]["primitives"]
-    v = gltf_io.read_accessor(src, blob, prim["attributes"]["POSITION"])
+    v = container.read_accessor(src, blob, prim["attributes"]["POSITION"])
     return v @ M[:3, :3].T + M[:3, 3]
 
 
@@ -354,22 +371,22 @@ def _deformed_world(obj, v_w: np.ndarray, c: np.ndarray, s: float) -> np.ndarray
 
 
 def _normalisation(sway) -> tuple[np.ndarray, float]:
-    nd = json.loads(paths.scene_json(sway.res, sway.s).read_text())["normalisation"]
+    nd = json.loads(results_layout.scene_json(sway.res, sway.s).read_text())["normalisation"]
     return np.asarray(nd["centre"]), nd["scale"]
 
 
 def test_exported_skinned_glb_follows_the_trained_motion(sway, exported):
     """The glTF skinning formula evaluated from the file equals deform() at every key."""
     _, outs = exported
-    doc, blob = gltf_io.read_glb(outs["out_skinned_glb"])
+    doc, blob = container.read_glb(outs["out_skinned_glb"])
     roots = doc["scenes"][0]["nodes"]
     assert [doc["nodes"][r]["name"] for r in roots if "skin" not in doc["nodes"][r]] == [
         "obj_0",
         "obj_1",
         "obj_2",
     ]
-    _, scene, _ = trained.load_trained(
-        **sway.inputs, state_path=paths.train_state(sway.res, sway.s, "coarse")
+    _, scene, _ = trained_scene.load_trained(
+        **sway.inputs, state_path=results_layout.train_state(sway.res, sway.s, "coarse")
     )
     c, s = _normalisation(sway)
     nodes = _skinned_nodes(doc)
@@ -400,7 +417,7 @@ def test_exported_splats_follow_the_ply_sequence(sway, exported, gltf_validator,
     """dynamic_splats.glb evaluated by glTF's skinning rule and our rotation convention
     equals the exported PLY sequence at every key; the static object is not animated."""
     _, outs = exported
-    doc, blob = gltf_io.read_glb(outs["out_splats_glb"])
+    doc, blob = container.read_glb(outs["out_splats_glb"])
     c, s = _normalisation(sway)
     frames = sorted(outs["out_ply_dir"].iterdir())
     start, rows = 0, {}
@@ -435,34 +452,34 @@ def test_skinned_glb_keeps_morph_targets_for_a_second_layer(
     caplog,
     gltf_validator,  # noqa: F811
 ):
-    doc, scene, _ = trained.load_trained(
-        **sway.inputs, state_path=paths.train_state(sway.res, sway.s, "coarse")
+    doc, scene, _ = trained_scene.load_trained(
+        **sway.inputs, state_path=results_layout.train_state(sway.res, sway.s, "coarse")
     )
     obj = scene.dynamic["obj_2"]
     obj.add_second_layer(obj.rest_means[::10], obj.surface)
     with torch.no_grad():
         obj.layer2.cp_deform.normal_(0, 0.02, generator=torch.Generator().manual_seed(0))
     out = tmp_path / "skinned.glb"
-    with caplog.at_level(logging.INFO, logger="chord.trained"):
-        summary = trained.write_glb(
+    with caplog.at_level(logging.INFO, logger="chord.export.trained_scene"):
+        summary = trained_scene.write_glb(
             out, doc=doc, scene=scene, sources=sway.sources, frames=T, fps=5, skinned=True
         )
     assert "obj_2 has a second control-point layer" in caplog.text
     assert summary["skinned"] == 1 and summary["morphed"] == 1 and summary["targets"] == T - 1
-    got, blob = gltf_io.read_glb(out)
+    got, blob = container.read_glb(out)
     assert sorted(_skinned_nodes(got)) == ["obj_0"]
     (anim,) = got["animations"]
     (ch,) = [ch for ch in anim["channels"] if ch["target"]["path"] == "weights"]
     n = ch["target"]["node"]
-    M = gltf_io.world_matrices(got, got["scenes"][0]["nodes"])[n]
+    M = container.world_matrices(got, got["scenes"][0]["nodes"])[n]
     (prim,) = got["meshes"][got["nodes"][n]["mesh"]]["primitives"]
     assert "JOINTS_0" not in prim["attributes"] and len(prim["targets"]) == T - 1
     c, s = _normalisation(sway)
-    base = gltf_io.read_accessor(got, blob, prim["attributes"]["POSITION"])
+    base = container.read_accessor(got, blob, prim["attributes"]["POSITION"])
     to_w = lambda v: v @ M[:3, :3].T + M[:3, 3]  # noqa: E731
     X = _deformed_world(obj, to_w(base), c, s)
     for k, target in enumerate(prim["targets"], start=1):
-        moved = base + gltf_io.read_accessor(got, blob, target["POSITION"])
+        moved = base + container.read_accessor(got, blob, target["POSITION"])
         np.testing.assert_allclose(to_w(moved), X[k], atol=2e-5)
     report = validate_glb(gltf_validator, out, tmp_path)
     assert report["numErrors"] == 0 and report["numWarnings"] == 0, report["messages"]
@@ -486,7 +503,7 @@ def test_export_renders_its_videos_at_export_size(sway, tmp_path):
     }
     export_stage.run(
         **sway.inputs,
-        state_path=paths.train_state(sway.res, sway.s, "coarse"),
+        state_path=results_layout.train_state(sway.res, sway.s, "coarse"),
         sources=sway.sources,
         method=m,
         **outs,
@@ -502,10 +519,10 @@ def test_export_renders_its_videos_at_export_size(sway, tmp_path):
 
 
 def test_chunked_rendering_equals_unchunked(sway):
-    _, scene, _ = trained.load_trained(
-        **sway.inputs, state_path=paths.train_state(sway.res, sway.s, "coarse")
+    _, scene, _ = trained_scene.load_trained(
+        **sway.inputs, state_path=results_layout.train_state(sway.res, sway.s, "coarse")
     )
-    g = trained.scene_frames(scene, T, objects=scene.names)
+    g = trained_scene.scene_frames(scene, T, objects=scene.names)
     m = sway.m
     view = cameras.reference_view(m.elev_l, m.elev_r, m.ref_azim, m.ref_cam_radius, [0, 0, 0])
     K = cameras.intrinsics(W, H, m.fovy)

@@ -5,24 +5,25 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from chord import config as cc
-from chord import gaussians as gs
-from chord import paths, runs
-from chord import ply as plyio
+from chord.cli import upstream_train
+from chord.config import settings as cc
+from chord.gaussians import gaussian_set as gs
+from chord.gaussians import ply as plyio
+from chord.plan import results_layout
 from chord.stages import gaussians, ingest
 from tests.conftest import copy_glb
 
 
 def run_all(data, results, scene, method):
-    out = runs.prepare_geometry(data=data, results=results, scene=scene, method=method)
+    out = upstream_train.prepare_geometry(data=data, results=results, scene=scene, method=method)
     return out["doc"], out["stats"]
 
 
 def train_inputs(data, results, scene, method) -> dict:
     """Run the geometry stages; the inputs of ``chord.stages.train.build`` (oracle guidance)."""
-    out = runs.prepare_geometry(data=data, results=results, scene=scene, method=method)
+    out = upstream_train.prepare_geometry(data=data, results=results, scene=scene, method=method)
     return {
-        "scene_json": paths.scene_json(results, scene),
+        "scene_json": results_layout.scene_json(results, scene),
         "plys": out["plys"],
         "voxels": out["voxels"],
         "text_path": None,
@@ -37,9 +38,9 @@ def test_toy_scene_through_the_three_stages(toy_scene, tmp_path):
     assert doc["normalisation"]["scale"] == pytest.approx(0.6)
     # ground = the static slab's normalised min y: (-0.05 - 0.4) * 0.6
     assert doc["ground_level"] == pytest.approx(-0.27, abs=1e-6)
-    g = plyio.read_ply(paths.gaussians_ply(tmp_path / "results", "toy", "obj_0"))
+    g = plyio.read_ply(results_layout.gaussians_ply(tmp_path / "results", "toy", "obj_0"))
     assert len(g) == 3000 and g.sh.shape == (3000, 1, 3)
-    with np.load(paths.voxels_npz(tmp_path / "results", "toy", "obj_0")) as z:
+    with np.load(results_layout.voxels_npz(tmp_path / "results", "toy", "obj_0")) as z:
         s_obj = doc["objects"][0]["scale_factor"]
         assert float(z["voxel_size"]) == pytest.approx(0.015 * s_obj)
         assert 0 < len(z["surface"]) <= 1500
@@ -100,10 +101,10 @@ def test_real_models_duck_and_textured_box(khronos, tmp_path):
     copy_glb(khronos / "Duck.glb", data / "scene.glb")
     method = cc.method_from_mapping({"gs_init_num": 20000})
     doc, stats = run_all(data, tmp_path / "r", "duckbox", method)
-    duck = plyio.read_ply(paths.gaussians_ply(tmp_path / "r", "duckbox", "obj_0"))
+    duck = plyio.read_ply(results_layout.gaussians_ply(tmp_path / "r", "duckbox", "obj_0"))
     rgb = gs.sh_dc_to_rgb(duck.sh[:, 0])
     r, g, b = rgb.mean(0)
     assert r > 0.7 and g > 0.5 and b < 0.3, rgb.mean(0)  # the Duck's texture is yellow
-    box = plyio.read_ply(paths.gaussians_ply(tmp_path / "r", "duckbox", "obj_1"))
+    box = plyio.read_ply(results_layout.gaussians_ply(tmp_path / "r", "duckbox", "obj_1"))
     assert gs.sh_dc_to_rgb(box.sh[:, 0]).std(0).max() > 0.1  # textured, not a flat colour
     assert stats["obj_0"]["control_points"] >= 30 and stats["obj_0"]["solid"] > 1000

@@ -13,9 +13,13 @@ import torch
 import yaml
 from PIL import Image
 
-from chord import config as cc
-from chord import demo, media, paths, runs, tiers
+from chord.cli import upstream_train
+from chord.config import settings as cc
+from chord.core import media
 from chord.guidance import mmgp_residency, text, tiny_models, wan_folder, wan_preview
+from chord.plan import results_layout
+from chord.resources import tiers
+from chord.scene import demo
 from chord.stages import condition, preview, reference
 from tests import components
 from tests.unit.test_wan_diffusers import diffusers_pipeline
@@ -34,12 +38,12 @@ def hop(tmp_path_factory):
     data = demo.write_demo_scene("hop", root / "data", frame_num=T)
     m = cc.method_from_mapping(METHOD)
     res, s = root / "results", "hop"
-    out = runs.prepare_geometry(data=data, results=res, scene=s, method=m)
+    out = upstream_train.prepare_geometry(data=data, results=res, scene=s, method=m)
     reference.run(
-        scene_json=paths.scene_json(res, s),
+        scene_json=results_layout.scene_json(res, s),
         plys=out["plys"],
-        out_png=paths.reference_png(res, s),
-        out_orbit=paths.static_orbit_mp4(res, s),
+        out_png=results_layout.reference_png(res, s),
+        out_orbit=results_layout.static_orbit_mp4(res, s),
         method=m,
     )
     return root, data, m, res, s, out["plys"]
@@ -48,20 +52,20 @@ def hop(tmp_path_factory):
 def test_the_oracle_previews_its_scripted_target_video(hop):
     root, data, m, res, s, plys = hop
     summary = preview.run(
-        scene_json=paths.scene_json(res, s),
+        scene_json=results_layout.scene_json(res, s),
         plys=plys,
-        ref_png=paths.reference_png(res, s),
+        ref_png=results_layout.reference_png(res, s),
         text_path=None,
         data_dir=data,
         method=m,
         guidance=cc.guidance_from_mapping({"backend": "oracle"}),
         settings=cc.PreviewConfig(),
-        out_mp4=paths.teacher_mp4(res, s),
-        out_png=paths.teacher_png(res, s),
+        out_mp4=results_layout.teacher_mp4(res, s),
+        out_png=results_layout.teacher_png(res, s),
     )
-    frames, meta = media.read_mp4(paths.teacher_mp4(res, s))
+    frames, meta = media.read_mp4(results_layout.teacher_mp4(res, s))
     assert frames.shape == (T, H, W, 3) and meta["fps"] == 5 and summary["frames"] == T
-    ref = np.asarray(Image.open(paths.reference_png(res, s)), dtype=np.float64)
+    ref = np.asarray(Image.open(results_layout.reference_png(res, s)), dtype=np.float64)
     first, last = frames[0].astype(np.float64), frames[-1].astype(np.float64)
 
     def changed(a, b):  # the fraction of pixels that differ clearly (not by video coding)
@@ -69,7 +73,7 @@ def test_the_oracle_previews_its_scripted_target_video(hop):
 
     # frame 0 is the rest pose, the reference render; the last frame has moved
     assert changed(first, ref) < 0.002 < changed(last, first)
-    with Image.open(paths.teacher_png(res, s)) as im:
+    with Image.open(results_layout.teacher_png(res, s)) as im:
         assert im.size == (3 * W, H)
 
 
@@ -93,9 +97,9 @@ def wan_hop(hop, tmp_path_factory):
         out=cond, prompt="a block hops", n_prompt=".", guidance=conf.guidance, method=m, scene=s
     )
     inputs = {
-        "scene_json": paths.scene_json(res, s),
+        "scene_json": results_layout.scene_json(res, s),
         "plys": plys,
-        "ref_png": paths.reference_png(res, s),
+        "ref_png": results_layout.reference_png(res, s),
         "text_path": cond,
     }
     return conf, s, inputs

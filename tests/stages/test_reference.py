@@ -1,8 +1,9 @@
 import numpy as np
 from PIL import Image
 
-from chord import config as cc
-from chord import media, paths
+from chord.config import settings as cc
+from chord.core import media
+from chord.plan import results_layout
 from chord.stages import reference
 from tests.stages.test_geometry_stages import run_all
 
@@ -13,9 +14,9 @@ def test_reference_stage_renders_the_scene(toy_scene, tmp_path):
     )
     results = tmp_path / "r"
     run_all(toy_scene, results, "toy", method)
-    plys = {o: paths.gaussians_ply(results, "toy", o) for o in ("obj_0", "obj_1")}
+    plys = {o: results_layout.gaussians_ply(results, "toy", o) for o in ("obj_0", "obj_1")}
     reference.run(
-        scene_json=paths.scene_json(results, "toy"),
+        scene_json=results_layout.scene_json(results, "toy"),
         plys=plys,
         out_png=tmp_path / "ref.png",
         out_orbit=tmp_path / "orbit.mp4",

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from chord import media
-from chord.config import SweepConfig
-from chord.errors import InputError
-from chord.io import write_json
+from chord.config.settings import SweepConfig
+from chord.core import media
+from chord.core.atomic_files import write_json
+from chord.core.errors import InputError
 from chord.stages import sweep
 
 FRAMES, H, W = 5, 32, 48

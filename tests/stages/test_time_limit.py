@@ -15,9 +15,9 @@ import time
 
 import pytest
 
-from chord import config as cc
-from chord import slurm_time_limit, train
+from chord.config import settings as cc
 from chord.stages import train as train_stage
+from chord.training import run_loop, slurm_time_limit
 from tests.conftest import REPO
 from tests.processes.test_train_cli import assert_same_state, read_loss_log
 from tests.processes.test_train_multi_gpu import hop_scene, load
@@ -87,17 +87,17 @@ def test_a_job_near_its_time_limit_requeues_itself_and_its_runs_end_as_one_run(h
     while True:
         runs += 1
         assert runs <= iterations, "a run finished no iteration"
-        job_ends_in(fake, train.STOP_MARGIN_S)
+        job_ends_in(fake, run_loop.STOP_MARGIN_S)
         try:
             summary = train_stage.run("coarse", **kwargs(hop, "limited", env))
             break
-        except train.TimeLimit as exc:
+        except run_loop.TimeLimit as exc:
             assert "checkpoint written" in str(exc)
     assert runs == iterations
     assert summary["start"] == iterations and summary["last"] == iterations
     assert (fake / "scontrol.log").read_text().splitlines() == [f"requeue {JOB}"] * (runs - 1)
-    whole = train.load_checkpoint(root / "whole/coarse.pt")
-    assert_same_state(train.load_checkpoint(root / "limited/coarse.pt"), whole)
+    whole = run_loop.load_checkpoint(root / "whole/coarse.pt")
+    assert_same_state(run_loop.load_checkpoint(root / "limited/coarse.pt"), whole)
     assert read_loss_log(root / "limited/losses.tsv") == read_loss_log(root / "whole/losses.tsv")
     assert not (root / "limited/ckpt" / slurm_time_limit.TIME_LIMIT_RECORD).exists()
 
@@ -162,12 +162,12 @@ def test_the_requeue_is_logged_before_slurm_stops_the_run(tmp_path, caplog):
     env = {**os.environ, "PATH": f"{fake}{os.pathsep}{os.environ['PATH']}", "SLURM_JOB_ID": JOB}
 
     def stopped(signum, frame):  # as slurm_time_limit.time_limit's handler
-        raise train.Interrupted("SIGTERM")
+        raise run_loop.Interrupted("SIGTERM")
 
     old = signal.signal(signal.SIGTERM, stopped)
     try:
-        with caplog.at_level("INFO", logger="chord.slurm_time_limit"):
-            with pytest.raises(train.Interrupted):
+        with caplog.at_level("INFO", logger="chord.training.slurm_time_limit"):
+            with pytest.raises(run_loop.Interrupted):
                 slurm_time_limit.requeue(env, "stopped 30 s before the time limit")
     finally:
         signal.signal(signal.SIGTERM, old)

@@ -12,9 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from chord import config as cc
-from chord import gltf, gltf_io, gltf_source, ktx2, ply
-from chord.errors import InputError
+from chord.config import settings as cc
+from chord.core.errors import InputError
+from chord.gaussians import ply
+from chord.gltf import animated, container, ktx2, reader
 from chord.stages import gaussians, ingest
 from chord.stages.adapter import input_error_once
 from tests import components
@@ -32,7 +33,7 @@ def scene_folder(folder: Path, objects: list[Path]) -> Path:
     folder.mkdir(parents=True)
     for i, src in enumerate(objects):
         shutil.copy(src, folder / f"obj_{i}{src.suffix}")
-        for extra in gltf_source.external_files(src):  # a .gltf's .bin and images, as named
+        for extra in reader.external_files(src):  # a .gltf's .bin and images, as named
             shutil.copy(extra, folder / extra.name)
     corpus.run([corpus.gltf_transform(), "merge", *objects, folder / "scene.glb"])
     return folder
@@ -133,7 +134,7 @@ def test_the_export_writes_what_ingest_read(tmp_path, command, gltf_validator):
     outs = {}
     for name, path in (("plain", src), ("packed", packed)):
         out = tmp_path / f"{name}_out.glb"
-        gltf.dynamic_scene_glb(
+        animated.dynamic_scene_glb(
             out, [("obj_0", path, bend(3))], centre=[0, 0, 0], scale=1.0, frames=3, fps=10
         )
         outs[name] = out
@@ -148,14 +149,14 @@ def test_the_export_writes_what_ingest_read(tmp_path, command, gltf_validator):
 
 def rest_vertices(path: Path) -> np.ndarray:
     """Every mesh node's vertices in world space at rest, as one array."""
-    doc, blob = gltf_io.read_glb(path)
-    world = gltf_io.world_matrices(doc, doc["scenes"][0]["nodes"])
+    doc, blob = container.read_glb(path)
+    world = container.world_matrices(doc, doc["scenes"][0]["nodes"])
     out = []
     for n, m in world.items():
         if "mesh" not in doc["nodes"][n]:
             continue
         for prim in doc["meshes"][doc["nodes"][n]["mesh"]]["primitives"]:
-            v = gltf_io.read_accessor(doc, blob, prim["attributes"]["POSITION"])
+            v = container.read_accessor(doc, blob, prim["attributes"]["POSITION"])
             out.append(v @ m[:3, :3].T + m[:3, 3])
     return np.unique(np.round(np.concatenate(out), 6), axis=0)
 

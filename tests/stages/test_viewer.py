@@ -27,12 +27,15 @@ import pytest
 import torch
 from PIL import Image
 
-from chord import cameras, gltf, gltf_io, sources, trained
-from chord import config as cc
-from chord import gaussians as gs
-from chord.errors import InputError
+from chord.config import settings as cc
+from chord.core.errors import InputError
+from chord.export import trained_scene
+from chord.gaussians import gaussian_set as gs
+from chord.gltf import animated, container
 from chord.motion.model import build_scene
-from chord.render import rasterize
+from chord.plan import code_sources
+from chord.render import cameras
+from chord.render.rasterizer import rasterize
 from chord.stages import viewer
 from tests import components
 from tests.components import skip_without
@@ -79,7 +82,7 @@ def animated_glb(tmp_path_factory) -> Path:
         return np.stack([v + k * STEP for k in range(FRAMES)])
 
     out = root / "dynamic_scene.glb"
-    gltf.dynamic_scene_glb(
+    animated.dynamic_scene_glb(
         out,
         [("obj_0", data / "obj_0.glb", deform), ("obj_1", data / "obj_1.glb", None)],
         centre=np.zeros(3),
@@ -94,30 +97,30 @@ def skinned_glb(path: Path) -> Path:
     """The same block skinned to one joint whose translation (right by 2·STEP_x per second)
     and rotation are LINEAR channels, as the skinned export's (a joint in the scene, an
     identity inverse bind matrix)."""
-    b = gltf_io.GltfBuilder()
+    b = container.GltfBuilder()
     mesh = box([0.4, 0.8, 0.4], [0, 0.45, 0])
     n = len(mesh.vertices)
     attributes = {
         "POSITION": b.add_accessor(
-            mesh.vertices.astype(np.float32), "VEC3", target=gltf_io.ARRAY_BUFFER
+            mesh.vertices.astype(np.float32), "VEC3", target=container.ARRAY_BUFFER
         ),
         "JOINTS_0": b.add_accessor(
             np.zeros((n, 4), np.uint8),
             "VEC4",
-            target=gltf_io.ARRAY_BUFFER,
+            target=container.ARRAY_BUFFER,
             component=5121,
             bounds=False,
         ),
         "WEIGHTS_0": b.add_accessor(
             np.tile(np.float32([1, 0, 0, 0]), (n, 1)),
             "VEC4",
-            target=gltf_io.ARRAY_BUFFER,
+            target=container.ARRAY_BUFFER,
             bounds=False,
         ),
     }
     faces = mesh.faces.astype(np.uint16).reshape(-1)
     indices = b.add_accessor(
-        faces, "SCALAR", target=gltf_io.ELEMENT_ARRAY_BUFFER, component=5123, bounds=False
+        faces, "SCALAR", target=container.ELEMENT_ARRAY_BUFFER, component=5123, bounds=False
     )
     colour = {"baseColorFactor": [0.8, 0.3, 0.1, 1.0], "metallicFactor": 0.0}
     material = b.add("materials", {"pbrMetallicRoughness": colour})
@@ -208,7 +211,7 @@ def test_bad_inputs_name_the_file(tmp_path):
     with pytest.raises(InputError, match="not a GLB file"):
         viewer.write_page(not_glb, tmp_path / "viewer.html", title="x", view="mesh")
     glb = tmp_path / "empty.glb"
-    gltf_io.write_glb(glb, {"asset": {"version": "2.0"}}, b"")
+    container.write_glb(glb, {"asset": {"version": "2.0"}}, b"")
     with pytest.raises(FileNotFoundError, match="npm ci && npm run build"):
         viewer.write_page(
             glb, tmp_path / "viewer.html", title="x", view="mesh", bundle=tmp_path / "no.js"
@@ -222,7 +225,7 @@ def test_bad_inputs_name_the_file(tmp_path):
 
 def test_the_bundle_is_a_source_of_the_stage():
     """A rebuilt bundle changes the stage's code digest (once "viewer" is a stage)."""
-    assert viewer.BUNDLE in sources.closure(["chord.stages.viewer"])
+    assert viewer.BUNDLE in code_sources.closure(["chord.stages.viewer"])
 
 
 def test_the_bundle_leaves_room_for_a_scene():
@@ -433,7 +436,7 @@ def test_console_errors_and_requests_are_seen(visits, tmp_path):
 
 SPLAT_F, SPLAT_FPS = 9, 8.0  # keys at k/8 s, exact in float32: ?t=k/8 shows key k (STEP too)
 CENTRE, SCALE = np.array([0.4, -0.3, 1.1]), 0.7  # scene.json's normalisation: x_n = (x − c)·s
-# A fixed orbit camera (chord.cameras: elevation, azimuth in degrees, radius, target) and the
+# A fixed orbit camera (chord.render.cameras: elevation, azimuth in degrees, radius, target) and the
 # field of view the torch reference renders with.
 ORBIT = (20.0, 30.0, 3.2, *(CENTRE + [0.0, 0.3, 0.0]))
 FOVY = 49.1
@@ -487,7 +490,7 @@ def splat_scene(tmp_path_factory):
         obj2.layer2.cp_deform.normal_(0, 0.01, generator=gen)
     glb = root / "dynamic_splats.glb"
     kw = {"doc": doc, "scene": scene, "gaussians": sets, "frames": SPLAT_F, "fps": SPLAT_FPS}
-    summary = trained.write_splats_glb(glb, **kw)
+    summary = trained_scene.write_splats_glb(glb, **kw)
     assert (summary["skinned"], summary["morphed"]) == (1, 1)
     page = root / "splats.html"
     viewer.write_page(glb, page, title="splats", view="splats")
@@ -496,7 +499,7 @@ def splat_scene(tmp_path_factory):
         page=page,
         names=scene.names,
         slices=scene.slices,
-        frames=trained.scene_frames(scene, SPLAT_F, objects=scene.names),
+        frames=trained_scene.scene_frames(scene, SPLAT_F, objects=scene.names),
         rest=gs.concat([sets[n] for n in scene.names]),
     )
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from chord import cameras
+from chord.render import cameras
 
 
 def test_orbit_position_and_view_matrix():

@@ -3,8 +3,8 @@ import dataclasses
 import pytest
 import yaml
 
-from chord import config as cc
-from chord import result_keys as rk
+from chord.config import result_keys as rk
+from chord.config import settings as cc
 from tests.conftest import REPO, write_config
 
 # Where the shipped config departs from the release's flag defaults (the schema's, which
@@ -31,9 +31,11 @@ def test_default_config_holds_every_method_default():
 def test_chord_train_keeps_the_release_flag_defaults_and_the_workflow_runs_the_recipe():
     """METHOD §10, §12, §19: the CLI without flags is the release's train.py (all three off);
     the workflow's method defaults are the documented command's (all three on)."""
-    from chord import runs
+    from chord.cli import upstream_train
 
-    _, cli, _ = runs.parse(["--mesh_source_path", "data/x", "-m", "out/x", "--prompt", "p"])
+    _, cli, _ = upstream_train.parse(
+        ["--mesh_source_path", "data/x", "-m", "out/x", "--prompt", "p"]
+    )
     assert (cli.use_tiny_vae, cli.resample_timestep, cli.early_stop) == (False, False, False)
     conf = yaml.safe_load((REPO / "config/config.yaml").read_text())
     workflow = cc.method_from_mapping(conf["method"])

@@ -1,4 +1,4 @@
-"""Tests for chord.demo: procedural demo scenes and their scripted ground-truth motion."""
+"""Tests for chord.scene.demo: procedural demo scenes and their scripted ground-truth motion."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import trimesh
 
-from chord.demo import (
+from chord.motion.scripted import apply_motion, load_motion
+from chord.scene.demo import (
     DEMO_SCENES,
     SLAB_TOP_Y,
     STATIC_ID,
@@ -18,7 +19,6 @@ from chord.demo import (
     write_demo_scene,
     write_demo_scenes,
 )
-from chord.motion.scripted import apply_motion, load_motion
 
 SCENES = sorted(DEMO_SCENES)
 

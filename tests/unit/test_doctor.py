@@ -8,9 +8,11 @@ import shutil
 import pytest
 import torch
 
-from chord import cli, machine, peak_memory, preflight
-from chord import config as cc
+from chord.checks import preflight
+from chord.cli import main
+from chord.config import settings as cc
 from chord.guidance import tiny_models
+from chord.resources import machine, peak_memory
 from tests import components
 from tests.components import skip_without
 from tests.conftest import REPO, write_config
@@ -30,7 +32,7 @@ def rows(text: str) -> dict[str, str]:
 
 def test_the_demo_config_passes_here_and_says_what_needs_a_gpu(capsys, monkeypatch):
     monkeypatch.chdir(REPO)
-    assert cli.main(["doctor"]) == 0
+    assert main.main(["doctor"]) == 0
     out = capsys.readouterr().out
     status = rows(out)
     assert status == {
@@ -80,7 +82,7 @@ def wan_config(tmp_path, wan_folder, tiny_files, monkeypatch):
 
 
 def doctor_run(config, capsys):
-    code = cli.main(["doctor", "--config", str(config)])
+    code = main.main(["doctor", "--config", str(config)])
     return code, capsys.readouterr().out
 
 
@@ -179,7 +181,7 @@ def test_memory_against_the_model_on_a_declared_gpu(wan_config, capsys, tmp_path
     config, _, _ = wan_config
     small = tmp_path / "small.yaml"
     small.write_text(yaml.safe_dump({"gpu_mem_gb": 80}))
-    assert cli.main(["doctor", "--config", str(config), "--configfile", str(small)]) == 0
+    assert main.main(["doctor", "--config", str(config), "--configfile", str(small)]) == 0
     out = capsys.readouterr().out
     # read as the least an 80 GB card has: 80 x 10^9 bytes
     assert rows(out)["gpu memory"] == "pass" and "fits 74.5 GiB" in out
@@ -191,7 +193,7 @@ ALLOCATOR_ON = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
 def preflight_kwargs(tmp_path, wan_config) -> dict:
     """preflight.preflight's arguments for a small scene of the Wan config on tier full, on the
     CPU, with the production allocator."""
-    from chord import config as cc
+    from chord.config import settings as cc
 
     _, folder, tiny = wan_config
     return dict(

@@ -11,9 +11,10 @@ import signal
 import pytest
 import torch
 
-from chord import float32_fallback, peak_memory, train, trainer_checkpoint
 from chord.guidance import tiny_models, wan, wan_float32
-from chord.trainer import Trainer
+from chord.resources import peak_memory
+from chord.training import checkpoint, float32_fallback, run_loop
+from chord.training.trainer import Trainer
 from tests.unit.test_train import FlakyTeacher, H, T, W, make_trainer, method, tiny_scene
 from tests.unit.test_wan_diffusers import prompt_embeddings
 
@@ -56,7 +57,8 @@ def test_float32_fallback_is_refused_where_the_job_host_ram_cannot_hold_the_floa
     tmp_path, caplog
 ):
     """A Wan job asks for the memory model's host RAM of one bf16 expert plus 10%
-    (chord.job_size.job_request); a switch of expert after the fallback loads the next one in
+    (chord.resources.job_size.job_request); a switch of expert after the fallback loads the next
+    one in
     float32, twice that. With that RAM (and a GPU that fits) the fallback is refused, the log
     names both figures, and training goes on at the guidance's precision; with enough RAM it
     is taken."""
@@ -78,16 +80,16 @@ def test_float32_fallback_is_refused_where_the_job_host_ram_cannot_hold_the_floa
         tr.guidance.fp32 = False
         tr.guidance.model_shape = peak_memory.A14B
         folder = tmp_path / str(limit)
-        train.run(tr, 1, 3, config_hash="h", checkpoint_dir=folder)
+        run_loop.run(tr, 1, 3, config_hash="h", checkpoint_dir=folder)
         tr.guidance.bad = 2  # two non-finite steps: a roll-back, then healthy again
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="chord.train"):
-            last = train.run(
+        with caplog.at_level(logging.WARNING, logger="chord.training.run_loop"):
+            last = run_loop.run(
                 tr, 3, 7, config_hash="h", checkpoint_dir=folder, max_nonfinite_steps=2
             )
         assert last == 6 and tr.nonfinite == 0  # the run went on to its end
         assert tr.guidance.fp32 == switches == tr.float32_fallback
-        ckpt = train.load_checkpoint(folder / "ckpt_000006.pt")
+        ckpt = run_loop.load_checkpoint(folder / "ckpt_000006.pt")
         assert ckpt["float32_fallback"] == switches
         if switches:
             assert "float32 fallback taken after 2 non-finite steps" in caplog.text
@@ -145,10 +147,10 @@ def test_a_run_resumed_after_the_fallback_computes_in_float32_and_ends_as_one_ru
     field leaves the guidance at bf16."""
     m = method(iterations=6, batch_size=1, save_interval=2)
     one = wan_trainer(folder, embeddings, m, broken=False)
-    train.run(one, 1, 3, config_hash="h", checkpoint_dir=tmp_path / "one")
+    run_loop.run(one, 1, 3, config_hash="h", checkpoint_dir=tmp_path / "one")
     one.guidance.broken = True  # bf16 fails from iteration 3 on
     rows = []
-    train.run(
+    run_loop.run(
         one,
         3,
         7,
@@ -162,15 +164,15 @@ def test_a_run_resumed_after_the_fallback_computes_in_float32_and_ends_as_one_ru
 
     stopped = wan_trainer(folder, embeddings, m, broken=False)
     ckpts = tmp_path / "stopped"
-    train.run(stopped, 1, 3, config_hash="h", checkpoint_dir=ckpts)
+    run_loop.run(stopped, 1, 3, config_hash="h", checkpoint_dir=ckpts)
     stopped.guidance.broken = True
 
     def sigterm_after_4(rec):
         if rec["it"] == 4 and not rec["skipped"]:  # iteration 4 in float32
             os.kill(os.getpid(), signal.SIGTERM)
 
-    with pytest.raises(train.Interrupted):
-        train.run(
+    with pytest.raises(run_loop.Interrupted):
+        run_loop.run(
             stopped,
             3,
             7,
@@ -179,25 +181,25 @@ def test_a_run_resumed_after_the_fallback_computes_in_float32_and_ends_as_one_ru
             log=sigterm_after_4,
             max_nonfinite_steps=2,
         )
-    ckpt = train.load_checkpoint(ckpts / "ckpt_000004.pt")
+    ckpt = run_loop.load_checkpoint(ckpts / "ckpt_000004.pt")
 
     resumed = wan_trainer(folder, embeddings, m, broken=True)  # a new process: bf16 again
     assert resumed.guidance.compute_dtype == torch.bfloat16
-    start = trainer_checkpoint.restore(resumed, ckpt)
+    start = checkpoint.restore(resumed, ckpt)
     assert start == 5
     assert resumed.guidance.compute_dtype == torch.float32  # before the first step
     assert resumed.float32_fallback and ckpt["float32_fallback"] is True
     after = []
-    train.run(resumed, start, 7, config_hash="h", checkpoint_dir=ckpts, log=after.append)
+    run_loop.run(resumed, start, 7, config_hash="h", checkpoint_dir=ckpts, log=after.append)
     assert [(r["it"], r["skipped"]) for r in after] == [(5, 0), (6, 0)]
     ref, got = motion(one), motion(resumed)
     for k in ref:
         assert torch.equal(got[k], ref[k]), (k, float((got[k] - ref[k]).abs().max()))
-    assert train.load_checkpoint(ckpts / "ckpt_000006.pt")["float32_fallback"] is True
+    assert run_loop.load_checkpoint(ckpts / "ckpt_000006.pt")["float32_fallback"] is True
 
     old = {k: v for k, v in ckpt.items() if k != "float32_fallback"}  # before the field
     older = wan_trainer(folder, embeddings, m, broken=False)
-    assert trainer_checkpoint.restore(older, old) == 5
+    assert checkpoint.restore(older, old) == 5
     assert older.guidance.compute_dtype == torch.bfloat16 and not older.float32_fallback
 
 

@@ -1,4 +1,5 @@
-"""Unit tests for chord.gaussians (METHOD §2): surface init, PLY I/O, fitted-3DGS import."""
+"""Unit tests for chord.gaussians.gaussian_set (METHOD §2): surface init, PLY I/O, fitted-3DGS
+import."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import trimesh
 from PIL import Image
 from plyfile import PlyData, PlyElement
 
-from chord.gaussians import (
+from chord.gaussians.gaussian_set import (
     C0,
     GaussianSet,
     concat,
@@ -23,8 +24,8 @@ from chord.gaussians import (
     sh_dc_to_rgb,
     to_normalised,
 )
-from chord.ply import find_fitted_ply, read_ply, write_ply
-from chord.scene import load_mesh_parts
+from chord.gaussians.ply import find_fitted_ply, read_ply, write_ply
+from chord.scene.ingestion import load_mesh_parts
 
 RED = (1.0, 0.0, 0.0)
 BLUE = (0.0, 0.0, 1.0)

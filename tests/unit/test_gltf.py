@@ -1,4 +1,4 @@
-"""The animated glTF writers (chord.gltf): morph targets and the skinned file reproduce the
+"""The animated glTF writers (chord.gltf.animated): morph targets and the skinned file reproduce the
 deformation (the skin by the glTF skinning formula evaluated from the file), the files load back
 and pass the Khronos validator."""
 
@@ -14,7 +14,9 @@ import pytest
 import trimesh
 from PIL import Image
 
-from chord import gltf, gltf_io, gltf_skin
+from chord.gltf import animated as gltf
+from chord.gltf import container
+from chord.gltf import skinned as gltf_skin
 from tests.conftest import box, validate_glb
 
 # --- a source GLB with a node hierarchy and one mesh placed twice ------------------------------
@@ -27,10 +29,10 @@ def _quat_xyzw(axis, angle) -> list[float]:
 
 def instanced_glb(path: Path) -> None:
     """A parent node (translated, scaled) with two children (rotated) sharing one box mesh."""
-    b = gltf_io.GltfBuilder("test")
+    b = container.GltfBuilder("test")
     mesh = trimesh.creation.box(extents=(0.2, 0.4, 0.2))
-    pos = b.add_accessor(mesh.vertices, "VEC3", target=gltf_io.ARRAY_BUFFER)
-    idx = b.add_view(mesh.faces.astype(np.uint32).tobytes(), target=gltf_io.ELEMENT_ARRAY_BUFFER)
+    pos = b.add_accessor(mesh.vertices, "VEC3", target=container.ARRAY_BUFFER)
+    idx = b.add_view(mesh.faces.astype(np.uint32).tobytes(), target=container.ELEMENT_ARRAY_BUFFER)
     ind = b.add(
         "accessors",
         {"bufferView": idx, "componentType": 5125, "count": mesh.faces.size, "type": "SCALAR"},
@@ -82,9 +84,9 @@ def glb_scene(tmp_path):
 def test_glb_morph_targets_reproduce_the_deformation(glb_scene):
     out, summary, F, fps, centre, scale = glb_scene
     assert summary == {"nodes": 2, "targets": F - 1, "frames": F}
-    doc, blob = gltf_io.read_glb(out)
+    doc, blob = container.read_glb(out)
     assert [doc["nodes"][r]["name"] for r in doc["scenes"][0]["nodes"]] == ["obj_0", "obj_1"]
-    world = gltf_io.world_matrices(doc, doc["scenes"][0]["nodes"])
+    world = container.world_matrices(doc, doc["scenes"][0]["nodes"])
     (anim,) = doc["animations"]
     animated = sorted(ch["target"]["node"] for ch in anim["channels"])
     assert all(ch["target"]["path"] == "weights" for ch in anim["channels"])
@@ -95,7 +97,7 @@ def test_glb_morph_targets_reproduce_the_deformation(glb_scene):
         assert mesh["weights"] == [0.0] * (F - 1)
         (prim,) = mesh["primitives"]
         assert len(prim["targets"]) == F - 1
-        base = gltf_io.read_accessor(doc, blob, prim["attributes"]["POSITION"])
+        base = container.read_accessor(doc, blob, prim["attributes"]["POSITION"])
         M = world[n]
         to_n = lambda v, M=M: ((v @ M[:3, :3].T + M[:3, 3]) - centre) * scale  # noqa: E731
         expected = bend(F)(to_n(base))
@@ -103,7 +105,7 @@ def test_glb_morph_targets_reproduce_the_deformation(glb_scene):
         for k, target in enumerate(prim["targets"], start=1):
             acc = doc["accessors"][target["POSITION"]]
             assert "min" in acc and "max" in acc
-            moved = base + gltf_io.read_accessor(doc, blob, target["POSITION"])
+            moved = base + container.read_accessor(doc, blob, target["POSITION"])
             np.testing.assert_allclose(to_n(moved), expected[k], atol=1e-5)
     # the static slab is copied unanimated
     static = [n for n in world if "mesh" in doc["nodes"][n] and n not in animated]
@@ -111,9 +113,9 @@ def test_glb_morph_targets_reproduce_the_deformation(glb_scene):
     # one STEP key per frame at k/fps, one-hot weights on target k (all zero at k = 0)
     for s in anim["samplers"]:
         assert s["interpolation"] == "STEP"
-        times = gltf_io.read_accessor(doc, blob, s["input"])[:, 0]
+        times = container.read_accessor(doc, blob, s["input"])[:, 0]
         np.testing.assert_allclose(times, np.arange(F) / fps, rtol=1e-6)
-        w = gltf_io.read_accessor(doc, blob, s["output"]).reshape(F, F - 1)
+        w = container.read_accessor(doc, blob, s["output"]).reshape(F, F - 1)
         np.testing.assert_array_equal(w, np.eye(F, F - 1, k=-1))
 
 
@@ -146,7 +148,7 @@ def test_glb_copies_textures(tmp_path):
         out, [("obj_0", tmp_path / "obj_0.glb", bend(3))], centre=[0, 0, 0], scale=1.0, frames=3,
         fps=10,
     )  # fmt: skip
-    doc, _ = gltf_io.read_glb(out)
+    doc, _ = container.read_glb(out)
     assert len(doc["images"]) == 1 and len(doc["textures"]) == 1
     mat = doc["materials"][doc["meshes"][0]["primitives"][0]["material"]]
     assert mat["pbrMetallicRoughness"]["baseColorTexture"]["index"] == 0
@@ -155,7 +157,7 @@ def test_glb_copies_textures(tmp_path):
     assert geom.visual.material.baseColorTexture.size == (8, 8)
     (tmp_path / "bad.glb").write_bytes(b"not a glb at all, clearly")
     with pytest.raises(ValueError, match="bad.glb: not a GLB file"):
-        gltf_io.read_glb(tmp_path / "bad.glb")
+        container.read_glb(tmp_path / "bad.glb")
 
 
 def test_read_accessor_honours_stride_and_sparse():
@@ -180,10 +182,10 @@ def test_read_accessor_honours_stride_and_sparse():
             },
         ],
     }  # fmt: skip
-    np.testing.assert_array_equal(gltf_io.read_accessor(doc, blob, 0), rows)
+    np.testing.assert_array_equal(container.read_accessor(doc, blob, 0), rows)
     expect = rows.astype(np.float64)
     expect[[1, 3]] = [[-1, -2, -3], [-4, -5, -6]]
-    np.testing.assert_array_equal(gltf_io.read_accessor(doc, blob, 1), expect)
+    np.testing.assert_array_equal(container.read_accessor(doc, blob, 1), expect)
 
 
 def test_node_matrix_is_translation_rotation_scale():
@@ -191,10 +193,10 @@ def test_node_matrix_is_translation_rotation_scale():
     x, y, z, w = node["rotation"]
     R = trimesh.transformations.quaternion_matrix([w, x, y, z])
     expect = trimesh.transformations.translation_matrix([1, 2, 3]) @ R @ np.diag([2, 3, 4, 1])
-    np.testing.assert_allclose(gltf_io.node_matrix(node), expect, atol=1e-12)
+    np.testing.assert_allclose(container.node_matrix(node), expect, atol=1e-12)
     flat = np.arange(16.0)
     np.testing.assert_array_equal(
-        gltf_io.node_matrix({"matrix": flat.tolist()}), flat.reshape(4, 4).T
+        container.node_matrix({"matrix": flat.tolist()}), flat.reshape(4, 4).T
     )
 
 
@@ -253,9 +255,9 @@ def posed_world(doc: dict, blob: bytes, key: int) -> dict[int, np.ndarray]:
         for ch in anim["channels"]:
             path = ch["target"]["path"]
             if path in ("translation", "rotation", "scale"):
-                out = gltf_io.read_accessor(doc, blob, anim["samplers"][ch["sampler"]]["output"])
+                out = container.read_accessor(doc, blob, anim["samplers"][ch["sampler"]]["output"])
                 doc["nodes"][ch["target"]["node"]][path] = out[key].tolist()
-    return gltf_io.world_matrices(doc, doc["scenes"][0]["nodes"])
+    return container.world_matrices(doc, doc["scenes"][0]["nodes"])
 
 
 def skinned_vertices(doc: dict, blob: bytes, node: int, key: int) -> list[np.ndarray]:
@@ -263,17 +265,17 @@ def skinned_vertices(doc: dict, blob: bytes, node: int, key: int) -> list[np.nda
     positions [n, 3] Σ_i w_i·J_{j_i}(key)·IBM_{j_i}·v at animation key ``key``."""
     world = posed_world(doc, blob, key)
     skin = doc["skins"][doc["nodes"][node]["skin"]]
-    ibm = gltf_io.read_accessor(doc, blob, skin["inverseBindMatrices"]).reshape(-1, 4, 4)
+    ibm = container.read_accessor(doc, blob, skin["inverseBindMatrices"]).reshape(-1, 4, 4)
     mats = np.stack([world[j] for j in skin["joints"]]) @ ibm.transpose(0, 2, 1)  # [J, 4, 4]
     out = []
     for prim in doc["meshes"][doc["nodes"][node]["mesh"]]["primitives"]:
         a = prim["attributes"]
-        v = gltf_io.read_accessor(doc, blob, a["POSITION"])
+        v = container.read_accessor(doc, blob, a["POSITION"])
         vh = np.concatenate([v, np.ones((len(v), 1))], 1)  # [n, 4]
         x = np.zeros((len(v), 3))
         for s in range(sum(k.startswith("JOINTS_") for k in a)):
-            J = gltf_io.read_accessor(doc, blob, a[f"JOINTS_{s}"]).astype(np.int64)  # [n, 4]
-            W = gltf_io.read_accessor(doc, blob, a[f"WEIGHTS_{s}"])  # [n, 4]
+            J = container.read_accessor(doc, blob, a[f"JOINTS_{s}"]).astype(np.int64)  # [n, 4]
+            W = container.read_accessor(doc, blob, a[f"WEIGHTS_{s}"])  # [n, 4]
             for i in range(4):
                 x += W[:, i, None] * np.einsum("nij,nj->ni", mats[J[:, i]], vh)[:, :3]
         out.append(x)
@@ -311,31 +313,31 @@ def skinned_scene(tmp_path):
 def test_skinned_glb_reproduces_the_skinning(skinned_scene):
     S = skinned_scene
     assert S.summary == {"skinned": 2, "joints": 7, "morphed": 0, "targets": 0, "frames": S.F}
-    doc, blob = gltf_io.read_glb(S.out)
+    doc, blob = container.read_glb(S.out)
     roots = doc["scenes"][0]["nodes"]
-    scene_nodes = set(gltf_io.world_matrices(doc, roots))
+    scene_nodes = set(container.world_matrices(doc, roots))
     skinned = [n for n in roots if "skin" in doc["nodes"][n]]
     assert len(skinned) == 2 and len({doc["nodes"][n]["mesh"] for n in skinned}) == 2
-    src, src_blob = gltf_io.read_glb(S.source)
-    src_world = gltf_io.world_matrices(src, src["scenes"][0]["nodes"])
+    src, src_blob = container.read_glb(S.source)
+    src_world = container.world_matrices(src, src["scenes"][0]["nodes"])
     src_placed = [src_world[n] for n in sorted(src_world) if "mesh" in src["nodes"][n]]
     (anim,) = doc["animations"]
     for s in anim["samplers"]:
         assert s["interpolation"] == "LINEAR"
         np.testing.assert_allclose(
-            gltf_io.read_accessor(doc, blob, s["input"])[:, 0], np.arange(S.F) / S.fps, rtol=1e-6
+            container.read_accessor(doc, blob, s["input"])[:, 0], np.arange(S.F) / S.fps, rtol=1e-6
         )
     for n, M in zip(skinned, src_placed, strict=True):
         node = doc["nodes"][n]
-        assert not set(node) & set(gltf_io.TRS)  # glTF ignores a skinned node's transform
+        assert not set(node) & set(container.TRS)  # glTF ignores a skinned node's transform
         skin = doc["skins"][node["skin"]]
         assert set(skin["joints"]) <= scene_nodes  # not NODE_SKIN_NO_SCENE
         assert doc["accessors"][skin["inverseBindMatrices"]]["count"] == 7
         (prim,) = doc["meshes"][node["mesh"]]["primitives"]
         assert doc["accessors"][prim["attributes"]["JOINTS_0"]]["componentType"] == 5121
-        W = gltf_io.read_accessor(doc, blob, prim["attributes"]["WEIGHTS_0"])
+        W = container.read_accessor(doc, blob, prim["attributes"]["WEIGHTS_0"])
         np.testing.assert_array_equal(W[:, 3], 0.0)  # K = 3, padded to 4
-        v_l = gltf_io.read_accessor(doc, blob, prim["attributes"]["POSITION"])
+        v_l = container.read_accessor(doc, blob, prim["attributes"]["POSITION"])
         v_w = v_l @ M[:3, :3].T + M[:3, 3]  # the source placement
         X = lbs(S.sk, (v_w - S.c) * S.s) / S.s + S.c  # [F, n, 3] world
         tol = float32_tolerance(np.abs(X).max(), np.abs(S.c).max())
@@ -347,7 +349,7 @@ def test_skinned_glb_reproduces_the_skinning(skinned_scene):
     # the joints' rotation keys stay in one hemisphere (slerp takes the short way)
     for ch in anim["channels"]:
         if ch["target"]["path"] == "rotation":
-            r = gltf_io.read_accessor(doc, blob, anim["samplers"][ch["sampler"]]["output"])
+            r = container.read_accessor(doc, blob, anim["samplers"][ch["sampler"]]["output"])
             assert ((r[1:] * r[:-1]).sum(1) >= 0).all()
     # the static slab is copied unanimated
     meshes = [n for n in scene_nodes if "mesh" in doc["nodes"][n] and n not in skinned]
@@ -371,19 +373,19 @@ def test_skinned_glb_keeps_morph_targets_for_a_deformer(tmp_path, gltf_validator
         centre=[0, 0, 0], scale=1.0, frames=F, fps=8,
     )  # fmt: skip
     assert summary == {"skinned": 1, "joints": 5, "morphed": 2, "targets": F - 1, "frames": F}
-    doc, blob = gltf_io.read_glb(out)
+    doc, blob = container.read_glb(out)
     (anim,) = doc["animations"]
     weights = [ch for ch in anim["channels"] if ch["target"]["path"] == "weights"]
     assert len(weights) == 2
     assert {anim["samplers"][ch["sampler"]]["interpolation"] for ch in weights} == {"STEP"}
-    world = gltf_io.world_matrices(doc, doc["scenes"][0]["nodes"])
+    world = container.world_matrices(doc, doc["scenes"][0]["nodes"])
     for ch in weights:
         n = ch["target"]["node"]
         (prim,) = doc["meshes"][doc["nodes"][n]["mesh"]]["primitives"]
         assert "JOINTS_0" not in prim["attributes"] and len(prim["targets"]) == F - 1
-        base = gltf_io.read_accessor(doc, blob, prim["attributes"]["POSITION"])
+        base = container.read_accessor(doc, blob, prim["attributes"]["POSITION"])
         to_w = lambda v, M=world[n]: v @ M[:3, :3].T + M[:3, 3]  # noqa: E731
-        moved = base + gltf_io.read_accessor(doc, blob, prim["targets"][-1]["POSITION"])
+        moved = base + container.read_accessor(doc, blob, prim["targets"][-1]["POSITION"])
         np.testing.assert_allclose(to_w(moved), bend(F)(to_w(base))[-1], atol=1e-5)
     (skinned,) = [n for n in doc["scenes"][0]["nodes"] if "skin" in doc["nodes"][n]]
     src = trimesh.load(tmp_path / "obj_1.glb", force="mesh")
@@ -425,11 +427,11 @@ def test_skin_weights_are_normalised_in_float32():
 def test_skinned_glb_moves_the_mesh_of_a_node_with_children(tmp_path, gltf_validator):
     """A mesh node with a child keeps its place (and child); its mesh moves to a new root."""
     instanced_glb(tmp_path / "src.glb")
-    doc, blob = gltf_io.read_glb(tmp_path / "src.glb")
+    doc, blob = container.read_glb(tmp_path / "src.glb")
     tip = len(doc["nodes"])
     doc["nodes"].append({"name": "tip", "translation": [0.0, 0.1, 0.0]})
     doc["nodes"][0]["children"] = [tip]  # node 0: the rotated placement of the box
-    gltf_io.write_glb(tmp_path / "obj_0.glb", doc, blob)
+    container.write_glb(tmp_path / "obj_0.glb", doc, blob)
     F = 3
     sk = random_skinning(F, np.random.default_rng(5).uniform(-0.3, 0.6, size=(4, 3)))
     out = tmp_path / "out.glb"
@@ -437,14 +439,14 @@ def test_skinned_glb_moves_the_mesh_of_a_node_with_children(tmp_path, gltf_valid
         out, [("obj_0", tmp_path / "obj_0.glb", sk)], centre=[0, 0, 0], scale=1.0, frames=F, fps=4
     )
     assert summary["skinned"] == 2
-    got, got_blob = gltf_io.read_glb(out)
+    got, got_blob = container.read_glb(out)
     names = [got["nodes"][n].get("name") for n in got["scenes"][0]["nodes"]]
     assert names[0] == "obj_0" and "obj_0_skinned" in names
-    world = gltf_io.world_matrices(doc, doc["scenes"][0]["nodes"])
+    world = container.world_matrices(doc, doc["scenes"][0]["nodes"])
     for n, M in ((0, world[0]), (1, world[1])):  # the two placements, in node order
         moved = [r for r in got["scenes"][0]["nodes"] if "skin" in got["nodes"][r]][n]
         (prim,) = got["meshes"][got["nodes"][moved]["mesh"]]["primitives"]
-        v = gltf_io.read_accessor(got, got_blob, prim["attributes"]["POSITION"])
+        v = container.read_accessor(got, got_blob, prim["attributes"]["POSITION"])
         X = lbs(sk, v @ M[:3, :3].T + M[:3, 3])
         (x,) = skinned_vertices(got, got_blob, moved, F - 1)
         np.testing.assert_allclose(x, X[F - 1], atol=float32_tolerance(np.abs(X).max()))

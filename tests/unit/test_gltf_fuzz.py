@@ -2,7 +2,7 @@
 indexed, multi-node, sparse, instanced, Draco, a .gltf with external .bin files) each end as a
 correct read or as one :class:`InputError` line, never another exception, never a tracemalloc
 peak over :data:`PEAK_LIMIT`. Reads that succeed also go through ingest's
-:func:`chord.scene.load_source` (trimesh on the plain file).
+:func:`chord.scene.ingestion.load_source` (trimesh on the plain file).
 
 Mutations: byte flips anywhere; truncations at every chunk boundary (and 1, 4 and 8 bytes
 either side) and at random points; every JSON field replaced by values of wrong types, huge
@@ -30,9 +30,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from chord import gltf_io, gltf_source
-from chord import scene as sc
-from chord.errors import InputError
+from chord.core.errors import InputError
+from chord.gltf import container, reader
+from chord.scene import ingestion as sc
 from tests import gltf_corpus as corpus
 
 FULL = os.environ.get("CHORD_FUZZ") == "full"
@@ -97,9 +97,9 @@ def json_cases(doc: dict, rng: np.random.Generator):
 
 def glb_cases(data: bytes, rng: np.random.Generator):
     """(label, bytes) of one GLB's mutations."""
-    doc, blob = gltf_io.parse_glb(data, "base")
+    doc, blob = container.parse_glb(data, "base")
     for label, mutated in json_cases(doc, rng):
-        yield label, gltf_io.glb_bytes(mutated, blob)
+        yield label, container.glb_bytes(mutated, blob)
     bounds, pos = {0, 4, 8, 12}, 12
     while pos + 8 <= len(data):
         bounds |= {pos, pos + 4, pos + 8}
@@ -159,7 +159,7 @@ class Tally:
         tracemalloc.reset_peak()
         start = time.perf_counter()
         try:
-            source = gltf_source.read(path, mem_mb=MEM_MB)
+            source = reader.read(path, mem_mb=MEM_MB)
             self.reads += 1
             plain = source.glb_bytes()
             if plain not in self.seen:  # each distinct plain file once through trimesh

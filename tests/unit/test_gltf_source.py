@@ -1,4 +1,4 @@
-"""chord.gltf_source on a corpus of the glTF features users' files carry (tests/gltf_corpus.py):
+"""chord.gltf.reader on a corpus of the glTF features users' files carry (tests/gltf_corpus.py):
 each file reads as the plain original does (faces, bounds, the colours its material defines),
 or is refused in one line naming the file and the feature."""
 
@@ -12,10 +12,10 @@ import pytest
 import trimesh
 from scipy.spatial import cKDTree
 
-from chord import gltf_io, gltf_source, ktx2
-from chord import scene as sc
-from chord.errors import InputError
-from chord.mesh_colour import part_colours
+from chord.core.errors import InputError
+from chord.gaussians.mesh_colour import part_colours
+from chord.gltf import container, ktx2, reader
+from chord.scene import ingestion as sc
 from tests import components
 from tests import gltf_corpus as corpus
 from tests.conftest import KHRONOS, validate_glb
@@ -77,7 +77,7 @@ def test_compressed_and_quantised_files_read_as_the_original(tmp_path, duck, com
     """glTF Transform's `draco`, `meshopt` and `quantize`: the duck's faces, bounds (within one
     step of the 14-bit position grid) and texture colours (within a 12-bit UV step)."""
     out = corpus.transform(command, duck, tmp_path / f"{command}.glb")
-    used = set(gltf_io.read_glb(out)[0].get("extensionsRequired", []))
+    used = set(container.read_glb(out)[0].get("extensionsRequired", []))
     expect = {
         "draco": {"KHR_draco_mesh_compression"},
         "meshopt": {"EXT_meshopt_compression", "KHR_mesh_quantization"},
@@ -92,19 +92,19 @@ def test_compressed_and_quantised_files_read_as_the_original(tmp_path, duck, com
 
 def test_a_gltf_with_external_buffers_and_images_reads_as_the_glb(tmp_path, duck):
     out = corpus.transform("copy", duck, tmp_path / "duck" / "obj_0.gltf")
-    assert {p.name for p in gltf_source.external_files(out)} >= {"obj_0.bin"}
-    assert all(p.is_file() for p in gltf_source.external_files(out))
+    assert {p.name for p in reader.external_files(out)} >= {"obj_0.bin"}
+    assert all(p.is_file() for p in reader.external_files(out))
     assert_same_surface(load(out), load(duck), position_tol=0, colour_tol=0)
-    missing = gltf_source.external_files(out)[0]
+    missing = reader.external_files(out)[0]
     missing.unlink()
     with pytest.raises(InputError, match=f"obj_0.gltf: .* refers to .*{missing.name}, which does"):
-        gltf_source.read(out)
+        reader.read(out)
 
 
 def test_gpu_instancing_becomes_one_node_per_instance(tmp_path):
     src, mats = corpus.shared_mesh_nodes(tmp_path / "shared.glb", n=5)
     out = corpus.transform("instance", src, tmp_path / "instanced.glb")
-    assert "EXT_mesh_gpu_instancing" in gltf_io.read_glb(out)[0]["extensionsUsed"]
+    assert "EXT_mesh_gpu_instancing" in container.read_glb(out)[0]["extensionsUsed"]
     got, want = load(out), load(src)
     assert len(got) == len(want) == 5
     # each instance's box, in its own placement: same vertex sets as the five nodes give
@@ -137,8 +137,8 @@ def texture_width(path: Path) -> int:
 
 
 def texcoord0(path: Path) -> np.ndarray:
-    doc, blob = gltf_io.read_glb(path)
-    return gltf_io.read_accessor(
+    doc, blob = container.read_glb(path)
+    return container.read_accessor(
         doc, blob, doc["meshes"][0]["primitives"][0]["attributes"]["TEXCOORD_0"]
     )
 
@@ -158,7 +158,7 @@ def test_the_base_colour_texture_transform_is_baked_into_the_uvs(tmp_path, textu
     prim = source.doc["meshes"][0]["primitives"][0]
     emissive = prim["attributes"][f"TEXCOORD_{mat['emissiveTexture']['texCoord']}"]
     np.testing.assert_array_equal(
-        gltf_io.read_accessor(source.doc, source.blob, emissive), texcoord0(src)
+        container.read_accessor(source.doc, source.blob, emissive), texcoord0(src)
     )
     tol = 2 * texture_width(src) * uv_tol(ext)
     assert_same_surface([got], [want], position_tol=0, colour_tol=tol)
@@ -221,7 +221,7 @@ def test_ktx2_without_node_is_refused_with_the_fix(tmp_path, monkeypatch):
     monkeypatch.setenv("CHORD_NODE", str(tmp_path / "no-node"))
     monkeypatch.setattr(shutil, "which", lambda name: None)
     with pytest.raises(InputError, match=r"obj_0.glb: texture 0 \(KTX2 image 0\): a KTX2 .*Node"):
-        gltf_source.read(out)
+        reader.read(out)
 
 
 def test_material_features_not_rendered_are_warnings(tmp_path):
@@ -229,7 +229,7 @@ def test_material_features_not_rendered_are_warnings(tmp_path):
     out = corpus.with_material_extension(
         src, tmp_path / "glass.glb", "KHR_materials_transmission", {"transmissionFactor": 1.0}
     )
-    source = gltf_source.read(out)
+    source = reader.read(out)
     (warning,) = source.warnings
     assert "glass.glb: material" in warning and "KHR_materials_transmission" in warning
     assert "KHR_materials_transmission" in source.doc["extensionsUsed"]  # kept for viewers
@@ -239,7 +239,7 @@ def test_a_required_extension_chord_cannot_read_is_refused_naming_it(tmp_path):
     src = corpus.write_glb(corpus.textured_box(), tmp_path / "box.glb")
     out = corpus.with_required_extension(src, tmp_path / "obj_0.glb", "EXT_foo")
     with pytest.raises(InputError, match="obj_0.glb: uses EXT_foo, which chord cannot read; re-"):
-        gltf_source.read(out)
+        reader.read(out)
 
 
 @pytest.mark.parametrize(
@@ -276,6 +276,6 @@ def test_the_plain_file_passes_the_khronos_validator(tmp_path, duck, gltf_valida
     src = corpus.shared_mesh_nodes(tmp_path / "shared.glb")[0] if command == "instance" else duck
     out = corpus.transform(command, src, tmp_path / f"{command}.glb")
     plain = tmp_path / f"{command}_plain.glb"
-    plain.write_bytes(gltf_source.read(out).glb_bytes())
+    plain.write_bytes(reader.read(out).glb_bytes())
     issues = validate_glb(gltf_validator, plain, tmp_path)
     assert issues["numErrors"] == 0, issues["messages"][:5]

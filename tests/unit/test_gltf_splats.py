@@ -1,4 +1,4 @@
-"""``dynamic_splats.glb`` (chord.gltf_splats): the trained Gaussians in one glTF file. Positions
+"""``dynamic_splats.glb`` (chord.gltf.splats): the trained Gaussians in one glTF file. Positions
 and rotations evaluated from the file (glTF's skinning rule and our rotation convention, or the
 morph targets) equal the package's own deformation, which the PLY sequence holds; static
 objects are unanimated; the KHR_gaussian_splatting attributes read back the PLY's values; the
@@ -15,9 +15,12 @@ import pytest
 import torch
 import trimesh
 
-from chord import config, export, gltf_io, gltf_splats, ply, trained
-from chord import gaussians as gs
-from chord.errors import InputError
+from chord.config import settings
+from chord.core.errors import InputError
+from chord.export import trained_scene, videos
+from chord.gaussians import gaussian_set as gs
+from chord.gaussians import ply
+from chord.gltf import container, splats
 from chord.motion.model import build_scene
 from tests.conftest import box, validate_glb
 from tests.unit.test_gltf import posed_world, random_skinning
@@ -77,7 +80,7 @@ def splat_scene(tmp_path_factory):
         }
         for n, m in (("obj_0", 6), ("obj_2", 5))
     }
-    method = config.method_from_mapping({"frame_num": F, "n_cp_num": 3})
+    method = settings.method_from_mapping({"frame_num": F, "n_cp_num": 3})
     scene = build_scene(doc, sets, vox, method)
     gen = torch.Generator().manual_seed(0)
     shake(scene.dynamic["obj_0"].layer1, gen)
@@ -86,11 +89,13 @@ def splat_scene(tmp_path_factory):
     centres2 = torch.as_tensor(sets["obj_2"].means[::7].copy())
     obj2.add_second_layer(centres2, torch.as_tensor(sets["obj_2"].means[::2].copy()))
     shake(obj2.layer2, gen)
-    g = trained.scene_frames(scene, F, objects=scene.names)
+    g = trained_scene.scene_frames(scene, F, objects=scene.names)
     rest = gs.concat([sets[n] for n in scene.names])
-    frames = export.write_ply_sequence(tmp / "ply", rest, g["means"], g["quats"])
+    frames = videos.write_ply_sequence(tmp / "ply", rest, g["means"], g["quats"])
     out = tmp / "dynamic_splats.glb"
-    summary = trained.write_splats_glb(out, doc=doc, scene=scene, gaussians=sets, frames=F, fps=fps)
+    summary = trained_scene.write_splats_glb(
+        out, doc=doc, scene=scene, gaussians=sets, frames=F, fps=fps
+    )
     return SimpleNamespace(
         out=out, summary=summary, F=F, fps=fps, doc=doc, scene=scene, sets=sets, plys=plys,
         frames=frames, c=np.array(doc["normalisation"]["centre"]), s=0.7, tmp=tmp,
@@ -144,24 +149,24 @@ def skinned_splats(doc: dict, blob: bytes, node: int, key: int):
     |Σ_i w_i·q_{j_i}| (how much normalising amplifies rounding) and the skin matrices."""
     world = posed_world(doc, blob, key)
     skin = doc["skins"][doc["nodes"][node]["skin"]]
-    ibm = gltf_io.read_accessor(doc, blob, skin["inverseBindMatrices"]).reshape(-1, 4, 4)
+    ibm = container.read_accessor(doc, blob, skin["inverseBindMatrices"]).reshape(-1, 4, 4)
     mats = np.stack([world[j] for j in skin["joints"]]) @ ibm.transpose(0, 2, 1)  # [J, 4, 4]
     local = {}  # each joint's rotation as keyed at ``key``
     for ch in doc["animations"][0]["channels"]:
         if ch["target"]["path"] == "rotation":
             sampler = doc["animations"][0]["samplers"][ch["sampler"]]
-            local[ch["target"]["node"]] = gltf_io.read_accessor(doc, blob, sampler["output"])[key]
+            local[ch["target"]["node"]] = container.read_accessor(doc, blob, sampler["output"])[key]
     q_joint = wxyz(np.stack([local[j] for j in skin["joints"]]))  # [J, 4]
     (prim,) = doc["meshes"][doc["nodes"][node]["mesh"]]["primitives"]
     a = prim["attributes"]
-    v = gltf_io.read_accessor(doc, blob, a["POSITION"])
+    v = container.read_accessor(doc, blob, a["POSITION"])
     vh = np.concatenate([v, np.ones((len(v), 1))], 1)
-    J = gltf_io.read_accessor(doc, blob, a["JOINTS_0"]).astype(np.int64)  # [n, 4]
-    W = gltf_io.read_accessor(doc, blob, a["WEIGHTS_0"])  # [n, 4]
+    J = container.read_accessor(doc, blob, a["JOINTS_0"]).astype(np.int64)  # [n, 4]
+    W = container.read_accessor(doc, blob, a["WEIGHTS_0"])  # [n, 4]
     x = np.einsum("ni,nijk,nk->nj", W, mats[J], vh)[:, :3]
     b = np.einsum("ni,nik->nk", W, q_joint[J])  # [n, 4] the blend, unnormalised
     norm = np.linalg.norm(b, axis=1, keepdims=True)
-    q_rest = wxyz(gltf_io.read_accessor(doc, blob, a[f"{EXT}:ROTATION"]))
+    q_rest = wxyz(container.read_accessor(doc, blob, a[f"{EXT}:ROTATION"]))
     return x, hamilton(b / norm, q_rest), float(norm.min()), mats
 
 
@@ -169,15 +174,15 @@ def test_skinned_splats_reproduce_the_trained_deformation(splat_scene):
     S = splat_scene
     assert S.summary == {"gaussians": 150, "sh_degree": 1, "skinned": 1, "joints": 6,
                          "morphed": 1, "targets": S.F - 1, "frames": S.F}  # fmt: skip
-    doc, blob = gltf_io.read_glb(S.out)
+    doc, blob = container.read_glb(S.out)
     node = node_of(doc, "obj_0_splats")
-    assert node in doc["scenes"][0]["nodes"] and not set(doc["nodes"][node]) & set(gltf_io.TRS)
+    assert node in doc["scenes"][0]["nodes"] and not set(doc["nodes"][node]) & set(container.TRS)
     (prim,) = doc["meshes"][doc["nodes"][node]["mesh"]]["primitives"]
-    assert prim["extras"] == gltf_splats.SKINNING_EXTRAS
+    assert prim["extras"] == splats.SKINNING_EXTRAS
     rows = sequence_slice(S, "obj_0")
     (anim,) = doc["animations"]
     for s in anim["samplers"]:
-        times = gltf_io.read_accessor(doc, blob, s["input"])[:, 0]
+        times = container.read_accessor(doc, blob, s["input"])[:, 0]
         np.testing.assert_allclose(times, np.arange(S.F) / S.fps, rtol=F32)
     for k in range(S.F):
         seq = ply.read_ply(S.frames[k])  # the package's deformation of frame k (normalised)
@@ -206,30 +211,30 @@ def test_skinned_splats_reproduce_the_trained_deformation(splat_scene):
 
 def doc_rest(doc: dict, blob: bytes, node: int) -> np.ndarray:
     (prim,) = doc["meshes"][doc["nodes"][node]["mesh"]]["primitives"]
-    return gltf_io.read_accessor(doc, blob, prim["attributes"]["POSITION"])
+    return container.read_accessor(doc, blob, prim["attributes"]["POSITION"])
 
 
 def test_morphed_splats_reproduce_the_second_layer(splat_scene):
     """An object with two control-point layers keeps one morph target per frame on POSITION
     and ROTATION, driven by STEP one-hot weights, as the skinned mesh file morphs it."""
     S = splat_scene
-    doc, blob = gltf_io.read_glb(S.out)
+    doc, blob = container.read_glb(S.out)
     node = node_of(doc, "obj_2")
-    assert "skin" not in doc["nodes"][node] and not set(doc["nodes"][node]) & set(gltf_io.TRS)
+    assert "skin" not in doc["nodes"][node] and not set(doc["nodes"][node]) & set(container.TRS)
     mesh = doc["meshes"][doc["nodes"][node]["mesh"]]
     (prim,) = mesh["primitives"]
     assert len(prim["targets"]) == S.F - 1 and mesh["weights"] == [0.0] * (S.F - 1)
-    assert prim["extras"] == gltf_splats.MORPHING_EXTRAS
+    assert prim["extras"] == splats.MORPHING_EXTRAS
     (anim,) = doc["animations"]
     (ch,) = [c for c in anim["channels"] if c["target"] == {"node": node, "path": "weights"}]
     sampler = anim["samplers"][ch["sampler"]]
     assert sampler["interpolation"] == "STEP"
-    weights = gltf_io.read_accessor(doc, blob, sampler["output"]).reshape(S.F, S.F - 1)
+    weights = container.read_accessor(doc, blob, sampler["output"]).reshape(S.F, S.F - 1)
     a = prim["attributes"]
-    base_x = gltf_io.read_accessor(doc, blob, a["POSITION"])
-    base_q = gltf_io.read_accessor(doc, blob, a[f"{EXT}:ROTATION"])
-    dx = [gltf_io.read_accessor(doc, blob, t["POSITION"]) for t in prim["targets"]]
-    dq = [gltf_io.read_accessor(doc, blob, t[f"{EXT}:ROTATION"]) for t in prim["targets"]]
+    base_x = container.read_accessor(doc, blob, a["POSITION"])
+    base_q = container.read_accessor(doc, blob, a[f"{EXT}:ROTATION"])
+    dx = [container.read_accessor(doc, blob, t["POSITION"]) for t in prim["targets"]]
+    dq = [container.read_accessor(doc, blob, t[f"{EXT}:ROTATION"]) for t in prim["targets"]]
     rows = sequence_slice(S, "obj_2")
     for k in range(S.F):
         seq = ply.read_ply(S.frames[k])
@@ -247,7 +252,7 @@ def test_morphed_splats_reproduce_the_second_layer(splat_scene):
 
 def test_static_splats_are_unanimated(splat_scene):
     S = splat_scene
-    doc, blob = gltf_io.read_glb(S.out)
+    doc, blob = container.read_glb(S.out)
     node = node_of(doc, "obj_1")
     assert node in doc["scenes"][0]["nodes"]
     assert set(doc["nodes"][node]) == {"name", "mesh"}  # no transform, no skin
@@ -273,7 +278,7 @@ def test_splat_attributes_read_back_the_ply(splat_scene):
     """KHR_gaussian_splatting's attributes (the newest spec text): SCALE linear, OPACITY
     linear, ROTATION unit (x, y, z, w), SH raw per degree and order, the trained degree."""
     S = splat_scene
-    doc, blob = gltf_io.read_glb(S.out)
+    doc, blob = container.read_glb(S.out)
     assert doc["extensionsUsed"] == [EXT] and "extensionsRequired" not in doc
     for name in ("obj_0", "obj_1", "obj_2"):
         (mesh,) = [m for m in doc["meshes"] if m["name"] == name]
@@ -291,11 +296,11 @@ def test_splat_attributes_read_back_the_ply(splat_scene):
                           (f"{EXT}:SCALE", "VEC3"), (f"{EXT}:OPACITY", "SCALAR"),
                           *((k, "VEC3") for k in sh_names)]:  # fmt: skip
             acc = doc["accessors"][a[key]]
-            assert (acc["componentType"], acc["type"]) == (gltf_io.FLOAT, kind), key
+            assert (acc["componentType"], acc["type"]) == (container.FLOAT, kind), key
         g = ply.read_ply(S.plys[name])  # the object's PLY as the gaussians stage wrote it
 
         def read(key: str, a=a) -> np.ndarray:
-            return gltf_io.read_accessor(doc, blob, a[key])
+            return container.read_accessor(doc, blob, a[key])
 
         # float32 storage of values computed in float64: eps/2 relative, eps absolute for
         # the unit quaternions (magnitude 1)
@@ -313,9 +318,9 @@ def test_splat_attributes_read_back_the_ply(splat_scene):
             np.testing.assert_array_equal(read(f"{EXT}:SH_DEGREE_1_COEF_{n}"), want)
         # the fallback colour: linear RGB of the DC colour, alpha the opacity
         colour = doc["accessors"][a["COLOR_0"]]
-        assert colour["componentType"] == gltf_io.UNSIGNED_BYTE and colour["normalized"]
+        assert colour["componentType"] == container.UNSIGNED_BYTE and colour["normalized"]
         rgb = np.clip(0.5 + gs.C0 * g.sh[:, 0].astype(np.float64), 0, 1)
-        want = np.concatenate([gltf_splats.srgb_to_linear(rgb), opacity[:, None]], 1)
+        want = np.concatenate([splats.srgb_to_linear(rgb), opacity[:, None]], 1)
         np.testing.assert_allclose(read("COLOR_0"), want, rtol=0, atol=0.5 / 255 + F32)
 
 
@@ -333,7 +338,7 @@ def test_splats_pass_the_khronos_validator(splat_scene, gltf_validator, tmp_path
         assert m["pointer"].rsplit("/", 1)[1].startswith(f"{EXT}:"), m
     infos = [m["code"] for m in report["messages"] if m["severity"] == 2]
     assert infos == ["UNSUPPORTED_EXTENSION"]
-    doc, blob = gltf_io.read_glb(splat_scene.out)
+    doc, blob = container.read_glb(splat_scene.out)
     rename = lambda attrs: {k.replace(f"{EXT}:", f"_{EXT}_"): v for k, v in attrs.items()}  # noqa: E731
     for mesh in doc["meshes"]:
         for p in mesh["primitives"]:
@@ -342,7 +347,7 @@ def test_splats_pass_the_khronos_validator(splat_scene, gltf_validator, tmp_path
             if not p["targets"]:
                 del p["targets"]
     plain = tmp_path / "plain.glb"
-    plain.write_bytes(gltf_io.glb_bytes(doc, blob))
+    plain.write_bytes(container.glb_bytes(doc, blob))
     report = validate_glb(gltf_validator, plain, tmp_path)
     assert report["numErrors"] == 0 and report["numWarnings"] == 0, report["messages"]
 
@@ -357,11 +362,11 @@ def test_splats_share_the_skinned_glbs_joints_and_keys(splat_scene, tmp_path):
         mesh = box([0.2, 0.2, 0.2], [0.1 * i, 0.0, 0.0])
         trimesh.Scene(mesh).export(sources[name], file_type="glb")
     mesh_out = tmp_path / "dynamic_scene_skinned.glb"
-    trained.write_glb(mesh_out, doc=S.doc, scene=S.scene, sources=sources, frames=S.F,
+    trained_scene.write_glb(mesh_out, doc=S.doc, scene=S.scene, sources=sources, frames=S.F,
                       fps=S.fps, skinned=True)  # fmt: skip
 
     def keys(path: Path) -> dict:
-        doc, blob = gltf_io.read_glb(path)
+        doc, blob = container.read_glb(path)
         anim = doc["animations"][0]
         out = {}
         for ch in anim["channels"]:
@@ -370,8 +375,8 @@ def test_splats_share_the_skinned_glbs_joints_and_keys(splat_scene, tmp_path):
                 s = anim["samplers"][ch["sampler"]]
                 out[node["name"], ch["target"]["path"]] = (
                     node.get("translation"),
-                    gltf_io.read_accessor(doc, blob, s["input"]),
-                    gltf_io.read_accessor(doc, blob, s["output"]),
+                    container.read_accessor(doc, blob, s["input"]),
+                    container.read_accessor(doc, blob, s["output"]),
                     s["interpolation"],
                 )
         skel = doc["nodes"][node_of(doc, "obj_0_skeleton")]
@@ -393,23 +398,23 @@ def test_bad_input_is_named(tmp_path, splat_scene):
     g = S.sets["obj_1"]
     kw = {"centre": S.c, "scale": S.s, "frames": 3, "fps": 1.0}
     with pytest.raises(ValueError, match="obj_9: the deformer returned positions"):
-        gltf_splats.dynamic_splats_glb(
+        splats.dynamic_splats_glb(
             tmp_path / "a.glb", [("obj_9", g, lambda: (np.zeros((3, 1, 3)), np.zeros((3, 1, 4))))],
             **kw,
         )  # fmt: skip
     empty = gs.GaussianSet(np.zeros((0, 3)), np.zeros((0, 3)), np.zeros((0, 4)), np.zeros(0),
                            np.zeros((0, 1, 3)))  # fmt: skip
     with pytest.raises(InputError, match="b.glb: obj_5 has no Gaussians"):
-        gltf_splats.dynamic_splats_glb(tmp_path / "b.glb", [("obj_5", empty, None)], **kw)
+        splats.dynamic_splats_glb(tmp_path / "b.glb", [("obj_5", empty, None)], **kw)
     zero = gs.GaussianSet(g.means, g.log_scales, np.zeros_like(g.quats), g.opacity_logits, g.sh)
     with pytest.raises(InputError, match="e.glb: obj_1: Gaussian 0 has a zero rotation"):
-        gltf_splats.dynamic_splats_glb(tmp_path / "e.glb", [("obj_1", zero, None)], **kw)
-    sk = trained.skinning(S.scene.dynamic["obj_0"], S.F)  # 9 frames of keys, not 3
+        splats.dynamic_splats_glb(tmp_path / "e.glb", [("obj_1", zero, None)], **kw)
+    sk = trained_scene.skinning(S.scene.dynamic["obj_0"], S.F)  # 9 frames of keys, not 3
     with pytest.raises(ValueError, match="obj_0: rotations"):
-        gltf_splats.dynamic_splats_glb(tmp_path / "c.glb", [("obj_0", S.sets["obj_0"], sk)], **kw)
+        splats.dynamic_splats_glb(tmp_path / "c.glb", [("obj_0", S.sets["obj_0"], sk)], **kw)
     with pytest.raises(InputError, match="no Gaussians given for obj_1"):
         only = {"obj_0": S.sets["obj_0"]}
-        trained.write_splats_glb(
+        trained_scene.write_splats_glb(
             tmp_path / "d.glb", doc=S.doc, scene=S.scene, gaussians=only, frames=S.F, fps=S.fps
         )
     assert not any(tmp_path.glob("*.glb"))
@@ -422,9 +427,9 @@ def test_a_joint_keyed_in_the_other_hemisphere_is_named(tmp_path, caplog):
     g = random_set(rng, 30, 0, [0.0, 0.0, 0.0])
     sk = random_skinning(5, g.means[:4].astype(np.float64))  # every joint negated on odd frames
     kw = {"centre": [0.0, 0.0, 0.0], "scale": 1.0, "frames": 5, "fps": 5.0}
-    with caplog.at_level(logging.WARNING, logger="chord.gltf_splats"):
-        gltf_splats.dynamic_splats_glb(tmp_path / "a.glb", [("obj_0", g, sk)], **kw)
+    with caplog.at_level(logging.WARNING, logger="chord.gltf.splats"):
+        splats.dynamic_splats_glb(tmp_path / "a.glb", [("obj_0", g, sk)], **kw)
     assert "negated" not in caplog.text  # all joints of a frame at once: the same rotations
     sk.rotations[2, 0] *= -1.0  # one joint alone
-    gltf_splats.dynamic_splats_glb(tmp_path / "b.glb", [("obj_0", g, sk)], **kw)
+    splats.dynamic_splats_glb(tmp_path / "b.glb", [("obj_0", g, sk)], **kw)
     assert "frames [2] are negated for some joints only" in caplog.text

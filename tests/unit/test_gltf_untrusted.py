@@ -1,5 +1,5 @@
-"""Every number a glTF gives is checked against what it holds before use (chord.gltf_check):
-each hostile file below is refused by chord.gltf_source.read in one line naming the file, the
+"""Every number a glTF gives is checked against what it holds before use (chord.gltf.check):
+each hostile file below is refused by chord.gltf.reader.read in one line naming the file, the
 object and the numbers, without allocating more than the file justifies (tracemalloc peak)."""
 
 from __future__ import annotations
@@ -17,21 +17,21 @@ import pytest
 import trimesh
 from PIL import Image
 
-from chord import gltf_check, gltf_io, gltf_source
-from chord.errors import InputError
+from chord.core.errors import InputError
+from chord.gltf import check, container, reader
 
 PEAK_LIMIT = 32 * 2**20  # no hostile case below may make the reader allocate more
 
 
 def box_glb() -> tuple[dict, bytes]:
     """A textured, indexed box under a parent node: (JSON, binary chunk)."""
-    out = gltf_io.GltfBuilder("test")
+    out = container.GltfBuilder("test")
     box = trimesh.creation.box(extents=(0.5, 0.4, 0.3))
-    pos = out.add_accessor(box.vertices, "VEC3", target=gltf_io.ARRAY_BUFFER)
+    pos = out.add_accessor(box.vertices, "VEC3", target=container.ARRAY_BUFFER)
     uv = out.add_accessor(box.vertices[:, :2] + 0.5, "VEC2", bounds=False)
     idx = out.add_accessor(
-        box.faces.reshape(-1), "SCALAR", target=gltf_io.ELEMENT_ARRAY_BUFFER,
-        component=gltf_io.UNSIGNED_SHORT, bounds=False,
+        box.faces.reshape(-1), "SCALAR", target=container.ELEMENT_ARRAY_BUFFER,
+        component=container.UNSIGNED_SHORT, bounds=False,
     )  # fmt: skip
     png = io.BytesIO()
     Image.new("RGB", (8, 8), (200, 30, 30)).save(png, format="PNG")
@@ -50,7 +50,7 @@ def box_glb() -> tuple[dict, bytes]:
 
 def write(tmp_path: Path, doc: dict, blob: bytes, name: str = "obj_0.glb") -> Path:
     path = tmp_path / name
-    path.write_bytes(gltf_io.glb_bytes(doc, blob))
+    path.write_bytes(container.glb_bytes(doc, blob))
     return path
 
 
@@ -59,7 +59,7 @@ def refused(path: Path, *, mem_mb: int | None = None) -> str:
     tracemalloc.start()
     try:
         with pytest.raises(InputError) as err:
-            gltf_source.read(path, mem_mb=mem_mb)
+            reader.read(path, mem_mb=mem_mb)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -71,7 +71,7 @@ def refused(path: Path, *, mem_mb: int | None = None) -> str:
 
 def test_the_plain_box_reads(tmp_path):
     doc, blob = box_glb()
-    source = gltf_source.read(write(tmp_path, doc, blob))
+    source = reader.read(write(tmp_path, doc, blob))
     assert len(source.doc["meshes"]) == 1
 
 
@@ -233,7 +233,7 @@ def test_a_sparse_index_beyond_the_count_is_refused(tmp_path):
 @pytest.mark.parametrize("cut", [3, 11, 16, 40, -5])
 def test_a_glb_cut_short_is_refused_as_cut_short(tmp_path, cut):
     doc, blob = box_glb()
-    data = gltf_io.glb_bytes(doc, blob)
+    data = container.glb_bytes(doc, blob)
     path = tmp_path / "obj_0.glb"
     path.write_bytes(data[:cut])
     message = refused(path)
@@ -269,7 +269,7 @@ def test_an_image_of_too_many_pixels_is_refused_before_decoding(tmp_path):
 
 
 def test_a_ktx2_of_too_many_pixels_is_refused_before_transcoding(tmp_path):
-    header = gltf_check.KTX2_ID + struct.pack("<IIII", 0, 1, 65536, 65536) + b"\0" * 64
+    header = check.KTX2_ID + struct.pack("<IIII", 0, 1, 65536, 65536) + b"\0" * 64
     message = refused(with_image(tmp_path, header))
     assert "image 0: 65536 x 65536 = 4294967296 pixels" in message
 
@@ -289,7 +289,7 @@ def test_an_honest_file_over_the_memory_budget_is_refused_naming_the_figure(tmp_
     )
     doc["buffers"][0]["byteLength"] = len(blob) + len(pos)
     path = write(tmp_path, doc, blob + pos)
-    gltf_source.read(path, mem_mb=100)
+    reader.read(path, mem_mb=100)
     message = refused(path, mem_mb=1)
     assert "reading it needs an estimated 0.0 GiB, more than the ingest job's 1 MB" in message
     assert "--set-resources ingest:mem_mb=" in message and "decimate" in message

@@ -1,4 +1,4 @@
-"""A .gltf's buffer and image URIs stay inside the scene's folder (chord.gltf_uri): an absolute
+"""A .gltf's buffer and image URIs stay inside the scene's folder (chord.gltf.uri): an absolute
 path, a parent escape or a scheme but data: is refused by the reader, by `chord validate`'s
 reading and when the workflow's inputs are computed, in one line naming the file, the URI and
 the rule, and no file outside the folder is opened (watched with an audit hook)."""
@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 import trimesh
 
-from chord import gltf_source, gltf_uri
-from chord import scene as sc
-from chord.errors import InputError
+from chord.core.errors import InputError
+from chord.gltf import reader
+from chord.gltf import uri as gltf_uri
+from chord.scene import ingestion as sc
 
 OPENED: list[str] | None = None  # the paths opened while a test watches, else None
 
@@ -89,7 +90,7 @@ def test_a_uri_outside_the_scene_is_refused_in_one_line_without_opening_it(
     set_uri(path, uri, key)
     opened.clear()  # the set-up wrote the outside file
     what = "buffer 0" if key == "buffers" else "image 0"
-    for call in (gltf_source.read, gltf_source.external_files, sc.load_source):
+    for call in (reader.read, reader.external_files, sc.load_source):
         with pytest.raises(InputError) as err:
             call(path)
         message = str(err.value)
@@ -105,20 +106,20 @@ def test_a_link_to_a_file_outside_is_refused(tmp_path, opened):
     set_uri(path, "link.bin")
     opened.clear()
     with pytest.raises(InputError, match=r"'link.bin', a link to a file outside the scene's"):
-        gltf_source.read(path)
+        reader.read(path)
     assert str(outside) not in opened
 
 
 def test_relative_uris_inside_the_scene_are_read(tmp_path):
     path, _ = gltf_scene(tmp_path)
     first = json.loads(path.read_text())["buffers"][0]["uri"]
-    want = gltf_source.read(path).glb_bytes()
+    want = reader.read(path).glb_bytes()
     (path.parent / "sub").mkdir()
     (path.parent / "sub" / "in.bin").symlink_to(path.parent / first)  # a link inside: allowed
     for uri in (f"sub/../{first}", f"./{first}", "sub/in.bin", f"sub/%2E%2E/{first}"):
         set_uri(path, uri)
-        assert gltf_source.read(path).glb_bytes() == want
-        (found, _) = gltf_source.external_files(path)
+        assert reader.read(path).glb_bytes() == want
+        (found, _) = reader.external_files(path)
         assert found.resolve() == (path.parent / first).resolve()
 
 
@@ -126,7 +127,7 @@ def test_the_workflow_inputs_leave_out_an_escaping_file_and_say_so(tmp_path, cap
     path, outside = gltf_scene(tmp_path)
     trimesh.Scene(trimesh.creation.box()).export(path.parent / "scene.glb")
     set_uri(path, "../elsewhere/x.bin")
-    with caplog.at_level(logging.WARNING, logger="chord.scene"):
+    with caplog.at_level(logging.WARNING, logger="chord.scene.ingestion"):
         files = sc.data_files(path.parent)
     assert outside not in files and all(f.parent == path.parent for f in files)
     assert path in files  # ingest still runs on it, and refuses it

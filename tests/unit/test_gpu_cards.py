@@ -13,8 +13,9 @@ import pytest
 import torch
 import yaml
 
-from chord import cli, gpus, job_size, peak_memory, tiers
-from chord import config as cc
+from chord.cli import main
+from chord.config import settings as cc
+from chord.resources import gpus, job_size, peak_memory, tiers
 from tests import components
 from tests.components import skip_without
 from tests.conftest import REPO
@@ -70,7 +71,8 @@ def write_a14b_configs(folder: Path) -> Path:
 
 @pytest.fixture
 def on_node(tmp_path, monkeypatch):
-    """Put a node's fake nvidia-smi first on PATH; returns the node as chord.gpus reads it."""
+    """Put a node's fake nvidia-smi first on PATH; returns the node as chord.resources.gpus
+    reads it."""
 
     def put(row: NodeRow) -> gpus.Node:
         install_fake_nvidia_smi(tmp_path / "bin" / row.node, row)
@@ -110,7 +112,7 @@ def test_auto_picks_the_tier_a_user_of_the_node_expects(on_node, row, caplog):
             assert row.name in str(err.value)  # names the card
             assert pick(table, node, allow_lowres=True) == "lowres"
             continue
-        with caplog.at_level(logging.INFO, logger="chord.tiers"):
+        with caplog.at_level(logging.INFO, logger="chord.resources.tiers"):
             caplog.clear()
             assert pick(table, node) == expected, (row.node, list(table))
         # every fuller tier passed over is logged with its reason
@@ -129,7 +131,7 @@ def test_a_tier_is_skipped_by_the_memory_model_with_its_estimate(on_node, caplog
     memory = cc.memory_from_mapping(CONFIG["memory"])
     fits = job_size.scene_fits(method, memory, ROLES, node, backend="wan", label="scene s")
     table = tiers.parse(SHIPPED)
-    with caplog.at_level(logging.INFO, logger="chord.tiers"):
+    with caplog.at_level(logging.INFO, logger="chord.resources.tiers"):
         tier = tiers.auto(table, node, fits, method=method)
     assert tier == "split"
     assert "full: the memory model predicts it would not fit: scene s, tier full" in caplog.text
@@ -176,7 +178,7 @@ def a14b_config(tmp_path, monkeypatch):
 
 
 def doctor_tier_rows(config: Path, capsys, *extra: str) -> list[str]:
-    cli.main(["doctor", "--config", str(config), *extra])
+    main.main(["doctor", "--config", str(config), *extra])
     out = capsys.readouterr().out
     return [line for line in out.splitlines() if line.startswith("tier ")]
 

@@ -14,7 +14,7 @@ import torch
 
 from bench import fixtures
 from bench import gpu_check as mod
-from chord import peak_memory
+from chord.resources import peak_memory
 from tests import components
 from tests.components import skip_without
 
@@ -234,7 +234,7 @@ def test_render_backend_torch_reaches_the_training_and_skips_gsplat(quick_main, 
 
     seen = {}
 
-    def trainer(**kwargs):  # the real run_tier hands the backend to chord.trainer.Trainer
+    def trainer(**kwargs):  # the real run_tier hands the backend to chord.training.trainer.Trainer
         seen.update(kwargs)
         raise Stop
 

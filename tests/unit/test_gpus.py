@@ -7,7 +7,7 @@ import subprocess
 import sys
 import textwrap
 
-from chord import gpus
+from chord.resources import gpus
 from tests.conftest import REPO
 
 
@@ -64,7 +64,7 @@ def test_gpu_slots_across_processes(tmp_path):
     code = textwrap.dedent(
         f"""
         import os, sys, time
-        from chord import gpus
+        from chord.resources import gpus
         env = {{"CUDA_VISIBLE_DEVICES": "3,4"}}
         with gpus.job_gpu(env, {str(tmp_path)!r}):
             print(env["CUDA_VISIBLE_DEVICES"], flush=True)

@@ -16,7 +16,8 @@ import pytest
 import torch
 from torch.utils.cpp_extension import _get_build_directory
 
-from chord import cli, preflight
+from chord.checks import preflight
+from chord.cli import main
 from chord.render import gsplat_backend as gb
 from tests import components
 from tests.components import skip_without
@@ -104,7 +105,7 @@ def test_the_lock_makes_a_second_job_wait_for_the_first_build(tmp_path):
 def test_a_cpu_machine_says_why_it_cannot_build(capsys):
     if torch.cuda.is_available():
         components.missing(components.CPU_ONLY, "this machine has a GPU")
-    assert cli.main(["build-kernels"]) == 2
+    assert main.main(["build-kernels"]) == 2
     out = capsys.readouterr().out
     assert "gsplat build  fail" in out and "sees no CUDA GPU" in out
     assert "compute capability of the card that runs them" in out and "GPU node" in out

@@ -1,4 +1,4 @@
-"""chord.ktx2: KTX2 images to RGBA8 with the bundled Basis Universal transcoder (Node.js)."""
+"""chord.gltf.ktx2: KTX2 images to RGBA8 with the bundled Basis Universal transcoder (Node.js)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import shutil
 import numpy as np
 import pytest
 
-from chord import ktx2
-from chord.errors import InputError
+from chord.core.errors import InputError
+from chord.gltf import ktx2
 from tests import components
 from tests import gltf_corpus as corpus
 from tests.components import skip_without

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from chord import cameras, losses
-from chord.render import rasterize
+from chord.motion import regularisers
+from chord.render import cameras
+from chord.render.rasterizer import rasterize
 
 D64 = torch.float64
 
@@ -22,52 +23,56 @@ D64 = torch.float64
     [(0, 2880, 12), (500, 1920, 12), (1000, 960, 12), (1500, 480, 8), (3000, 120, 2)],
 )
 def test_weights_at_the_landmarks(it, arap, time):
-    assert losses.arap_weight(it) == pytest.approx(arap)
-    assert losses.time_weight(it) == pytest.approx(time)
+    assert regularisers.arap_weight(it) == pytest.approx(arap)
+    assert regularisers.time_weight(it) == pytest.approx(time)
 
 
 def test_weights_hold_the_last_value_after_the_last_step():
-    assert losses.arap_weight(5000) == pytest.approx(120)
-    assert losses.time_weight(10_000) == pytest.approx(2)
+    assert regularisers.arap_weight(5000) == pytest.approx(120)
+    assert regularisers.time_weight(10_000) == pytest.approx(2)
 
 
 def test_weight_between_landmarks_is_log_linear():
     expected = math.exp(0.5 * math.log(1200) + 0.5 * math.log(800)) * 2.4
-    assert losses.arap_weight(250) == pytest.approx(expected)
+    assert regularisers.arap_weight(250) == pytest.approx(expected)
     u = 300 / 1500  # between 1500 (200) and 3000 (50)
     expected = 2.4 * math.exp((1 - u) * math.log(200) + u * math.log(50))
-    assert losses.arap_weight(1800) == pytest.approx(expected)
-    assert losses.time_weight(250) == pytest.approx(12)  # constant landmarks stay constant
+    assert regularisers.arap_weight(1800) == pytest.approx(expected)
+    assert regularisers.time_weight(250) == pytest.approx(12)  # constant landmarks stay constant
 
 
 def test_steps_scale_with_the_iteration_count():
-    assert losses.arap_weight(250, n_iters=1500) == pytest.approx(losses.arap_weight(500))
-    assert losses.time_weight(750, n_iters=1500) == pytest.approx(8)
-    assert losses.arap_weight(1500, n_iters=1500) == pytest.approx(120)
+    assert regularisers.arap_weight(250, n_iters=1500) == pytest.approx(
+        regularisers.arap_weight(500)
+    )
+    assert regularisers.time_weight(750, n_iters=1500) == pytest.approx(8)
+    assert regularisers.arap_weight(1500, n_iters=1500) == pytest.approx(120)
     for it in (0, 123, 1000, 2999, 3000):
-        assert losses.arap_weight(it, n_iters=3000) == losses.arap_weight(it)
-    assert losses.arap_weight(1000, n_iters=6000) == pytest.approx(1920)
+        assert regularisers.arap_weight(it, n_iters=3000) == regularisers.arap_weight(it)
+    assert regularisers.arap_weight(1000, n_iters=6000) == pytest.approx(1920)
 
 
 def test_value_before_the_first_step():
-    assert losses.landmark_value(0, [0, 10], [5, 1]) == pytest.approx(5)  # s_0 = 0: starts at v_0
-    assert losses.landmark_value(99, [100, 200], [5, 1]) == 0.0
-    assert losses.landmark_value(100, [100, 200], [5, 1]) == pytest.approx(5)
+    assert regularisers.landmark_value(0, [0, 10], [5, 1]) == pytest.approx(
+        5
+    )  # s_0 = 0: starts at v_0
+    assert regularisers.landmark_value(99, [100, 200], [5, 1]) == 0.0
+    assert regularisers.landmark_value(100, [100, 200], [5, 1]) == pytest.approx(5)
 
 
 def test_non_positive_landmarks_give_zero():
-    assert losses.landmark_value(50, [0, 100, 200], [4, 0, 3]) == 0.0
-    assert losses.landmark_value(150, [0, 100, 200], [4, 0, 3]) == 0.0
-    assert losses.landmark_value(200, [0, 100, 200], [4, 0, 3]) == pytest.approx(3)
+    assert regularisers.landmark_value(50, [0, 100, 200], [4, 0, 3]) == 0.0
+    assert regularisers.landmark_value(150, [0, 100, 200], [4, 0, 3]) == 0.0
+    assert regularisers.landmark_value(200, [0, 100, 200], [4, 0, 3]) == pytest.approx(3)
 
 
 def test_schedule_rejects_bad_landmarks():
     with pytest.raises(ValueError, match="values"):
-        losses.landmark_value(0, [0, 1], [1.0])
+        regularisers.landmark_value(0, [0, 1], [1.0])
     with pytest.raises(ValueError, match="steps"):
-        losses.landmark_value(0, [5, 1], [1.0, 2.0])
+        regularisers.landmark_value(0, [5, 1], [1.0, 2.0])
     with pytest.raises(ValueError, match="n_iters"):
-        losses.arap_weight(0, n_iters=0)
+        regularisers.arap_weight(0, n_iters=0)
 
 
 # --- resolution scales ------------------------------------------------------------------------
@@ -77,15 +82,15 @@ def test_schedule_rejects_bad_landmarks():
     ("w", "h", "scale"), [(832, 480, 1.0), (576, 320, 2.1666666666), (416, 240, 4.0)]
 )
 def test_resolution_scales(w, h, scale):
-    assert losses.sds_scale(w, h) == pytest.approx(scale)
-    assert losses.temporal_scale(w, h) == pytest.approx(scale)
+    assert regularisers.sds_scale(w, h) == pytest.approx(scale)
+    assert regularisers.temporal_scale(w, h) == pytest.approx(scale)
 
 
 def test_resolution_scales_reject_empty_images():
     with pytest.raises(ValueError, match="width"):
-        losses.sds_scale(0, 480)
+        regularisers.sds_scale(0, 480)
     with pytest.raises(ValueError, match="height"):
-        losses.temporal_scale(832, -1)
+        regularisers.temporal_scale(832, -1)
 
 
 # --- ARAP connectivity and sampling -----------------------------------------------------------
@@ -98,7 +103,7 @@ def lattice(n: int, spacing: float) -> torch.Tensor:
 
 def test_connectivity_keeps_face_neighbours_on_a_fine_lattice():
     rest = lattice(6, 0.05)
-    nbr, mask = losses.arap_connectivity(rest)
+    nbr, mask = regularisers.arap_connectivity(rest)
     assert nbr.shape == mask.shape == (216, 10)
     assert nbr.dtype == torch.int64 and mask.dtype == torch.bool
     assert not (nbr == torch.arange(216)[:, None]).any()
@@ -117,7 +122,7 @@ def test_connectivity_keeps_face_neighbours_on_a_fine_lattice():
 
 
 def test_connectivity_masks_far_neighbours_beyond_the_first_three():
-    nbr, mask = losses.arap_connectivity(lattice(4, 0.2))
+    nbr, mask = regularisers.arap_connectivity(lattice(4, 0.2))
     assert nbr.shape == (64, 10)
     assert not (nbr == torch.arange(64)[:, None]).any()
     assert mask[:, :3].all() and not mask[:, 3:].any()
@@ -125,19 +130,19 @@ def test_connectivity_masks_far_neighbours_beyond_the_first_three():
 
 def test_connectivity_with_few_voxels_and_duplicates():
     rest = torch.tensor([[0.0, 0, 0], [0.0, 0, 0], [0.01, 0, 0], [0.5, 0, 0]])
-    nbr, mask = losses.arap_connectivity(rest)
+    nbr, mask = regularisers.arap_connectivity(rest)
     assert nbr.shape == (4, 3)
     assert not (nbr == torch.arange(4)[:, None]).any()
     assert sorted(nbr[0].tolist()) == [1, 2, 3] and sorted(nbr[1].tolist()) == [0, 2, 3]
     assert mask.all()
-    nbr, mask = losses.arap_connectivity(torch.zeros(1, 3))
+    nbr, mask = regularisers.arap_connectivity(torch.zeros(1, 3))
     assert nbr.shape == mask.shape == (1, 0)
     with pytest.raises(ValueError, match="rest"):
-        losses.arap_connectivity(torch.zeros(5, 2))
+        regularisers.arap_connectivity(torch.zeros(5, 2))
 
 
 def test_sampling_with_replacement_is_reproducible():
-    draw = lambda seed: losses.arap_sample(  # noqa: E731
+    draw = lambda seed: regularisers.arap_sample(  # noqa: E731
         1000, 50, 4, torch.Generator().manual_seed(seed)
     )
     s = draw(3)
@@ -150,13 +155,13 @@ def test_sampling_with_replacement_is_reproducible():
 
 
 def test_sampling_few_voxels_repeats_every_index():
-    s = losses.arap_sample(30, 50, 3, torch.Generator().manual_seed(0))
+    s = regularisers.arap_sample(30, 50, 3, torch.Generator().manual_seed(0))
     assert s.shape == (90,)
     assert torch.equal(torch.bincount(s, minlength=30), torch.full((30,), 3))
-    s = losses.arap_sample(50, 50, 2, torch.Generator())  # V = n: no sampling either
+    s = regularisers.arap_sample(50, 50, 2, torch.Generator())  # V = n: no sampling either
     assert torch.equal(torch.bincount(s), torch.full((50,), 2))
     with pytest.raises(ValueError, match="batch_size"):
-        losses.arap_sample(30, 50, 0, torch.Generator())
+        regularisers.arap_sample(30, 50, 0, torch.Generator())
 
 
 # --- rotations --------------------------------------------------------------------------------
@@ -180,7 +185,7 @@ def test_best_rotation_fixes_a_reflection():
     S = torch.diag(torch.tensor([3.0, 2.0, -1.0], dtype=D64))
     U, _, Wh = torch.linalg.svd(S)
     assert torch.linalg.det(Wh.T @ U.T) < 0  # the raw Procrustes answer is a mirror
-    R = losses.best_rotations(S)
+    R = regularisers.best_rotations(S)
     assert_proper(R)
     torch.testing.assert_close(R, torch.eye(3, dtype=D64), atol=1e-12, rtol=0)
 
@@ -191,13 +196,13 @@ def test_best_rotation_of_mirrored_and_coplanar_edges_is_proper():
     mirrored = e0 * torch.tensor([1.0, 1.0, -1.0], dtype=D64)
     flat = e0 * torch.tensor([1.0, 1.0, 0.0], dtype=D64)
     S = torch.stack([e0.T @ mirrored, flat.T @ flat, flat.T @ (flat @ random_rotations(1, gen)[0])])
-    assert_proper(losses.best_rotations(S))
+    assert_proper(regularisers.best_rotations(S))
 
 
 def test_best_rotation_is_optimal_among_rotations():
     gen = torch.Generator().manual_seed(1)
     S = torch.randn(20, 3, 3, generator=gen, dtype=D64)
-    R = losses.best_rotations(S)
+    R = regularisers.best_rotations(S)
     assert_proper(R)
     best = torch.einsum("nab,nba->n", R, S)  # tr(R S) = Σ_j e(t)ᵀ R e(0)
     Q = random_rotations(500, gen)
@@ -210,7 +215,7 @@ def test_best_rotation_recovers_a_known_rotation_without_gradient():
     R_true = random_rotations(1, gen)[0]
     e0 = torch.randn(10, 3, generator=gen, dtype=D64)
     S = (e0.T @ (e0 @ R_true.T)).requires_grad_()
-    R = losses.best_rotations(S)
+    R = regularisers.best_rotations(S)
     torch.testing.assert_close(R, R_true, atol=1e-10, rtol=0)
     assert not R.requires_grad
 
@@ -228,9 +233,9 @@ def test_rigid_motion_has_no_energy():
     R = random_rotations(4, gen)
     t = torch.randn(4, 1, 3, generator=gen, dtype=D64)
     X = torch.cat([rest[None], rest @ R.transpose(-1, -2) + t])  # [5, V, 3]
-    nbr, mask = losses.arap_connectivity(rest)
-    sample = losses.arap_sample(80, 200, 2, gen)
-    E = losses.arap_energy(X, nbr, mask, sample)
+    nbr, mask = regularisers.arap_connectivity(rest)
+    sample = regularisers.arap_sample(80, 200, 2, gen)
+    E = regularisers.arap_energy(X, nbr, mask, sample)
     assert E.ndim == 0 and E.item() < 1e-10
 
 
@@ -240,9 +245,9 @@ def test_non_rigid_motion_has_energy_and_gradient():
     bend = rest.clone()
     bend[:, 1] += 2.0 * rest[:, 0] ** 2
     X = torch.stack([rest, stretch, bend]).requires_grad_()
-    nbr, mask = losses.arap_connectivity(rest)
+    nbr, mask = regularisers.arap_connectivity(rest)
     sample = torch.arange(80)
-    E = losses.arap_energy(X, nbr, mask, sample)
+    E = regularisers.arap_energy(X, nbr, mask, sample)
     assert E.item() > 1e-3
     (g,) = torch.autograd.grad(E, X)
     assert torch.isfinite(g).all() and g.abs().sum() > 0
@@ -269,8 +274,8 @@ def test_energy_of_three_points_matches_numpy_procrustes():
             g0[j] -= 2 * R.T @ r
             g0[i] += 2 * R.T @ r
     X = torch.tensor(np.stack([x0, x1])).requires_grad_()
-    nbr, mask = losses.arap_connectivity(X[0].detach())
-    E = losses.arap_energy(X, nbr, mask, torch.arange(3))
+    nbr, mask = regularisers.arap_connectivity(X[0].detach())
+    E = regularisers.arap_energy(X, nbr, mask, torch.arange(3))
     assert E.item() == pytest.approx(E_ref, rel=1e-10)
     (g,) = torch.autograd.grad(E, X)  # the gradient with the rotations held fixed
     np.testing.assert_allclose(g.numpy(), np.stack([g0, g1]), atol=1e-12)
@@ -278,8 +283,8 @@ def test_energy_of_three_points_matches_numpy_procrustes():
 
 def test_energy_graph_has_no_svd():
     X = torch.stack([blob(20), blob(20) * 1.2]).requires_grad_()
-    nbr, mask = losses.arap_connectivity(X[0].detach())
-    E = losses.arap_energy(X, nbr, mask, torch.arange(20))
+    nbr, mask = regularisers.arap_connectivity(X[0].detach())
+    E = regularisers.arap_energy(X, nbr, mask, torch.arange(20))
     seen, stack = set(), [E.grad_fn]
     while stack:
         fn = stack.pop()
@@ -293,34 +298,34 @@ def test_energy_graph_has_no_svd():
 
 def test_energy_counts_samples_and_skips_masked_edges():
     X = torch.stack([blob(30), blob(30) * torch.tensor([1.4, 1.0, 0.8], dtype=D64)])
-    nbr, mask = losses.arap_connectivity(X[0])
-    one = losses.arap_energy(X, nbr, mask, torch.tensor([7]))
-    twice = losses.arap_energy(X, nbr, mask, torch.tensor([7, 7]))
+    nbr, mask = regularisers.arap_connectivity(X[0])
+    one = regularisers.arap_energy(X, nbr, mask, torch.tensor([7]))
+    twice = regularisers.arap_energy(X, nbr, mask, torch.tensor([7, 7]))
     assert one.item() > 0
     torch.testing.assert_close(twice, 2 * one)
-    total = losses.arap_energy(X, nbr, mask, torch.arange(30))
-    parts = sum(losses.arap_energy(X, nbr, mask, torch.tensor([i])) for i in range(30))
+    total = regularisers.arap_energy(X, nbr, mask, torch.arange(30))
+    parts = sum(regularisers.arap_energy(X, nbr, mask, torch.tensor([i])) for i in range(30))
     torch.testing.assert_close(total, parts)
-    assert float(losses.arap_energy(X, nbr, torch.zeros_like(mask), torch.arange(30))) == 0.0
+    assert float(regularisers.arap_energy(X, nbr, torch.zeros_like(mask), torch.arange(30))) == 0.0
     # dropping edges is the same as removing them from the neighbour list
-    sub = losses.arap_energy(X, nbr[:, :3], mask[:, :3], torch.arange(30))
+    sub = regularisers.arap_energy(X, nbr[:, :3], mask[:, :3], torch.arange(30))
     only3 = mask.clone()
     only3[:, 3:] = False
-    torch.testing.assert_close(losses.arap_energy(X, nbr, only3, torch.arange(30)), sub)
+    torch.testing.assert_close(regularisers.arap_energy(X, nbr, only3, torch.arange(30)), sub)
 
 
 def test_energy_rejects_bad_shapes():
     X = torch.stack([blob(12), blob(12)])
-    nbr, mask = losses.arap_connectivity(X[0])
+    nbr, mask = regularisers.arap_connectivity(X[0])
     with pytest.raises(ValueError, match="X"):
-        losses.arap_energy(X[0], nbr, mask, torch.arange(12))
+        regularisers.arap_energy(X[0], nbr, mask, torch.arange(12))
     with pytest.raises(ValueError, match="nbr"):
-        losses.arap_energy(X, nbr[:5], mask[:5], torch.arange(12))
+        regularisers.arap_energy(X, nbr[:5], mask[:5], torch.arange(12))
     with pytest.raises(ValueError, match="mask"):
-        losses.arap_energy(X, nbr, mask.float(), torch.arange(12))
+        regularisers.arap_energy(X, nbr, mask.float(), torch.arange(12))
     with pytest.raises(ValueError, match="sample"):
-        losses.arap_energy(X, nbr, mask, torch.tensor([12]))
-    assert float(losses.arap_energy(X[:1], nbr, mask, torch.arange(12))) == 0.0
+        regularisers.arap_energy(X, nbr, mask, torch.tensor([12]))
+    assert float(regularisers.arap_energy(X[:1], nbr, mask, torch.arange(12))) == 0.0
 
 
 # --- temporal displacement --------------------------------------------------------------------
@@ -363,7 +368,9 @@ def test_temporal_loss_is_zero_without_motion():
     means = (0.2 * torch.randn(4, 3, generator=torch.Generator().manual_seed(1), dtype=D64))[None]
     means = means.expand(3, 4, 3).clone().requires_grad_()
     views, K = camera_pair()
-    loss = losses.temporal_loss(means, quats, scales, opacities, views, K, W, H, backend="torch")
+    loss = regularisers.temporal_loss(
+        means, quats, scales, opacities, views, K, W, H, backend="torch"
+    )
     assert loss.ndim == 0 and loss.item() == 0.0
 
 
@@ -376,7 +383,9 @@ def test_temporal_loss_of_a_constant_displacement_is_the_alpha_energy():
     quats.requires_grad_()
     scales.requires_grad_()
     opacities.requires_grad_()
-    loss = losses.temporal_loss(means, quats, scales, opacities, views, K, W, H, backend="torch")
+    loss = regularisers.temporal_loss(
+        means, quats, scales, opacities, views, K, W, H, backend="torch"
+    )
     with torch.no_grad():
         A = (alpha_maps(means, quats, scales, opacities, views, K) ** 2).sum(dim=(1, 2, 3))  # [F]
     assert float(A.min()) > 1.0  # the Gaussian covers many pixels in both cameras
@@ -398,7 +407,9 @@ def test_temporal_loss_matches_a_direct_render_of_the_displacements():
     means = (0.3 * torch.randn(T, N, 3, generator=gen, dtype=D64)).requires_grad_()
     views, K = camera_pair()
     Ks = K.expand(2, 3, 3)  # [B, 3, 3] is accepted as well
-    loss = losses.temporal_loss(means, quats, scales, opacities, views, Ks, W, H, backend="torch")
+    loss = regularisers.temporal_loss(
+        means, quats, scales, opacities, views, Ks, W, H, backend="torch"
+    )
     (g,) = torch.autograd.grad(loss, means)
     geo = means.detach()
     d = means[1:] - means[:-1]
@@ -425,7 +436,7 @@ def test_temporal_loss_in_float32():
     quats, scales, opacities = gaussians(2)
     means = torch.tensor([[[0.0, 0, 0]], [[0.05, 0, 0]]], requires_grad=True)
     views, K = camera_pair()  # float64 cameras are cast to the means' dtype
-    loss = losses.temporal_loss(
+    loss = regularisers.temporal_loss(
         means, quats.float(), scales.float(), opacities.float(), views, K, W, H
     )
     assert loss.dtype == torch.float32 and loss.item() > 0
@@ -437,7 +448,7 @@ def test_temporal_loss_rejects_bad_shapes():
     quats, scales, opacities = gaussians(3, N=2)
     means = torch.zeros(3, 2, 3, dtype=D64)
     views, K = camera_pair()
-    call = lambda **kw: losses.temporal_loss(  # noqa: E731
+    call = lambda **kw: regularisers.temporal_loss(  # noqa: E731
         **{
             "means": means,
             "quats": quats,
@@ -469,7 +480,7 @@ def test_temporal_loss_rejects_bad_shapes():
 
 def test_ground_loss_without_penetration_is_zero_in_the_graph():
     Y = torch.tensor([[0.1, 0.2], [0.0, 0.3]], requires_grad=True)
-    loss = losses.ground_loss(Y, 0.0)
+    loss = regularisers.ground_loss(Y, 0.0)
     assert loss.item() == 0.0 and loss.requires_grad
     loss.backward()
     assert torch.equal(Y.grad, torch.zeros_like(Y))
@@ -477,7 +488,7 @@ def test_ground_loss_without_penetration_is_zero_in_the_graph():
 
 def test_ground_loss_is_the_mean_square_of_the_penetrations():
     Y = torch.tensor([[0.1, -0.2, 0.4], [-0.1, 0.3, 0.05]], dtype=D64, requires_grad=True)
-    loss = losses.ground_loss(Y, 0.05)
+    loss = regularisers.ground_loss(Y, 0.05)
     expected = ((-0.25) ** 2 + (-0.15) ** 2) / 2
     assert loss.item() == pytest.approx(expected)
     loss.backward()
@@ -485,4 +496,4 @@ def test_ground_loss_is_the_mean_square_of_the_penetrations():
     g[0, 1], g[1, 0] = 2 * -0.25 / 2, 2 * -0.15 / 2
     torch.testing.assert_close(Y.grad, g)
     with pytest.raises(ValueError, match="Y"):
-        losses.ground_loss(Y[0], 0.0)
+        regularisers.ground_loss(Y[0], 0.0)

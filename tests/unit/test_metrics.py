@@ -1,4 +1,4 @@
-"""chord.metrics on synthetic motions with known values."""
+"""chord.evaluation.metrics on synthetic motions with known values."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from chord import losses, metrics
+from chord.evaluation import metrics
+from chord.motion import regularisers
 
 
 def cloud(n: int = 300, seed: int = 0) -> torch.Tensor:
@@ -31,14 +32,14 @@ def test_rigid_translation_gives_exact_displacement_and_zero_residuals():
     s = metrics.smoothness(X)
     assert s["mean_acceleration"] == pytest.approx(0.0, abs=1e-12)
     assert s["mean_jerk"] == pytest.approx(0.0, abs=1e-12)
-    nbr, mask = losses.arap_connectivity(x0)
+    nbr, mask = regularisers.arap_connectivity(x0)
     r = metrics.arap_residual(X, nbr, mask)
     assert len(r) == T and max(r) < 1e-7
 
 
 def test_arap_residual_of_rotation_and_scaling():
     x0 = cloud()
-    nbr, mask = losses.arap_connectivity(x0)
+    nbr, mask = regularisers.arap_connectivity(x0)
     rotated = torch.stack([x0, x0 @ rotation_y(0.8).T + 0.1])
     assert metrics.arap_residual(rotated, nbr, mask)[1] < 1e-7  # rigid: zero
     scaled = torch.stack([x0, x0 * 1.1, x0 * 0.7])

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from chord import quaternion as quat
+from chord.core import quaternion as quat
 from chord.motion import fenwick, state
 from chord.motion.layer import ControlPointLayer
 from chord.motion.model import DynamicObject, MotionScene
@@ -221,23 +221,23 @@ def test_scene_container_repeats_static_objects_and_pads_sh():
 
 
 def test_state_round_trip_gives_identical_renders(tmp_path):
-    from chord import cameras
-    from chord.render import rasterize
+    from chord.render import cameras
+    from chord.render.rasterizer import rasterize
 
     scene = scene_with_motion()
     scene.dynamic["obj_0"].add_second_layer(random_points(10, 5, 0.25), random_points(70, 6))
     with torch.no_grad():
         scene.dynamic["obj_0"].layer2.cp_deform.normal_(0, 0.02)
         scene.dynamic["obj_0"].layer1.cp_rotation.add_(0.1)
-    from chord import train
+    from chord.training import run_loop
 
     tensors, meta = state.to_dict(scene, iteration=300)
-    ckpt = {"format": train.CKPT_FORMAT, "motion": tensors, "motion_meta": meta}
-    train.save_checkpoint(tmp_path / "s.pt", ckpt)  # as every training state is written
+    ckpt = {"format": run_loop.CKPT_FORMAT, "motion": tensors, "motion_meta": meta}
+    run_loop.save_checkpoint(tmp_path / "s.pt", ckpt)  # as every training state is written
     fresh = scene_with_motion()
     with torch.no_grad():
         fresh.dynamic["obj_0"].layer1.cp_deform.zero_()
-    back = train.load_checkpoint(tmp_path / "s.pt")
+    back = run_loop.load_checkpoint(tmp_path / "s.pt")
     assert back["motion_meta"]["iteration"] == 300
     state.restore(fresh, back["motion"], back["motion_meta"])
 
@@ -264,13 +264,13 @@ def test_state_round_trip_gives_identical_renders(tmp_path):
     bad = tmp_path / "bad.pt"
     bad.write_bytes(b"not a state")
     with pytest.raises(ValueError, match="bad.pt: not a readable training checkpoint"):
-        train.load_checkpoint(bad)
+        run_loop.load_checkpoint(bad)
 
 
 def test_plan_second_layer_on_a_box():
     import trimesh
 
-    from chord import config as cc
+    from chord.config import settings as cc
 
     mesh = trimesh.creation.box(extents=(0.3, 0.5, 0.3))
     means = np.asarray(
@@ -293,19 +293,19 @@ def state_free_plan(mesh, means, method):
 
 
 def test_arap_energy_of_rigid_and_non_rigid_control_point_motion():
-    from chord import losses
+    from chord.motion import regularisers
 
     obj = make_object()
-    nbr, mask = losses.arap_connectivity(obj.surface)
+    nbr, mask = regularisers.arap_connectivity(obj.surface)
     sample = torch.arange(obj.surface.shape[0])
     R_q = quat.normalize(torch.tensor([0.9, 0.2, -0.3, 0.1], dtype=D64))
     rigid_table(obj.layer1, R_q, torch.tensor([0.2, 0.0, -0.1], dtype=D64))
     X, _ = obj.deform(range(T), points="surface", detach_weights=True)
-    assert float(losses.arap_energy(X, nbr, mask, sample)) < 1e-20
+    assert float(regularisers.arap_energy(X, nbr, mask, sample)) < 1e-20
     with torch.no_grad():  # now one control point drifts on its own
         obj.layer1.cp_deform[5:, 0, 4] += 0.2
     X, _ = obj.deform(range(T), points="surface", detach_weights=True)
-    assert float(losses.arap_energy(X, nbr, mask, sample)) > 1e-4
+    assert float(regularisers.arap_energy(X, nbr, mask, sample)) > 1e-4
 
 
 def test_hand_set_table_renders_the_expected_motion(tmp_path):
@@ -313,12 +313,14 @@ def test_hand_set_table_renders_the_expected_motion(tmp_path):
     covers 31–40): rendered frames show it rising, frame 0 at rest."""
     import trimesh
 
-    from chord import cameras, gaussians, media
-    from chord.render import rasterize, splat_tensors
+    from chord.core import media
+    from chord.gaussians import gaussian_set
+    from chord.render import cameras
+    from chord.render.rasterizer import rasterize, splat_tensors
 
     mesh = trimesh.creation.box(extents=(0.3, 0.5, 0.3))
     mesh.visual.face_colors = (220, 60, 40, 255)
-    sp = splat_tensors(gaussians.init_from_mesh([mesh], 3000, seed=0), dtype=D64)
+    sp = splat_tensors(gaussian_set.init_from_mesh([mesh], 3000, seed=0), dtype=D64)
     obj = DynamicObject(
         "obj_0", sp["means"], sp["quats"], random_points(8, 3, 0.12), sp["means"][::60], frame_num=T
     )

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from chord import config as cc
-from chord import gpus, job_size, peak_memory, tiers
-from chord import result_keys as rk
+from chord.config import result_keys as rk
+from chord.config import settings as cc
+from chord.resources import gpus, job_size, peak_memory, tiers
 from tests.conftest import REPO
 
 MEM = cc.memory_from_mapping({})

@@ -6,12 +6,16 @@ import numpy as np
 import pytest
 import torch
 
-from chord import cameras, config, demo, gaussians, paths
-from chord import scene as sc
+from chord.config import settings
+from chord.gaussians import gaussian_set
 from chord.guidance import rfsds
 from chord.guidance.oracle import OracleGuidance, scripted_gaussians
 from chord.motion import scripted
-from chord.render import splat_tensors
+from chord.plan import results_layout
+from chord.render import cameras
+from chord.render.rasterizer import splat_tensors
+from chord.scene import demo
+from chord.scene import ingestion as sc
 from chord.stages import ingest
 
 D64 = torch.float64
@@ -21,19 +25,19 @@ D64 = torch.float64
 def hop(tmp_path_factory):
     root = tmp_path_factory.mktemp("oracle")
     data = demo.write_demo_scene("hop", root / "data")
-    method = config.method_from_mapping({})
+    method = settings.method_from_mapping({})
     doc = ingest.run(
         data=data,
-        out_json=paths.scene_json(root, "hop"),
-        out_meshes=paths.meshes_dir(root, "hop"),
+        out_json=results_layout.scene_json(root, "hop"),
+        out_meshes=results_layout.meshes_dir(root, "hop"),
         method=method,
         scene="hop",
     )
     rest = {}
     for o in doc["objects"]:
-        parts = sc.load_parts(sc.mesh_path(paths.scene_json(root, "hop"), doc, o["name"]))
+        parts = sc.load_parts(sc.mesh_path(results_layout.scene_json(root, "hop"), doc, o["name"]))
         rest[o["name"]] = splat_tensors(
-            gaussians.init_from_mesh(parts, 1500, seed=o["id"]), dtype=D64
+            gaussian_set.init_from_mesh(parts, 1500, seed=o["id"]), dtype=D64
         )
     motion = scripted.load_motion(data / "motion.json")
     return doc, rest, motion
@@ -54,7 +58,7 @@ def test_scripted_targets_follow_motion_json(hop):
     np.testing.assert_allclose(means[20, :n0].numpy(), expect, atol=1e-9)
     # hop is rigid: every Gaussian turns by the scripted rotation
     rot = torch.as_tensor(np.asarray(motion["objects"]["obj_0"]["rigid"]["rotations"][20]))
-    from chord import quaternion as quat
+    from chord.core import quaternion as quat
 
     expect_q = quat.normalize(quat.multiply(rot, quat.normalize(rest["obj_0"]["quats"])))
     dots = (quats[20, :n0] * expect_q).sum(-1).abs()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from chord import job_memory, peak_memory
+from chord.resources import job_memory, peak_memory
 
 SEED_SPLIT = {  # the seed document's split flags
     "split_sds_backward": True,
@@ -207,9 +207,9 @@ def test_the_model_takes_the_experts_shapes_from_the_wan_folder(tmp_path, caplog
 
     import torch
 
-    from chord import config as cc
-    from chord import job_size
+    from chord.config import settings as cc
     from chord.guidance import tiny_models
+    from chord.resources import job_size
     from chord.stages import train as train_stage
 
     folder = tiny_models.write_tiny_wan(tmp_path / "wan")

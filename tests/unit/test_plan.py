@@ -1,4 +1,4 @@
-"""chord.plan: a scene's files, objects by role, training stages and each stage's inputs,
+"""chord.plan.scene_plan: a scene's files, objects by role, training stages and each stage's inputs,
 asked of the plan directly (no Snakemake, no torch)."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from chord import config as cc
-from chord import paths as P
-from chord import plan
+from chord.config import settings as cc
+from chord.plan import results_layout as P
+from chord.plan import scene_plan
 from tests.conftest import REPO, box, write_scene, write_still_motion
 
 
@@ -46,12 +46,12 @@ def test_named_and_record_are_each_others_inverse():
         "videos": {"1": Path("r/s/seed_1/export/ref_view.mp4")},
         "external": [Path("x.bin"), Path("y.png")],
     }
-    flat = plan.named(rec)
+    flat = scene_plan.named(rec)
     assert flat["ply_obj_1"] == "b.ply" and flat["vox_obj_1"] == "b.npz"
     assert flat["losses_coarse"] == "l.tsv" and flat["external"] == ["x.bin", "y.png"]
     assert flat["video_1"] == "r/s/seed_1/export/ref_view.mp4"
-    assert plan.record(flat) == rec
-    assert plan.record(iter(flat.items())) == rec  # snakemake.input.items(): a generator
+    assert scene_plan.record(flat) == rec
+    assert scene_plan.record(iter(flat.items())) == rec  # snakemake.input.items(): a generator
 
 
 def test_roles_stages_and_the_training_inputs_of_a_scene(tmp_path):
@@ -64,7 +64,7 @@ def test_roles_stages_and_the_training_inputs_of_a_scene(tmp_path):
             "toy": {"static_id": 0, "avoid_objs": ["obj_2"], "add_cp_objs": ["obj_1"]}
         },
     )
-    p = plan.scene(conf, "toy")
+    p = scene_plan.scene(conf, "toy")
     assert p.roles == {"obj_0": "static", "obj_1": "dynamic", "obj_2": "avoided"}
     assert p.stages == ("coarse", "fine") and p.final_stage == "fine"
     results = tmp_path / "results"
@@ -82,13 +82,13 @@ def test_roles_stages_and_the_training_inputs_of_a_scene(tmp_path):
         "ckpt_dir": str(tmp_path / "wan"),
         "tiny_vae_path": str(tmp_path / "t"),
     }
-    p = plan.scene(load(tmp_path, [("toy", data)], guidance=wan), "toy")
+    p = scene_plan.scene(load(tmp_path, [("toy", data)], guidance=wan), "toy")
     assert "motion" not in p.train_inputs()
 
 
 def test_the_oracle_without_a_motion_plans_the_geometry_but_not_the_training(tmp_path):
     data = three_objects(tmp_path / "data" / "mine")
-    p = plan.scene(load(tmp_path, [("mine", data)]), "mine")
+    p = scene_plan.scene(load(tmp_path, [("mine", data)]), "mine")
     assert p.geometry_inputs()["scene_json"] == P.scene_json(tmp_path / "results", "mine")
     for inputs in (p.train_inputs, p.preview_inputs):
         with pytest.raises(cc.ConfigError, match=r"scene mine \(scene sheet .*line 2\).*oracle"):
@@ -102,7 +102,7 @@ def test_a_gltf_object_brings_its_external_files_to_ingest_and_export(tmp_path):
     box((0.1,) * 3, (0.4, 0, 0)).export(data / "obj_2.gltf")  # with obj_2's .bin beside it
     externals = sorted(str(f) for f in data.iterdir() if f.suffix == ".bin")
     assert externals
-    p = plan.scene(load(tmp_path, [("g", data)]), "g")
+    p = scene_plan.scene(load(tmp_path, [("g", data)]), "g")
     assert set(externals) <= set(p.ingest_inputs()["data"])
     exported = p.export_inputs()
     assert exported["sources"]["obj_2"] == str(data / "obj_2.gltf")
@@ -113,32 +113,34 @@ def test_a_static_id_outside_the_objects_names_the_scene(tmp_path):
     data = three_objects(tmp_path / "data" / "toy")
     conf = load(tmp_path, [("toy", data)], scene_overrides={"toy": {"static_id": 5}})
     with pytest.raises(cc.ConfigError, match=r"scene toy: method: static_id: 5 is outside"):
-        plan.scene(conf, "toy")
+        scene_plan.scene(conf, "toy")
 
 
 def test_missing_or_gapped_object_ids_leave_the_roles_to_ingest(tmp_path):
     data = three_objects(tmp_path / "data" / "gap")
     (data / "obj_1.glb").unlink()
-    p = plan.scene(load(tmp_path, [("gap", data)]), "gap")
+    p = scene_plan.scene(load(tmp_path, [("gap", data)]), "gap")
     assert p.roles == {} and p.gaussians() == {} and p.voxels() == {}
     assert p.ingest_inputs()["data"]  # ingest runs, and names the gap
 
 
 def test_the_demo_scenes_plan_from_the_registry_and_the_default_target_covers_them(tmp_path):
     conf = load(tmp_path, [("hop", "resources/demo/hop"), ("sway", "resources/demo/sway")])
-    plans = {s: plan.scene(conf, s) for s in conf.scenes}
+    plans = {s: scene_plan.scene(conf, s) for s in conf.scenes}
     assert plans["hop"].demo == "hop" and all(f.endswith(".glb") for f in plans["hop"].files)
     assert plans["hop"].scripted_motion() == Path("resources/demo/hop/motion.json")
-    targets = plan.all_targets(plans, conf.results)
+    targets = scene_plan.all_targets(plans, conf.results)
     assert str(P.metrics_tsv(conf.results)) in targets
     for s, p in plans.items():
         assert str(p.final_state()) in targets and str(P.viewer_html(conf.results, s)) in targets
-    flat = plan.named(plan.aggregate_inputs(plans))
+    flat = scene_plan.named(scene_plan.aggregate_inputs(plans))
     assert set(flat) == {"metrics_hop", "metrics_sway", *(f"losses_{s}_coarse" for s in plans)}
 
 
 def test_the_plan_imports_no_torch():
-    code = "import sys, chord.plan, chord.job_size; print('torch' in sys.modules)"
+    code = (
+        "import sys, chord.plan.scene_plan, chord.resources.job_size; print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -156,7 +158,7 @@ def swept(tmp_path: Path, seeds_cell: str | None, **config) -> cc.Config:
 
 def test_a_seed_sweep_plans_one_run_per_seed_sharing_everything_before_training(tmp_path):
     conf = swept(tmp_path, "3 1,2")
-    p = plan.scene(conf, "toy")
+    p = scene_plan.scene(conf, "toy")
     results = tmp_path / "results"
     assert [r.run for r in p.runs()] == ["toy/seed_3", "toy/seed_1", "toy/seed_2"]
     for run in p.runs():
@@ -167,7 +169,7 @@ def test_a_seed_sweep_plans_one_run_per_seed_sharing_everything_before_training(
         assert train["plys"]["obj_0"] == P.gaussians_ply(results, "toy", "obj_0")
         assert run.evaluate_inputs()["ref"] == P.reference_png(results, "toy")
         assert run.evaluate_inputs()["state"] == run.final_state()
-        assert plan.run_spec(conf, run.run).method.seed == seed
+        assert scene_plan.run_spec(conf, run.run).method.seed == seed
         assert p.for_run(run.run) == run
     targets = p.targets()
     assert len(targets) == len(set(targets))
@@ -180,18 +182,18 @@ def test_a_seed_sweep_plans_one_run_per_seed_sharing_everything_before_training(
     assert str(P.best_json(results, "toy")) in targets
     sweep = p.sweep_inputs()
     assert sweep["metrics"] == {str(s): P.metrics_json(results, f"toy/seed_{s}") for s in (3, 1, 2)}
-    agg = plan.aggregate_inputs({"toy": p})
+    agg = scene_plan.aggregate_inputs({"toy": p})
     assert list(agg["metrics"]) == ["toy/seed_3", "toy/seed_1", "toy/seed_2"]
     with pytest.raises(cc.ConfigError, match="seed 7 is not one of its seeds"):
-        plan.run_spec(conf, "toy/seed_7")
+        scene_plan.run_spec(conf, "toy/seed_7")
 
 
 def test_the_config_sweeps_every_scene_and_a_sheet_cell_overrides_it(tmp_path):
     conf = swept(tmp_path, None, sweep={"seeds": [5, 6]})
-    assert [r.run for r in plan.scene(conf, "toy").runs()] == ["toy/seed_5", "toy/seed_6"]
+    assert [r.run for r in scene_plan.scene(conf, "toy").runs()] == ["toy/seed_5", "toy/seed_6"]
     conf = swept(tmp_path, "9", sweep={"seeds": [5, 6]})
-    assert [r.run for r in plan.scene(conf, "toy").runs()] == ["toy/seed_9"]
-    unswept = plan.scene(swept(tmp_path, None), "toy")
+    assert [r.run for r in scene_plan.scene(conf, "toy").runs()] == ["toy/seed_9"]
+    unswept = scene_plan.scene(swept(tmp_path, None), "toy")
     assert [r.run for r in unswept.runs()] == ["toy"]  # today's paths, unchanged
     assert unswept.final_state() == tmp_path / "results" / "toy" / "train" / "coarse.pt"
     assert str(P.best_json(tmp_path / "results", "toy")) not in unswept.targets()

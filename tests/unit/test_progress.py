@@ -1,4 +1,5 @@
-"""chord.progress: the progress line's layout, its cadence, the time left from this process's
+"""chord.training.progress: the progress line's layout, its cadence, the time left from this
+process's
 iterations only (a resumed run counts from its resume point), and the records across a
 roll-back."""
 
@@ -9,7 +10,7 @@ import logging
 
 import pytest
 
-from chord import progress
+from chord.training import progress
 
 
 class Clock:
@@ -44,7 +45,9 @@ def lines(caplog, tag=progress.TAG):
 def test_a_line_parses_back_with_the_logs_prefix():
     text = progress.format_line(progress.TAG, {"scene": "a b", "it": "3/9", "sds": 0.012345678})
     assert text == "progress scene=a_b it=3/9 sds=0.01235"
-    tag, fields = progress.parse_line(f"2026-12-04 10:00:00,000 INFO chord.progress: {text}")
+    tag, fields = progress.parse_line(
+        f"2026-12-04 10:00:00,000 INFO chord.training.progress: {text}"
+    )
     assert (tag, fields) == ("progress", {"scene": "a_b", "it": "3/9", "sds": "0.01235"})
     assert progress.parse_line("INFO chord: no progress here") is None
     assert progress.hms(3 * 3600 + 62.4) == "3:01:02" and progress.hms(None) == "-"
@@ -52,7 +55,7 @@ def test_a_line_parses_back_with_the_logs_prefix():
 
 def test_lines_come_every_every_s_seconds_and_after_the_last_iteration(tmp_path, caplog):
     clock = Clock()
-    caplog.set_level(logging.INFO, logger="chord.progress")
+    caplog.set_level(logging.INFO, logger="chord.training.progress")
     p = make(tmp_path, clock, last=100, every_s=60)
     run(p, clock, range(1, 101), 7.0)  # 7 s per iteration: a line each ceil(60 / 7) = 9
     its = [int(f["it"].split("/")[0]) for f in lines(caplog)]
@@ -64,7 +67,7 @@ def test_lines_come_every_every_s_seconds_and_after_the_last_iteration(tmp_path,
 
 def test_an_iteration_slower_than_every_s_writes_a_line_each(tmp_path, caplog):
     clock = Clock()
-    caplog.set_level(logging.INFO, logger="chord.progress")
+    caplog.set_level(logging.INFO, logger="chord.training.progress")
     p = make(tmp_path, clock, last=5, every_s=60)
     run(p, clock, range(1, 6), 90.0)
     assert [f["it"] for f in lines(caplog)] == ["1/5", "2/5", "3/5", "4/5", "5/5"]
@@ -92,7 +95,7 @@ def test_the_time_per_iteration_follows_the_recent_window(tmp_path):
 
 def test_a_rolled_back_span_is_marked_not_counted_twice(tmp_path, caplog):
     clock = Clock()
-    caplog.set_level(logging.INFO, logger="chord.progress")
+    caplog.set_level(logging.INFO, logger="chord.training.progress")
     p = make(tmp_path, clock, last=8, every_s=0)
     run(p, clock, range(1, 7), 1.0)
     p.event("rollback", 6, to=4)  # the newest checkpoint was iteration 4
@@ -119,7 +122,7 @@ EVENTS = [("sigterm", "stopped"), ("time_limit", "stopped"), ("failed", "failed"
 @pytest.mark.parametrize(("kind", "state"), EVENTS)
 def test_each_event_writes_its_line_and_state(tmp_path, caplog, kind, state):
     clock = Clock()
-    caplog.set_level(logging.INFO, logger="chord.progress")
+    caplog.set_level(logging.INFO, logger="chord.training.progress")
     p = make(tmp_path, clock, last=8)
     run(p, clock, [1, 2], 1.0)
     p.event(kind, 2)
@@ -138,7 +141,7 @@ def test_on_cuda_the_line_carries_the_peak_gpu_memory(tmp_path, caplog, monkeypa
     assert train_stage.gpu_peak_gb("cpu") is None
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: 61.2e9)
-    caplog.set_level(logging.INFO, logger="chord.progress")
+    caplog.set_level(logging.INFO, logger="chord.training.progress")
     clock = Clock()
     run(make(tmp_path / "gpu", clock, last=2, gpu_peak=train_stage.gpu_peak_gb("cuda")), clock,
         [1, 2], 1.0)  # fmt: skip

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from chord import cameras
-from chord.render import rasterize, torch_backend
+from chord.render import cameras, torch_backend
+from chord.render.rasterizer import rasterize
 from tests import components
 from tests.components import skip_without
 
@@ -256,7 +256,7 @@ def test_gsplat_backend_on_cpu_is_a_clear_error():
 def test_auto_on_cuda_without_gsplat_kernels_fails_with_the_reason_and_the_fix(monkeypatch):
     """gsplat 1.5 without a CUDA toolkit has no kernels: "auto" must not quietly render with
     the torch rasterizer on the GPU."""
-    from chord import render
+    from chord.render import rasterizer as render
     from chord.render import gsplat_backend
 
     reason = "gsplat 1.5.3 found no CUDA toolkit (nvcc under CUDA_HOME or on PATH)"

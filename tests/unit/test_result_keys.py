@@ -1,4 +1,4 @@
-"""chord.result_keys: the schema's ``x-stages`` is the one list of which keys change which
+"""chord.config.result_keys: the schema's ``x-stages`` is the one list of which keys change which
 stage's result; each stage's config, its rule's params and the training hash are derived from
 it, and each stage's code runs on its config alone (so the stage tests, which run every
 stage, fail on a read of a key the stage does not declare)."""
@@ -11,9 +11,9 @@ import pickle
 
 import pytest
 
-from chord import config as cc
-from chord import result_keys as rk
-from chord import sources
+from chord.config import result_keys as rk
+from chord.config import settings as cc
+from chord.plan import code_sources
 from tests.conftest import REPO
 
 SCHEMA = cc.read_schema(cc.CONFIG_SCHEMA)["properties"]
@@ -44,7 +44,7 @@ def test_every_key_names_the_stages_that_read_it_or_why_none_does(section):
 def test_the_stages_with_a_config_are_the_workflow_stages_that_read_keys():
     # demo, viewer, sweep (its own `sweep:` rule) and aggregate read no method or guidance key
     no_keys = ("demo", "viewer", "sweep", "aggregate")
-    assert rk.STAGES == tuple(s for s in sources.STAGES if s not in no_keys)
+    assert rk.STAGES == tuple(s for s in code_sources.STAGES if s not in no_keys)
 
 
 def test_memory_flags_are_in_no_stage_config():

@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-from chord import runtime
+from chord.resources import cuda_settings
 
 
 def test_expandable_segments_are_set_unless_the_user_chose_otherwise():
     env = {}
-    assert runtime.configure_allocator(env) == "expandable_segments:True"
+    assert cuda_settings.configure_allocator(env) == "expandable_segments:True"
     assert env == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
-    assert runtime.allocator_problem(env) is None
+    assert cuda_settings.allocator_problem(env) is None
     env = {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512"}  # the user's options stay
-    runtime.configure_allocator(env)
+    cuda_settings.configure_allocator(env)
     assert env["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:512,expandable_segments:True"
     env = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"}  # an explicit choice
-    runtime.configure_allocator(env)
+    cuda_settings.configure_allocator(env)
     assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:False"
-    assert "expandable segments are off" in runtime.allocator_problem(env)
-    assert "does not set expandable_segments" in runtime.allocator_problem({})
+    assert "expandable segments are off" in cuda_settings.allocator_problem(env)
+    assert "does not set expandable_segments" in cuda_settings.allocator_problem({})

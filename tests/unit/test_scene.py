@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import trimesh
 
-from chord import scene as sc
+from chord.scene import ingestion as sc
 from tests.conftest import box, empty_glb, write_scene
 
 

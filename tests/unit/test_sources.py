@@ -1,4 +1,5 @@
-"""Tests for chord.sources: the package files each stage's result depends on, from imports."""
+"""Tests for chord.plan.code_sources: the package files each stage's result depends on, from
+imports."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from chord import sources as cs
-from chord.sources import EXEMPT, STAGES, digest, sources, sources_by_stage
+from chord.plan import code_sources as cs
+from chord.plan.code_sources import EXEMPT, STAGES, digest, sources, sources_by_stage
 from tests.conftest import REPO
 
 
@@ -148,11 +149,11 @@ def test_exempt_modules_exist_and_are_no_source(by_stage):
 
 
 def test_the_schemas_come_with_the_config_module(by_stage):
-    from chord import config
+    from chord.config import settings
 
     for stage, files in by_stage.items():
-        if cs.module_file("chord.config") in files:
-            assert {Path(config.CONFIG_SCHEMA), Path(config.SCENES_SCHEMA)} <= set(files), stage
+        if cs.module_file("chord.config.settings") in files:
+            assert {Path(settings.CONFIG_SCHEMA), Path(settings.SCENES_SCHEMA)} <= set(files), stage
 
 
 def test_every_stage_module_and_the_package_inits_are_sources(by_stage):
@@ -166,7 +167,8 @@ def test_every_stage_module_and_the_package_inits_are_sources(by_stage):
 
 def test_the_dag_build_stays_torch_free():
     code = (
-        "import sys, chord.sources; chord.sources.sources_by_stage(); print('torch' in sys.modules)"
+        "import sys, chord.plan.code_sources as cs; cs.sources_by_stage(); "
+        "print('torch' in sys.modules)"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)

@@ -12,9 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from chord import out_of_memory, progress, status
-from chord import paths as P
-from chord.slurm_time_limit import TIME_LIMIT_RECORD
+from chord.cli import status
+from chord.plan import results_layout as P
+from chord.resources import out_of_memory
+from chord.training import progress
+from chord.training.slurm_time_limit import TIME_LIMIT_RECORD
 from tests.conftest import REPO
 
 SCENES = {"fin": "hop", "run": "sway", "stuck": "hop", "bad": "sway", "wait": "hop"}
@@ -72,7 +74,7 @@ def tree(tmp_path):
 def chord_status(root: Path, *args, path=None) -> subprocess.CompletedProcess:
     """``chord status`` in a fresh interpreter that then checks torch was never imported."""
     code = (
-        "import sys; from chord import cli; rc = cli.main(sys.argv[1:]); "
+        "import sys; from chord.cli import main; rc = main.main(sys.argv[1:]); "
         "assert 'torch' not in sys.modules, 'chord status imported torch'; sys.exit(rc)"
     )
     env = {**os.environ, "PATH": path or os.environ["PATH"], "PYTHONPATH": str(REPO)}
@@ -152,7 +154,7 @@ def test_an_error_of_an_earlier_attempt_is_not_a_failure(tmp_path):
     log.write_text(
         "t ERROR chord: out of GPU memory: injected\n"
         "t INFO chord: attempt started (pid 3)\n"
-        "t INFO chord.progress: progress scene=a stage=coarse it=1/9\n"
+        "t INFO chord.training.progress: progress scene=a stage=coarse it=1/9\n"
     )
     assert status.last_error(log) is None
     with open(log, "a") as f:
@@ -163,7 +165,7 @@ def test_an_error_of_an_earlier_attempt_is_not_a_failure(tmp_path):
 def test_watch_prints_again_until_interrupted_and_configfile_merges(tree, monkeypatch, capsys):
     import time as time_module
 
-    from chord import cli
+    from chord.cli import main
 
     # a --configfile over --config, as snakemake's: here a results folder with nothing in it
     touch(tree / "over.yaml", json.dumps({"results": str(tree / "elsewhere")}))
@@ -177,7 +179,7 @@ def test_watch_prints_again_until_interrupted_and_configfile_merges(tree, monkey
     monkeypatch.setattr(time_module, "sleep", nap)
     monkeypatch.setenv("PATH", no_slurm_path())
     argv = ["status", "--config", str(tree / "config.yaml"), "--watch", "30"]
-    assert cli.main([*argv, "--configfile", str(tree / "over.yaml")]) == 0
+    assert main.main([*argv, "--configfile", str(tree / "over.yaml")]) == 0
     out = capsys.readouterr().out
     assert naps == [30, 30] and out.count("total: 5 runs") == 2  # printed twice, then Ctrl-C
     assert "\x1b" not in out  # not a terminal: no redraw codes

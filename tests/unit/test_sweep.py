@@ -1,11 +1,12 @@
-"""chord.sweep: the seed a sweep's rule chooses from the seeds' metrics (no torch)."""
+"""chord.evaluation.seed_choice: the seed a sweep's rule chooses from the seeds' metrics (no
+torch)."""
 
 from __future__ import annotations
 
 import pytest
 
-from chord.errors import InputError
-from chord.sweep import choose
+from chord.core.errors import InputError
+from chord.evaluation.seed_choice import choose
 
 
 def docs(values: dict[int, float | None], still=()) -> dict[int, dict]:

@@ -1,4 +1,5 @@
-"""chord.tiers: tier parsing, auto choice, escalation, size handling, out-of-memory records,
+"""chord.resources.tiers: tier parsing, auto choice, escalation, size handling, out-of-memory
+records,
 the OOM exit status, and GPU assignment for concurrent jobs."""
 
 from __future__ import annotations
@@ -7,9 +8,9 @@ import pytest
 import torch
 import yaml
 
-from chord import config as cc
-from chord import gpus, job_size, out_of_memory, tiers
-from chord import result_keys as rk
+from chord.config import result_keys as rk
+from chord.config import settings as cc
+from chord.resources import gpus, job_size, out_of_memory, tiers
 from chord.stages import adapter
 from tests.conftest import REPO
 
@@ -134,7 +135,7 @@ def test_out_of_memory_exits_with_its_own_status(tmp_path, capsys):
     assert exc.value.code == adapter.EXIT_OUT_OF_MEMORY == 3
     assert "out of GPU memory" in capsys.readouterr().err
     assert "out of GPU memory" in (tmp_path / "x.log").read_text()
-    from chord.errors import InputError
+    from chord.core.errors import InputError
 
     with pytest.raises(SystemExit) as exc:
         with adapter.stage_logging(str(tmp_path / "y.log")):
@@ -150,7 +151,7 @@ def test_out_of_memory_exits_with_its_own_status(tmp_path, capsys):
 def test_lowres_size_is_recorded_and_the_fine_stage_continues_at_it(tmp_path):
     """A lowres tier's size enters the hash and checkpoint folder and is recorded in the
     hand-off; the fine stage, on a fuller tier, continues at that size."""
-    from chord import demo
+    from chord.scene import demo
     from chord.stages import train as train_stage
     from tests.stages.test_geometry_stages import train_inputs
 
@@ -245,7 +246,7 @@ def test_auto_falls_back_to_the_declared_choice_when_the_model_rejects_every_tie
     default_tiers, caplog
 ):
     fits = Rejects(*default_tiers)
-    with caplog.at_level("WARNING", logger="chord.tiers"):
+    with caplog.at_level("WARNING", logger="chord.resources.tiers"):
         assert tiers.auto(default_tiers, card(48), fits) == "split"
     assert fits.asked == ["split", "offload", "lowres", "lowres_min"]
     [record] = caplog.records
@@ -254,7 +255,9 @@ def test_auto_falls_back_to_the_declared_choice_when_the_model_rejects_every_tie
     assert "split predicted 99.9 GiB" in text and "starting on split" in text
     assert "use_tiny_vae: true" in text and "size, frame_num or batch_size" in text
     caplog.clear()
-    with caplog.at_level("WARNING", logger="chord.tiers"):  # a plain predicate: no description
+    with caplog.at_level(
+        "WARNING", logger="chord.resources.tiers"
+    ):  # a plain predicate: no description
         assert tiers.auto(default_tiers, card(24), lambda tier: False) == "offload"
     assert (
         "no tier fits 1 x a 24 GiB GPU (24576 MiB = 25.8 GB) (nvidia-smi) (tier offload"
@@ -300,7 +303,7 @@ def test_imported_counts_read_the_fitted_ply_headers(tmp_path):
 
 
 def test_memory_shape_and_flags_follow_the_tier(default_tiers):
-    from chord import peak_memory
+    from chord.resources import peak_memory
 
     m = cc.method_from_mapping({"size": "832*480", "frame_num": 41, "batch_size": 4})
     mem = cc.memory_from_mapping({})
@@ -338,7 +341,7 @@ def test_the_model_agrees_with_the_default_tiers_at_the_documented_shapes(
     roles = {"obj_0": "dynamic", "obj_1": "static"}
     fits = job_size.scene_fits(m, MEM, roles, card(gpu), backend="wan", label="scene s")
     assert (fits.gaussians, fits.dynamic_gaussians) == (200_000, 100_000)
-    with caplog.at_level("INFO", logger="chord.tiers"):
+    with caplog.at_level("INFO", logger="chord.resources.tiers"):
         assert tiers.auto(default_tiers, card(gpu), fits) == expected
     assert "memory model" not in caplog.text  # one INFO line: the choice by label
 
@@ -356,7 +359,7 @@ def test_the_model_rejects_tiers_whose_declared_memory_is_optimistic(default_tie
     dense = documented(gs_init_num=1_000_000)
     for gpu, skipped, expected in ((80, "full", "split"), (48, "split", "offload")):
         caplog.clear()
-        with caplog.at_level("INFO", logger="chord.tiers"):
+        with caplog.at_level("INFO", logger="chord.resources.tiers"):
             fits = job_size.scene_fits(dense, MEM, roles, card(gpu), backend="wan")
             assert tiers.auto(default_tiers, card(gpu), fits) == expected
         [record] = caplog.records
@@ -366,7 +369,7 @@ def test_the_model_rejects_tiers_whose_declared_memory_is_optimistic(default_tie
         assert f"; {skipped}: the memory model predicts it would not fit: tier {skipped}" in text
     caplog.clear()
     wan_vae = documented(use_tiny_vae=False)
-    with caplog.at_level("WARNING", logger="chord.tiers"):
+    with caplog.at_level("WARNING", logger="chord.resources.tiers"):
         fits48 = job_size.scene_fits(wan_vae, MEM, roles, card(48), backend="wan")
         assert tiers.auto(default_tiers, card(48), fits48) == "split"
     assert "no tier fits 1 x a 48 GiB GPU" in caplog.text and "starting on split" in caplog.text
@@ -380,7 +383,7 @@ def test_the_model_rejects_tiers_whose_declared_memory_is_optimistic(default_tie
     )
     assert "lowres_min at size 416*240, which changes the result" in msg
     assert "use_tiny_vae: true" in msg and "auto_lowres: true" in msg
-    with caplog.at_level("WARNING", logger="chord.tiers"):
+    with caplog.at_level("WARNING", logger="chord.resources.tiers"):
         assert tiers.auto(default_tiers, card(80), fits80, method=wan_vae, allow_lowres=True) == (
             "lowres_min"
         )

@@ -57,8 +57,8 @@ def test_compare_self_consistent():
 def test_cli_prints_table(tmp_path, capsys):
     from diffusers import AutoencoderKLWan
 
+    from chord.core.media import write_mp4
     from chord.guidance.tiny_vae_check import main, synthetic_clip
-    from chord.media import write_mp4
 
     torch.manual_seed(0)
     vae = AutoencoderKLWan(base_dim=8, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1)

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from chord import cameras
+from chord.render import cameras
 from chord.render import torch_backend as tb
 
 W, H = 40, 30

@@ -11,13 +11,15 @@ import pytest
 import torch
 import trimesh
 
-from chord import config as cc
-from chord import float32_fallback, gaussians, progress, runtime, train, trainer_checkpoint
+from chord.config import settings as cc
+from chord.gaussians import gaussian_set
 from chord.guidance import text, tiny_models, wan, wan_folder
 from chord.guidance.oracle import OracleGuidance
 from chord.motion.model import DynamicObject, MotionScene
-from chord.render import splat_tensors
-from chord.trainer import Trainer
+from chord.render.rasterizer import splat_tensors
+from chord.resources import cuda_settings
+from chord.training import checkpoint, float32_fallback, progress, run_loop
+from chord.training.trainer import Trainer
 
 W, H, T = 32, 16, 5
 
@@ -34,7 +36,7 @@ def box_splats(extents, centre, n, seed):
     mesh = trimesh.creation.box(extents=extents)
     mesh.apply_translation(centre)
     mesh.visual.face_colors = (200, 90 + 40 * seed, 40, 255)
-    return mesh, splat_tensors(gaussians.init_from_mesh([mesh], n, seed=seed))
+    return mesh, splat_tensors(gaussian_set.init_from_mesh([mesh], n, seed=seed))
 
 
 def tiny_scene(seed=0):
@@ -230,9 +232,9 @@ def test_coarse_then_fine_equals_one_run(tmp_path):
     run_steps(one, 1, 9)
     coarse = make_trainer(m)
     run_steps(coarse, 1, 5)
-    train.save_checkpoint(tmp_path / "coarse.pt", trainer_checkpoint.contents(coarse, 4, "h"))
+    run_loop.save_checkpoint(tmp_path / "coarse.pt", checkpoint.contents(coarse, 4, "h"))
     fine = make_trainer(m)
-    start = trainer_checkpoint.restore(fine, train.load_checkpoint(tmp_path / "coarse.pt"))
+    start = checkpoint.restore(fine, run_loop.load_checkpoint(tmp_path / "coarse.pt"))
     assert start == 5
     run_steps(fine, start, 9)
     a, b = one.scene.dynamic["obj_0"], fine.scene.dynamic["obj_0"]
@@ -307,13 +309,13 @@ def test_non_finite_steps_roll_back_and_fall_back_to_float32(tmp_path):
     oracle = tr.guidance
     tr.guidance = FlakyTeacher(oracle)
     tr.guidance.fp32 = True  # healthy for the first iterations
-    train.run(tr, 1, 3, config_hash="h", checkpoint_dir=tmp_path)
+    run_loop.run(tr, 1, 3, config_hash="h", checkpoint_dir=tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt_000001.pt", "ckpt_000002.pt"]
     tr.guidance.fp32 = False  # now every step is non-finite until the fallback
     watch = progress.Progress(
         tmp_path / "progress", scene="s", stage="coarse", start=3, last=6, every_s=0
     )
-    last = train.run(
+    last = run_loop.run(
         tr, 3, 7, config_hash="h", checkpoint_dir=tmp_path, max_nonfinite_steps=2, progress=watch
     )
     assert last == 6 and tr.guidance.fp32 and tr.nonfinite == 0
@@ -328,11 +330,11 @@ def test_non_finite_steps_roll_back_and_fall_back_to_float32(tmp_path):
     stuck = make_trainer(m)
     stuck.guidance = FlakyTeacher(stuck.guidance)
     stuck.guidance.fp32 = True
-    train.run(stuck, 1, 3, config_hash="h", checkpoint_dir=tmp_path / "stuck")
+    run_loop.run(stuck, 1, 3, config_hash="h", checkpoint_dir=tmp_path / "stuck")
     stuck.guidance.fp32 = False
     stuck.guidance.use_float32 = lambda: None  # a fallback that does not help
     with pytest.raises(RuntimeError, match="non-finite steps in a row persist after rolling"):
-        train.run(
+        run_loop.run(
             stuck, 3, 7, config_hash="h", checkpoint_dir=tmp_path / "stuck", max_nonfinite_steps=2
         )
 
@@ -341,10 +343,10 @@ def test_non_finite_fallback_none_keeps_the_guidance_precision(tmp_path):
     tr = make_trainer(method(iterations=6, batch_size=1, save_interval=2))
     tr.guidance = FlakyTeacher(tr.guidance)
     tr.guidance.fp32 = True
-    train.run(tr, 1, 3, config_hash="h", checkpoint_dir=tmp_path)
+    run_loop.run(tr, 1, 3, config_hash="h", checkpoint_dir=tmp_path)
     tr.guidance.fp32 = False
     with pytest.raises(RuntimeError, match="persist after rolling back"):
-        train.run(
+        run_loop.run(
             tr,
             3,
             7,
@@ -368,8 +370,8 @@ def test_sigterm_writes_a_checkpoint_and_stops(tmp_path):
             os.kill(os.getpid(), signal.SIGTERM)
 
     watch = progress.Progress(tmp_path / "progress", scene="s", stage="coarse", start=1, last=6)
-    with pytest.raises(train.Interrupted):
-        train.run(tr, 1, 7, config_hash="h", checkpoint_dir=tmp_path, log=log, progress=watch)
+    with pytest.raises(run_loop.Interrupted):
+        run_loop.run(tr, 1, 7, config_hash="h", checkpoint_dir=tmp_path, log=log, progress=watch)
     assert sorted(p.name for p in tmp_path.glob("ckpt_*")) == ["ckpt_000001.pt", "ckpt_000002.pt"]
     assert json.loads((tmp_path / "progress" / progress.LATEST).read_text())["event"] == "sigterm"
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # handler restored
@@ -379,7 +381,7 @@ def test_split_render_backward_empties_the_cuda_cache_after_each_chunk(monkeypat
     """METHOD §15: each re-render chunk backpropagates, then empties the cache (and so does the
     encoder backward before them); on a CPU the call is a no-op, so it is counted here."""
     calls = []
-    monkeypatch.setattr(runtime, "empty_cache", lambda device: calls.append(device))
+    monkeypatch.setattr(cuda_settings, "empty_cache", lambda device: calls.append(device))
     m = method(batch_size=2)
     tr = make_trainer(m, memory=flags(True, True, 2))
     tr.sds(3, tr.cameras_at(3))
@@ -412,9 +414,9 @@ def test_nan_from_the_teacher_is_a_non_finite_step_that_rolls_back(tmp_path):
     tr.guidance = NaNTeacher(tr.guidance)
     tr.guidance.fp32 = True
     rows = []
-    train.run(tr, 1, 3, config_hash="h", checkpoint_dir=tmp_path, log=rows.append)
+    run_loop.run(tr, 1, 3, config_hash="h", checkpoint_dir=tmp_path, log=rows.append)
     tr.guidance.fp32 = False
-    train.run(
+    run_loop.run(
         tr, 3, 7, config_hash="h", checkpoint_dir=tmp_path, log=rows.append, max_nonfinite_steps=2
     )
     assert [r["nan"] for r in rows][:4] == [0, 0, 3, 3] and tr.guidance.fp32  # rolled back
@@ -427,7 +429,7 @@ def test_float32_fallback_is_not_taken_where_the_memory_model_says_it_will_not_f
     the full tier): where it cannot fit, the fallback would run out of memory hours into a
     run. It is checked first and, when it does not fit (here: a 48 GiB GPU at the test's tiny
     size), the run retries at its precision and then stops with the reason."""
-    from chord import peak_memory
+    from chord.resources import peak_memory
 
     m = method(iterations=6, batch_size=1, save_interval=2)
     for gib, switches in ((48, False), (200, True)):
@@ -436,15 +438,15 @@ def test_float32_fallback_is_not_taken_where_the_memory_model_says_it_will_not_f
         tr.guidance.model_shape = peak_memory.A14B
         tr.guidance.fp32 = True
         folder = tmp_path / str(gib)
-        train.run(tr, 1, 3, config_hash="h", checkpoint_dir=folder)
+        run_loop.run(tr, 1, 3, config_hash="h", checkpoint_dir=folder)
         tr.guidance.fp32 = False
         if switches:
-            train.run(tr, 3, 7, config_hash="h", checkpoint_dir=folder, max_nonfinite_steps=2)
+            run_loop.run(tr, 3, 7, config_hash="h", checkpoint_dir=folder, max_nonfinite_steps=2)
             assert tr.guidance.fp32
             continue
         assert "in float32 the memory model predicts" in float32_fallback.problem(tr)
         with pytest.raises(RuntimeError, match="persist after rolling back"):
-            train.run(tr, 3, 7, config_hash="h", checkpoint_dir=folder, max_nonfinite_steps=2)
+            run_loop.run(tr, 3, 7, config_hash="h", checkpoint_dir=folder, max_nonfinite_steps=2)
         assert not tr.guidance.fp32
         assert "float32 fallback not taken: in float32 the memory model predicts" in caplog.text
 
@@ -472,13 +474,13 @@ def test_the_log_projects_the_run_time_and_warns_past_the_tiers_runtime(
     iterations 1..final (⌊2N/3⌋ = 20 of N = 30 with early_stop) is projected at 130 s so far
     plus 10 s for each of the final - 4 left; beyond the tier's runtime_h it warns, naming it."""
     clock = [0.0]
-    monkeypatch.setattr(train.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(run_loop.time, "perf_counter", lambda: clock[0])
     m = method(iterations=30, early_stop=early_stop)
     projected = 130.0 + 10.0 * (final - 4)
     for runtime_h, warned in ((projected / 3600 * 0.99, True), (projected / 3600 * 1.01, False)):
         caplog.clear()
-        with caplog.at_level("INFO", logger="chord.train"):
-            last = train.run(
+        with caplog.at_level("INFO", logger="chord.training.run_loop"):
+            last = run_loop.run(
                 ClockedTrainer(m, clock, 100.0, 10.0),
                 1,
                 31,
@@ -496,8 +498,8 @@ def test_the_log_projects_the_run_time_and_warns_past_the_tiers_runtime(
         assert len(warnings) == warned, warnings
         if warned:
             assert "tiers.split.runtime_h" in warnings[0] and f"1..{final}" in warnings[0]
-    assert train.project_run_time(130.0, 100.0, 3, 16) == pytest.approx(290.0)
-    assert train.check_projection(3600.0, 1, 20, None, "full") is None  # no limit known
+    assert run_loop.project_run_time(130.0, 100.0, 3, 16) == pytest.approx(290.0)
+    assert run_loop.check_projection(3600.0, 1, 20, None, "full") is None  # no limit known
 
 
 def test_each_iteration_logs_its_count_of_non_finite_entries(tmp_path):

@@ -1,4 +1,4 @@
-"""Unit tests for chord.voxels (METHOD §3, §4): each test checks a known answer."""
+"""Unit tests for chord.motion.voxels (METHOD §3, §4): each test checks a known answer."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import pytest
 import trimesh
 from trimesh.triangles import closest_point as trimesh_closest_point
 
-from chord import control_points
-from chord import voxels as vx
+from chord.motion import control_points
+from chord.motion import voxels as vx
 
 V = 0.015  # METHOD §3 init_voxel_size
 

@@ -152,7 +152,7 @@ def test_text_embeddings_are_zero_padded_to_512(embeddings):
 def test_from_config_with_the_tiny_vae(folder, tmp_path):
     from safetensors.torch import save_file
 
-    from chord import config as cc
+    from chord.config import settings as cc
     from chord.guidance.tiny_vae import TinyVAEEncoder
 
     weights = tmp_path / "lighttaew2_1.safetensors"

@@ -1,16 +1,17 @@
-"""chord.workflow_jobs: the tier and the job request of each training attempt, asked directly
+"""chord.plan.workflow_jobs: the tier and the job request of each training attempt, asked directly
 (no Snakemake): what the rules' resources and params return."""
 
 from __future__ import annotations
 
 import yaml
 
-from chord import config as cc
-from chord import job_size, plan
-from chord import out_of_memory as oom
-from chord import paths as P
-from chord import tiers as ct
-from chord.workflow_jobs import WorkflowJobs
+from chord.config import settings as cc
+from chord.plan import results_layout as P
+from chord.plan import scene_plan
+from chord.plan.workflow_jobs import WorkflowJobs
+from chord.resources import job_size
+from chord.resources import out_of_memory as oom
+from chord.resources import tiers as ct
 from tests.conftest import REPO, write_still_motion
 from tests.unit.test_plan import three_objects
 
@@ -33,7 +34,7 @@ def jobs_of(tmp_path, *, tier="full", **config):
     jobs = WorkflowJobs(
         conf,
         ct.parse(conf.tiers),
-        scene_plan=lambda name: plan.scene(conf, name),
+        scene_plan=lambda name: scene_plan.scene(conf, name),
         node=node,
         model=None,
         results=conf.results,
@@ -71,5 +72,7 @@ def test_the_training_hash_is_of_the_start_tiers_method_per_run(tmp_path):
     hashes = {run: jobs.training_hash(run) for run in ("toy/seed_0", "toy/seed_1")}
     assert hashes["toy/seed_0"] != hashes["toy/seed_1"]  # the seed changes the result
     start = jobs.tiers[jobs.scene_tier("toy")]
-    job = ct.training_job(plan.run_spec(jobs.conf, "toy/seed_1").method, jobs.conf.memory, start)
+    job = ct.training_job(
+        scene_plan.run_spec(jobs.conf, "toy/seed_1").method, jobs.conf.memory, start
+    )
     assert hashes["toy/seed_1"] == job.config_hash(jobs.conf.guidance)

@@ -10,7 +10,7 @@ import re
 import pytest
 import yaml
 
-from chord.job_size import ORACLE_HOST_MB
+from chord.resources.job_size import ORACLE_HOST_MB
 from tests.conftest import REPO
 from tests.workflow.test_scale import TINY, copy_workflow, extra_config, snakemake, write_sheet
 

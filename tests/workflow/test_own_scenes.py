@@ -56,7 +56,7 @@ def work(tmp_path) -> Path:
 
 
 def chord_validate(work: Path, *args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "chord.cli", "validate", *args]
+    cmd = [sys.executable, "-m", "chord.cli.main", "validate", *args]
     return subprocess.run(cmd, capture_output=True, text=True, cwd=work)
 
 

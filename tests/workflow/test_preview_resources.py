@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from chord import config as cc
-from chord import job_memory, peak_memory
-from chord import tiers as ct
+from chord.config import settings as cc
+from chord.resources import job_memory, peak_memory
+from chord.resources import tiers as ct
 from tests.components import require_slurm_plugin
 from tests.conftest import REPO
 from tests.workflow.test_scale import snakemake, wan_workdir

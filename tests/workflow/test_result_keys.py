@@ -5,7 +5,7 @@ of a few seconds each."""
 
 from __future__ import annotations
 
-from chord import result_keys as rk
+from chord.config import result_keys as rk
 from tests.workflow.test_scale import extra_config, snakemake
 from tests.workflow.test_sources import downstream, rule_graph, stage_rules
 from tests.workflow.test_workflow import planned_jobs

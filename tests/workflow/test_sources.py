@@ -1,5 +1,6 @@
 """Code changes and re-runs (issue 15): on the finished tiny run of test_scale, editing any
-chord file a stage depends on (chord.sources.sources) re-plans exactly those stages and what
+chord file a stage depends on (chord.plan.code_sources.sources) re-plans exactly those stages and
+what
 follows them in the DAG, and editing any other package file re-plans nothing.
 
 Each file's wiring is read per file from what the code jobs were given (their logs list their
@@ -14,8 +15,8 @@ import os
 import re
 from pathlib import Path
 
-from chord import paths as P
-from chord import sources as cs
+from chord.plan import code_sources as cs
+from chord.plan import results_layout as P
 from tests.workflow.test_scale import snakemake
 from tests.workflow.test_workflow import planned_jobs
 

@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 import yaml
 
-from chord import media, progress
-from chord import paths as P
+from chord.core import media
+from chord.plan import results_layout as P
+from chord.training import progress
 from tests.conftest import REPO
 from tests.workflow.test_workflow import demo_workdir, planned_jobs, snakemake
 
@@ -129,7 +130,7 @@ def test_each_seeds_training_reports_in_its_log_and_chord_status_tells_it_done(s
         assert names == [f"it_{i:06d}.mp4" for i in (3, 6, 9, 12, 15, 18, 20)]
         assert (previews / "latest.mp4").is_file()
     proc = subprocess.run(
-        [sys.executable, "-m", "chord.cli", "status", "--json"],
+        [sys.executable, "-m", "chord.cli.main", "status", "--json"],
         capture_output=True, text=True, cwd=swept, env={**os.environ, "PYTHONPATH": str(REPO)},
         check=True,
     )  # fmt: skip

@@ -17,7 +17,7 @@ import trimesh
 import yaml
 from PIL import Image
 
-from chord import media
+from chord.core import media
 from chord.guidance import text
 from tests.conftest import REPO, validate_glb
 
@@ -336,7 +336,7 @@ def test_demo_exports_both_glbs_and_videos_at_the_export_size(
 ):
     """The demo's export: videos at its export_size (2x the SDS size), the morph-target GLB and
     the skinned GLB, both clean under the Khronos validator."""
-    from chord import gltf_io
+    from chord.gltf import container
 
     conf = yaml.safe_load((demo_run / "config/config.yaml").read_text())
     method = {**conf["method"], **conf["presets"]["cpu_demo"]}
@@ -349,9 +349,9 @@ def test_demo_exports_both_glbs_and_videos_at_the_export_size(
         for name in ("dynamic_scene.glb", "dynamic_scene_skinned.glb"):
             report = validate_glb(gltf_validator, export / name, tmp_path)
             assert report["numErrors"] == 0, (scene, name, report["messages"])
-        splats, _ = gltf_io.read_glb(export / "dynamic_splats.glb")
+        splats, _ = container.read_glb(export / "dynamic_splats.glb")
         assert splats.get("skins") and splats["extensionsUsed"] == ["KHR_gaussian_splatting"]
-        doc, _ = gltf_io.read_glb(export / "dynamic_scene_skinned.glb")
+        doc, _ = container.read_glb(export / "dynamic_scene_skinned.glb")
         assert doc.get("skins") and {
             c["target"]["path"] for c in doc["animations"][0]["channels"]
         } >= {

@@ -3,7 +3,7 @@
 import os
 from pathlib import Path
 
-from chord import config as cc
+from chord.config import settings as cc
 from chord.stages import condition
 from chord.stages.adapter import stage_logging
 

@@ -1,13 +1,13 @@
 # Adapter: rule evaluate -> chord.stages.evaluate.run
 from pathlib import Path
 
-from chord import plan
+from chord.plan import scene_plan
 from chord.stages import evaluate
 from chord.stages.adapter import scene_spec, stage_logging
 
 with stage_logging(snakemake.log[0]):
     spec = scene_spec(snakemake.config, snakemake.wildcards.run)
-    inp, out = plan.record(snakemake.input.items()), snakemake.output
+    inp, out = scene_plan.record(snakemake.input.items()), snakemake.output
     evaluate.run(
         scene_json=inp["scene_json"],
         plys=inp["plys"],

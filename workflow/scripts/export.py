@@ -1,13 +1,14 @@
 # Adapter: rule export -> chord.stages.export.run
 from pathlib import Path
 
-from chord import paths, plan
+from chord.plan import results_layout
+from chord.plan import scene_plan
 from chord.stages import export
 from chord.stages.adapter import scene_spec, stage_logging
 
 with stage_logging(snakemake.log[0]):
     spec = scene_spec(snakemake.config, snakemake.wildcards.run)
-    inp, out = plan.record(snakemake.input.items()), snakemake.output
+    inp, out = scene_plan.record(snakemake.input.items()), snakemake.output
     export.run(
         scene_json=inp["scene_json"],
         plys=inp["plys"],
@@ -17,7 +18,7 @@ with stage_logging(snakemake.log[0]):
         method=spec.method,
         out_ref_view=Path(out.ref_view),
         out_orbit=Path(out.orbit),
-        out_views={v: Path(getattr(out, v)) for v in paths.FIXED_VIEWS},
+        out_views={v: Path(getattr(out, v)) for v in results_layout.FIXED_VIEWS},
         out_gif=Path(out.gif),
         out_glb=Path(out.glb),
         out_skinned_glb=Path(out.skinned),

@@ -2,13 +2,13 @@
 import os
 from pathlib import Path
 
-from chord import config as cc
-from chord import plan
+from chord.config import settings as cc
+from chord.plan import scene_plan
 from chord.stages import preview
 from chord.stages.adapter import stage_logging
 
 with stage_logging(snakemake.log[0]):
-    inp = plan.record(snakemake.input.items())
+    inp = scene_plan.record(snakemake.input.items())
     preview.run_job(
         conf=cc.load(snakemake.config),
         scene=snakemake.wildcards.scene,

@@ -1,13 +1,13 @@
 # Adapter: rule reference -> chord.stages.reference.run
 from pathlib import Path
 
-from chord import plan
+from chord.plan import scene_plan
 from chord.stages import reference
 from chord.stages.adapter import scene_spec, stage_logging
 
 with stage_logging(snakemake.log[0]):
     spec = scene_spec(snakemake.config, snakemake.wildcards.scene)
-    inp = plan.record(snakemake.input.items())
+    inp = scene_plan.record(snakemake.input.items())
     reference.run(
         scene_json=inp["scene_json"],
         plys=inp["plys"],

@@ -1,13 +1,13 @@
 # Adapter: rule sweep -> chord.stages.sweep.run
 from pathlib import Path
 
-from chord import config as cc
-from chord import plan
+from chord.config import settings as cc
+from chord.plan import scene_plan
 from chord.stages import sweep
 from chord.stages.adapter import stage_logging
 
 with stage_logging(snakemake.log[0]):
-    inp, out = plan.record(snakemake.input.items()), snakemake.output
+    inp, out = scene_plan.record(snakemake.input.items()), snakemake.output
     sweep.run(
         scene=snakemake.wildcards.scene,
         videos={int(s): p for s, p in inp["videos"].items()},

@@ -3,15 +3,15 @@
 import os
 from pathlib import Path
 
-from chord import config as cc
-from chord import plan
+from chord.config import settings as cc
+from chord.plan import scene_plan
 from chord.stages import train
 from chord.stages.adapter import INPUT_ERROR_RECORD, input_error_once, stage_logging
 
 # The log of every attempt (a retry on the next tier, a requeued job) until one completes.
 ckpt = Path(snakemake.params.checkpoints)
 with stage_logging(snakemake.log[0], history=ckpt / "train.log"), input_error_once(ckpt / INPUT_ERROR_RECORD, snakemake.resources.attempt):
-    inp = plan.record(snakemake.input.items())
+    inp = scene_plan.record(snakemake.input.items())
     train.run(
         snakemake.rule.removeprefix("train_"),
         conf=cc.load(snakemake.config),

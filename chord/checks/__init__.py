@@ -1,0 +1,1 @@
+"""Checks before work starts: a training's preflight, ``chord doctor``, a scene's data."""

@@ -1,0 +1,2 @@
+"""The ``chord`` command line: stage subcommands, ``chord status``, and CHORD's own ``chord
+train``."""

@@ -1,0 +1,410 @@
+"""``chord status``: where every run of the sheet stands, from its files alone (issue 37).
+
+For each run (a scene, or one seed of a sweep): the furthest stage done, its state, and for a
+training the newest progress record (:mod:`chord.training.progress`: iteration, time per iteration,
+time left, losses, tier, attempt, live preview), its out-of-memory and time-limit records, the
+age of its last progress, and a failed job's log and last error line. On Slurm (``squeue`` or
+``sacct`` on PATH) the run's newest job, matched by the comment the Slurm executor plugin
+gives each job (``rule_<rule>_wildcards_<values joined by _, / as _>``).
+
+States: ``done`` (metrics.json written), ``running`` (a training reported within the stall
+limit, a new attempt of it is loading, or its Slurm job runs), ``stalled`` (a training's
+newest progress is older than max(:data:`STALL_FACTOR` x its slowest iteration,
+:data:`STALL_FLOOR_S`) and it did not say it stopped), ``failed`` (an error ends the newest
+attempt's log, a training recorded a failure or a bad input, or Slurm ended its job so),
+``waiting`` (none of these: not started, queued, or between jobs). Reads files only and
+imports no torch."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from chord.config import settings as cc
+from chord.plan import results_layout as P
+from chord.plan import scene_plan
+from chord.resources import out_of_memory, tiers
+from chord.training import progress
+from chord.training.slurm_time_limit import TIME_LIMIT_RECORD
+
+STATES = ("done", "running", "stalled", "failed", "waiting")
+STALL_FACTOR = 10  # stalled: no progress for this many of the slowest iteration ...
+STALL_FLOOR_S = 600.0  # ... and at least this long
+INPUT_ERROR_RECORD = "input_error.txt"  # chord.stages.adapter's (it imports the stages)
+TAIL_BYTES = 65536  # of a log, read for its last error
+# Slurm states of a job that ended badly / that is still there
+SLURM_FAILED = {"FAILED", "OUT_OF_MEMORY", "TIMEOUT", "NODE_FAIL", "CANCELLED", "BOOT_FAIL"}
+SLURM_LIVE = {"RUNNING", "PENDING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED"}
+COMMENT = re.compile(r"^rule_(?P<rule>.+?)(?:_wildcards_(?P<wildcards>.*))?$")
+ERROR_LINE = re.compile(r" (ERROR|CRITICAL) |^(error: |\w+(Error|Exception|Interrupt): )")
+ATTEMPT_LINE = "attempt started ("  # chord.stages.adapter.stage_logging's first line
+
+
+@dataclasses.dataclass
+class RunStatus:
+    run: str
+    scene: str
+    done: str  # the furthest stage done ("-": none)
+    state: str
+    stage: str | None = None  # the training stage the progress is of
+    it: int | None = None
+    total: int | None = None
+    s_per_it: float | None = None
+    eta_s: float | None = None
+    losses: dict = dataclasses.field(default_factory=dict)
+    tier: str | None = None
+    attempt: int | None = None
+    record: str | None = None  # out-of-memory / time-limit / bad-input record
+    age_s: float | None = None  # of the newest progress
+    log: str | None = None  # the failing job's log
+    error: str | None = None  # its last error line
+    job: str | None = None  # Slurm job id
+    job_state: str | None = None
+    preview: str | None = None
+    remaining_gpu_h: float | None = None
+
+
+def _stage_outputs(p: scene_plan.ScenePlan) -> list[tuple[str, list[Path]]]:
+    """The run's stages in DAG order, each with the files that show it done."""
+    r, s, run = p.results, p.scene, p.run
+    out = [
+        ("ingest", [P.scene_json(r, s)]),
+        ("gaussians", list(p.gaussians().values())),
+        ("voxelize", list(p.voxels().values())),
+        ("reference", [P.reference_png(r, s)]),
+        ("condition", [P.text_condition(r, s)]),
+    ]
+    out += [(f"train_{st}", [P.train_state(r, run, st)]) for st in p.stages]
+    out += [("export", [P.ref_view_mp4(r, run)]), ("evaluate", [P.metrics_json(r, run)])]
+    return out
+
+
+def _furthest(p: scene_plan.ScenePlan) -> str:
+    done = "-"
+    for name, files in _stage_outputs(p):
+        if files and all(f.exists() for f in files):
+            done = name
+    return done
+
+
+def _latest_progress(p: scene_plan.ScenePlan) -> tuple[Path | None, dict | None]:
+    """The newest progress.json of the run's trainings (any configuration) and its folder."""
+    best = (None, None, -1.0)
+    for st in p.stages:
+        folder = P.checkpoints(p.results, p.run, st)
+        try:
+            subs = list(os.scandir(folder))
+        except OSError:
+            continue
+        for sub in subs:
+            path = Path(sub.path) / progress.LATEST
+            try:
+                doc = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            if doc.get("updated_at", 0) > best[2]:
+                best = (Path(sub.path), doc, doc.get("updated_at", 0))
+    return best[0], best[1]
+
+
+def _records(p: scene_plan.ScenePlan, now: float) -> str | None:
+    """The run's out-of-memory, time-limit and bad-input records, in words. A Slurm job's
+    time-limit record (:mod:`chord.training.slurm_time_limit`) is written at its start and removed
+    when
+    it ends in time: only one whose deadline has passed tells of a job killed at its limit."""
+    notes = []
+    for st in p.stages:
+        folder = P.checkpoints(p.results, p.run, st)
+        oom = out_of_memory.read(folder / out_of_memory.RECORD)
+        if oom:
+            notes.append(f"{st}: out of memory on {','.join(sorted(oom))}")
+        try:
+            limit = json.loads((folder / TIME_LIMIT_RECORD).read_text())
+        except (OSError, ValueError):
+            limit = None
+        if isinstance(limit, dict) and now >= limit.get("deadline", float("inf")):
+            notes.append(
+                f"{st}: job {limit.get('job')} reached its time limit on tier {limit.get('tier')}"
+            )
+        try:
+            bad = (folder / INPUT_ERROR_RECORD).read_text().strip()
+            notes.append(f"{st}: bad input: {bad}")
+        except OSError:
+            pass
+    return "; ".join(notes) or None
+
+
+def _tail(path: Path) -> list[str]:
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        size = f.tell()
+        f.seek(max(size - TAIL_BYTES, 0))
+        return f.read().decode("utf-8", "replace").splitlines()
+
+
+def last_error(path: Path) -> str | None:
+    """The last error line of the newest attempt in the log ``path`` (None: none)."""
+    try:
+        lines = _tail(path)
+    except OSError:
+        return None
+    starts = [i for i, line in enumerate(lines) if ATTEMPT_LINE in line]
+    lines = lines[starts[-1] :] if starts else lines
+    errors = [line.strip() for line in lines if ERROR_LINE.search(line)]
+    return errors[-1] if errors else None
+
+
+def _logs(p: scene_plan.ScenePlan) -> list[Path]:
+    """The run's logs (its scene's and its own), newest first."""
+    folders = {P.scene_dir(p.results, p.scene) / "logs", P.scene_dir(p.results, p.run) / "logs"}
+    found = []
+    for folder in folders:
+        try:
+            found += [(e.stat().st_mtime, Path(e.path)) for e in os.scandir(folder)]
+        except OSError:
+            continue
+    return [path for _, path in sorted(found, reverse=True)]
+
+
+def _loading(p: scene_plan.ScenePlan, now: float, since: float | None) -> bool:
+    """Whether a training attempt started (its log's first line, written by the adapter)
+    after the newest progress (``since``), within the stall limit, and has no error yet."""
+    for stage in p.stages:
+        log = P.log(p.results, p.run, f"train_{stage}")
+        try:
+            mtime = log.stat().st_mtime
+        except OSError:
+            continue
+        if now - mtime > STALL_FLOOR_S or (since is not None and mtime <= since):
+            continue
+        lines = _tail(log)
+        starts = [i for i, line in enumerate(lines) if ATTEMPT_LINE in line]
+        if starts and not any(ERROR_LINE.search(x) for x in lines[starts[-1] :]):
+            return True
+    return False
+
+
+def _failure(p: scene_plan.ScenePlan) -> tuple[str, str] | None:
+    """(log, its last error) of the newest log of the run that ends its attempt in error."""
+    logs = _logs(p)
+    if logs:
+        error = last_error(logs[0])
+        if error:
+            return str(logs[0]), error
+    return None
+
+
+# -- Slurm ---------------------------------------------------------------------------------
+
+
+def slurm_jobs(env: Mapping[str, str]) -> dict[str, tuple[str, str]]:
+    """{comment key (its wildcards): (job id, state)} of this user's jobs: ``squeue``'s
+    (live), over ``sacct``'s of the last days (the newest job per key). Empty without Slurm."""
+    jobs: dict[str, tuple[int, str, str]] = {}
+
+    def take(out: str) -> None:
+        for line in out.splitlines():
+            parts = line.split("|")
+            if len(parts) < 3:
+                continue
+            job, state, comment = parts[0].strip(), parts[1].split()[0], parts[2].strip()
+            m = COMMENT.match(comment)
+            if not m or not job.split("_")[0].split(".")[0].isdigit():
+                continue
+            key = m["wildcards"] or ""
+            num = int(job.split("_")[0].split(".")[0])
+            if key not in jobs or num >= jobs[key][0]:
+                jobs[key] = (num, job, state)
+
+    path = env.get("PATH")
+    commands = [
+        ["sacct", "-X", "--noheader", "--parsable2", "--starttime", "now-7days",
+         "--format", "JobID,State,Comment"],
+        ["squeue", "--me", "--noheader", "--format", "%i|%T|%k"],
+    ]  # fmt: skip
+    for cmd in commands:  # squeue last: a live job is the newest word
+        if shutil.which(cmd[0], path=path) is None:
+            continue
+        try:
+            proc = subprocess.run(
+                cmd, capture_output=True, text=True, timeout=30, env=dict(env), check=False
+            )
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if proc.returncode == 0:
+            take(proc.stdout)
+    return {key: (job, state) for key, (_, job, state) in jobs.items()}
+
+
+def _job_of(run: str, scene: str, jobs: dict) -> tuple[str, str] | None:
+    """The run's newest job: one of its own (wildcards = the run), else of its scene."""
+    key = run.replace("/", "_")
+    best = None
+    for k, (job, state) in jobs.items():
+        if k in (key, scene) or k.startswith(f"{key}_"):
+            if best is None or _num(job) > _num(best[0]):
+                best = (job, state)
+    return best
+
+
+def _num(job: str) -> int:
+    return int(job.split("_")[0].split(".")[0])
+
+
+# -- one run --------------------------------------------------------------------------------
+
+
+def run_status(
+    p: scene_plan.ScenePlan, conf: cc.Config, now: float, jobs: dict, table: dict
+) -> RunStatus:
+    """The status of the run ``p`` at ``now`` (seconds since the epoch)."""
+    st = RunStatus(run=p.run, scene=p.scene, done=_furthest(p), state="waiting")
+    st.record = _records(p, now)
+    folder, doc = _latest_progress(p)
+    spec = conf.scenes[p.scene]
+    st.tier = spec.tier
+    if doc is not None:
+        st.stage, st.it, st.total = doc.get("stage"), doc.get("it"), doc.get("total")
+        st.s_per_it, st.eta_s = doc.get("s_per_it"), doc.get("eta_s")
+        st.losses = {k: doc[k] for k in progress.LOSSES if doc.get(k) is not None}
+        st.tier, st.attempt = doc.get("tier") or st.tier, doc.get("attempt")
+        st.age_s = max(now - doc.get("updated_at", now), 0.0)
+        st.preview = doc.get("preview")
+    job = _job_of(p.run, p.scene, jobs)
+    if job:
+        st.job, st.job_state = job
+    if st.done == "evaluate":
+        st.state = "done"
+        return st
+    limit = max(STALL_FACTOR * (doc or {}).get("slowest_s", 0.0), STALL_FLOOR_S)
+    pstate = (doc or {}).get("state")
+    if pstate == "running":
+        st.state = "stalled" if st.age_s > limit else "running"
+        if st.state == "running" and st.eta_s is not None:
+            st.eta_s = max(st.eta_s - st.age_s, 0.0)
+    elif pstate == "failed":
+        st.state = "failed"
+    if pstate in (None, "failed", "stopped") and _loading(p, now, (doc or {}).get("updated_at")):
+        st.state = "running"  # a new attempt of the training loads (no iteration yet)
+    if st.job_state in SLURM_LIVE and st.state != "stalled":
+        st.state = "running" if st.job_state == "RUNNING" else st.state
+    elif st.job_state in SLURM_FAILED and st.state != "running":
+        st.state = "failed"
+    if st.state in ("waiting", "failed", "stalled"):
+        failure = _failure(p)
+        if failure and (st.state != "waiting" or st.job_state not in SLURM_LIVE):
+            st.log, st.error = failure
+            if st.state == "waiting":
+                st.state = "failed"
+        elif st.state == "failed" and st.record and "bad input" in st.record:
+            st.error = st.record
+    if st.state in ("failed", "stalled") and st.log is None and st.stage:
+        st.log = str(P.log(p.results, p.run, f"train_{st.stage}"))
+    st.remaining_gpu_h = _remaining(st, spec, table)
+    return st
+
+
+def _remaining(st: RunStatus, spec, table: dict) -> float | None:
+    """GPU hours left of the run's trainings at its measured time per iteration: the rest of
+    the stage in progress, and a fine stage not yet started (its iterations at that pace)."""
+    if st.s_per_it is None or st.total is None or st.it is None or st.state == "done":
+        return None
+    left = max(st.total - st.it, 0)
+    if st.stage == "coarse" and spec.method.add_cp_objs:
+        left += max(spec.method.iterations - st.total, 0)
+    gpus = table[st.tier].gpus if st.tier in table else 1
+    return left * st.s_per_it * gpus / 3600.0
+
+
+def collect(conf: cc.Config, *, env: Mapping[str, str] | None = None, now: float | None = None):
+    """Every run's :class:`RunStatus`, in sheet and seed order."""
+    env = os.environ if env is None else env
+    now = time.time() if now is None else now
+    jobs = slurm_jobs(env)
+    try:
+        table = tiers.parse(conf.tiers)
+    except cc.ConfigError:
+        table = {}
+    plans = {name: scene_plan.scene(conf, name) for name in conf.scenes}
+    return [run_status(p, conf, now, jobs, table) for p in scene_plan.runs(plans)]
+
+
+# -- the report -----------------------------------------------------------------------------
+
+COLUMNS = ("run", "done", "state", "it", "s/it", "eta", "sds", "arap", "tier", "att", "age",
+           "job")  # fmt: skip
+
+
+def _fmt(v, spec="{:.3g}") -> str:
+    return "-" if v is None else spec.format(v)
+
+
+def _row(st: RunStatus) -> list[str]:
+    it = f"{st.stage}:{st.it}/{st.total}" if st.it is not None else "-"
+    job = f"{st.job} {st.job_state}" if st.job else "-"
+    return [
+        st.run,
+        st.done,
+        st.state,
+        it,
+        _fmt(st.s_per_it),
+        progress.hms(st.eta_s) if st.eta_s is not None and st.state == "running" else "-",
+        _fmt(st.losses.get("sds")),
+        _fmt(st.losses.get("arap")),
+        st.tier or "-",
+        _fmt(st.attempt, "{}"),
+        progress.hms(st.age_s) if st.age_s is not None else "-",
+        job,
+    ]
+
+
+def totals(rows: list[RunStatus]) -> dict:
+    counts = {s: sum(r.state == s for r in rows) for s in STATES}
+    hours: dict[str, float] = {}
+    for r in rows:
+        if r.remaining_gpu_h is not None and r.state != "done":
+            hours[r.tier or "-"] = hours.get(r.tier or "-", 0.0) + r.remaining_gpu_h
+    unmeasured = sum(r.state != "done" and r.remaining_gpu_h is None for r in rows)
+    return {"runs": len(rows), **counts, "gpu_h_left": hours, "unmeasured": unmeasured}
+
+
+def render(rows: list[RunStatus]) -> str:
+    """The table, each run's notes (record, failing log and error, preview) under it, and the
+    total line."""
+    cells = [list(COLUMNS)] + [_row(r) for r in rows]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(COLUMNS))]
+    out = []
+    for row, st in zip(cells, [None, *rows], strict=True):
+        out.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+        if st is None:
+            continue
+        if st.record:
+            out.append(f"    record: {st.record}")
+        if st.log and st.state in ("failed", "stalled"):
+            out.append(f"    log: {st.log}" + (f": {st.error}" if st.error else ""))
+        elif st.error:
+            out.append(f"    error: {st.error}")
+        if st.preview and st.state != "done":
+            out.append(f"    preview: {st.preview}")
+    t = totals(rows)
+    hours = ", ".join(f"{k} {v:.1f}" for k, v in sorted(t["gpu_h_left"].items())) or "-"
+    out.append(
+        f"total: {t['runs']} runs: {t['done']} done, {t['running']} running, "
+        f"{t['stalled']} stalled, {t['failed']} failed, {t['waiting']} waiting; "
+        f"GPU hours left by tier (measured s/it): {hours}"
+        + (f"; {t['unmeasured']} not measured yet" if t["unmeasured"] else "")
+    )
+    return "\n".join(out)
+
+
+def as_json(rows: list[RunStatus]) -> str:
+    return json.dumps(
+        {"runs": [dataclasses.asdict(r) for r in rows], "total": totals(rows)}, indent=1
+    )

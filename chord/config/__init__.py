@@ -1,0 +1,2 @@
+"""The configuration: its schemas, the validated and typed settings, the scene sheet, and which
+keys change each stage's result."""

@@ -1,0 +1,48 @@
+"""A :class:`~chord.training.trainer.Trainer`'s checkpoint contents (METHOD §17): what continues a
+run
+after an iteration, and restoring it."""
+
+from __future__ import annotations
+
+from chord.motion import state
+from chord.training import float32_fallback, optimiser
+
+CKPT_FORMAT = "chord-train/1"
+
+
+def contents(trainer, it: int, config_hash: str) -> dict:
+    """Everything needed to continue after iteration ``it`` (weights-only loadable)."""
+    tensors, meta = state.to_dict(trainer.scene)
+    return {
+        "format": CKPT_FORMAT,
+        "iteration": it,
+        "seed": trainer.seed,
+        "config_hash": config_hash,
+        "motion": tensors,
+        "motion_meta": meta,
+        "optimizers": {n: o.state_dict() for n, o in trainer.optimizers.items()},
+        "surface_voxel_size": trainer.surface_voxel_size,
+        # the guidance fell back to float32: a resumed run computes as this one did
+        "float32_fallback": trainer.float32_fallback,
+    }
+
+
+def restore(trainer, ckpt: dict) -> int:
+    """Restore :func:`contents` into ``trainer``; returns the next iteration to run. A
+    checkpoint written after the float32 fallback switches the guidance to float32 again
+    (before the first step: a resumed or requeued run, the fine stage after the coarse); one
+    without the field (older) leaves the guidance as it is."""
+    state.restore(trainer.scene, ckpt["motion"], ckpt["motion_meta"])
+    for name, obj in trainer.scene.dynamic.items():
+        opt = optimiser.make_optimizer(obj.param_groups(), trainer.method, ckpt["iteration"])
+        opt.load_state_dict(ckpt["optimizers"][name])
+        trainer.optimizers[name] = opt
+    trainer.arap_connectivity.clear()
+    trainer.seed = ckpt["seed"]
+    if ckpt.get("float32_fallback", False):
+        float32_fallback.fall_back(
+            trainer,
+            f"again: the checkpoint of iteration {ckpt['iteration']} was computed in float32",
+            "continuing at the guidance's precision",
+        )
+    return ckpt["iteration"] + 1
