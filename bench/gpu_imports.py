@@ -23,7 +23,7 @@ imports of a module let through so, and the image's probes (transformers here re
     python bench/gpu_imports.py --check-wheels .whl    # .whl/ holds exactly gpu_wheels.txt
 
 ``--import`` imports a module first (one that the CPU run never reaches: mmgp, for instance).
-tests/unit/test_gpu_imports.py runs the check's --tiny run and a training iteration so.
+tests/unit/bench/test_gpu_imports.py runs the check's --tiny run and a training iteration so.
 """
 
 from __future__ import annotations

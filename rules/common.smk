@@ -55,7 +55,8 @@ SCENES = [DEBUG_SCENE] if DEBUG_SCENE else list(CONF.scenes)
 # (written by rules/code.smk). It lives beside the demo scenes, outside any results root, so
 # production and debug runs share it: one code change is a change for both.
 CODE_ROOT = "resources"
-_CODE = {}  # stage -> its sources, found once per run (chord.plan.code_sources.sources_by_stage)
+# stage -> its sources, found once per run (chord.plan.code_sources.sources_by_stage)
+_CODE = {}
 
 
 # The sheet's id pattern, not the list of ids: a 1000-name alternation in every output pattern

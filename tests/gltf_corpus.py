@@ -291,7 +291,7 @@ def shared_mesh_nodes(dst: Path, n: int = 5) -> tuple[Path, list[np.ndarray]]:
     return dst, mats
 
 
-# --- base files of the reader's fuzz test (tests/unit/test_gltf_fuzz.py) ------------------------
+# --- base files of the reader's fuzz test (tests/unit/gltf/test_fuzz.py) ------------------------
 
 
 def with_instances(src: Path, dst: Path, offsets: np.ndarray) -> Path:

@@ -94,8 +94,7 @@ def check_renderer(backend: str, *, parity: bool, device=None) -> Check:
     kernel image"; with ``parity`` they also agree with the torch rasterizer."""
     import torch
 
-    from chord.render import rasterizer
-    from chord.render import gsplat_backend
+    from chord.render import gsplat_backend, rasterizer
 
     if backend == "torch":
         return Check("gsplat", NA, "render_backend: torch (the torch rasterizer everywhere)")

@@ -1,7 +1,8 @@
 """Spherical-harmonics colour evaluation, shared by the torch backend.
 
 gsplat's pure-torch reference implementation is reused: gsplat is pinned in pyproject.toml
-and tests/unit/test_render.py guards the private name. Its constants and basis order match
+and tests/unit/render/test_rasterizer.py guards the private name. Its constants and basis order
+match
 the CUDA kernel the gsplat backend runs.
 """
 

@@ -1,5 +1,6 @@
 """The peak memory of the jobs around a training, from the same model as
-:mod:`chord.resources.peak_memory`: the teacher preview (one Wan expert at a time, the sampler's latent
+:mod:`chord.resources.peak_memory`: the teacher preview (one Wan expert at a time, the sampler's
+latent
 state, the Wan VAE's decode) and the ``condition`` job (the UMT5 text encoder in float32)."""
 
 from __future__ import annotations

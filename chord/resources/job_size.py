@@ -15,10 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from chord.config import settings as cc
-from chord.resources import gpus
-from chord.resources import peak_memory
-from chord.resources import tiers
 from chord.core.errors import InputError
+from chord.resources import gpus, peak_memory, tiers
 from chord.resources.tiers import Tier, apply, parse
 
 
@@ -34,7 +32,8 @@ def gaussian_counts(
 ) -> tuple[int, int]:
     """(all, dynamic) Gaussians a scene trains with, known before its ``gaussians`` stage runs.
 
-    ``roles``: ``{obj: "static" | "dynamic" | "avoided"}`` (:func:`chord.config.settings.object_roles`).
+    ``roles``: ``{obj: "static" | "dynamic" | "avoided"}``
+    (:func:`chord.config.settings.object_roles`).
     Each object that is not avoided starts with ``method.gs_init_nums[obj]``, else
     ``method.gs_init_num``, surface Gaussians, or with the count of its imported PLY where
     ``imported`` has one (the sheet's ``gaussians`` folder, :func:`imported_counts`).
@@ -81,7 +80,8 @@ def ply_vertex_count(path: Path) -> int:
 def memory_shape(
     method, gaussians: int, dynamic_gaussians: int | None = None, gpus: int = 1
 ) -> dict:
-    """The keyword arguments of :func:`chord.resources.peak_memory.estimate` besides the flags: the method's
+    """The keyword arguments of :func:`chord.resources.peak_memory.estimate` besides the flags: the
+    method's
     SDS size, frame_num, use_tiny_vae, the Gaussian counts, and on ``gpus`` GPUs (a multi-GPU
     tier) the videos each holds, ``batch_size / gpus`` (rounded up where it does not divide:
     :func:`chord.resources.tiers.per_gpu` reports that)."""
@@ -106,10 +106,13 @@ def estimate(
     dynamic_gaussians: int | None = None,
     model: peak_memory.ModelShape = peak_memory.A14B,
 ) -> dict:
-    """:func:`chord.resources.peak_memory.estimate` of a training of ``method`` with the memory flags ``mem``
-    on ``tier`` (its flags and size applied, :func:`chord.resources.tiers.apply`; ``None``: as they are, e.g.
+    """:func:`chord.resources.peak_memory.estimate` of a training of ``method`` with the memory
+    flags ``mem``
+    on ``tier`` (its flags and size applied, :func:`chord.resources.tiers.apply`; ``None``: as they
+    are, e.g.
     already applied, on one GPU), with the experts of ``model``
-    (:func:`chord.resources.peak_memory.model_for`). On a multi-GPU tier the GPU figures are per GPU (its
+    (:func:`chord.resources.peak_memory.model_for`). On a multi-GPU tier the GPU figures are per
+    GPU (its
     ``batch_size / gpus`` videos) and the host RAM the job's (every rank holds an expert)."""
     gpus = 1
     if tier is not None:
@@ -122,9 +125,11 @@ def estimate(
 
 @dataclass(frozen=True)
 class ModelFits:
-    """The ``fits`` of :func:`chord.resources.tiers.auto` for one scene: whether the peak-memory model
+    """The ``fits`` of :func:`chord.resources.tiers.auto` for one scene: whether the peak-memory
+    model
     predicts that a training of ``method`` with the memory flags ``mem`` on a tier fits a GPU of
-    ``gpu_gib`` GiB, the card's reported total (:func:`chord.resources.peak_memory.fits`: reserved bytes
+    ``gpu_gib`` GiB, the card's reported total (:func:`chord.resources.peak_memory.fits`: reserved
+    bytes
     plus a CUDA context). On a multi-GPU tier, each of its GPUs with ``batch_size / gpus``
     videos."""
 
@@ -177,7 +182,8 @@ def scene_fits(
 def scene_start(
     conf: cc.Config, scene_plan, table: Mapping[str, Tier], node, model=peak_memory.A14B
 ):
-    """The :class:`chord.resources.tiers.Choice` a scene's training starts on (:func:`chord.resources.tiers.start`):
+    """The :class:`chord.resources.tiers.Choice` a scene's training starts on
+    (:func:`chord.resources.tiers.start`):
     its sheet column, or ``auto`` on ``node`` with the peak-memory model's fit (``model``: the
     experts' shapes). A ConfigError names the scene."""
     spec = conf.scenes[scene_plan.scene]
@@ -292,7 +298,8 @@ def table(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m chord.resources.job_size``: the memory model's peak per GPU for each tier of a config."""
+    """``python -m chord.resources.job_size``: the memory model's peak per GPU for each tier of
+    a config."""
     import argparse
 
     import yaml

@@ -1,6 +1,7 @@
 """A training's out-of-memory record (DESIGN §6): the tiers on which it ran out of GPU
 memory, written beside its checkpoints and read by the next attempt, which moves to a leaner
-tier (:func:`chord.resources.tiers.for_attempt`); and the test hook that raises torch's out-of-memory
+tier (:func:`chord.resources.tiers.for_attempt`); and the test hook that raises torch's
+out-of-memory
 error on named tiers, so a CPU test drives the real exit-and-escalate path. Nothing here
 imports torch unless the hook fires."""
 

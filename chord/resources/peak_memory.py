@@ -264,7 +264,8 @@ def estimate(
     """Peak GPU memory and host RAM of one training iteration.
 
     Args:
-        flags: the memory flags, a :class:`chord.config.settings.MemoryConfig` (or a mapping of some of
+        flags: the memory flags, a :class:`chord.config.settings.MemoryConfig` (or a mapping of
+        some of
             them; the others take their defaults): split_sds_backward, split_render_backward,
             split_render_chunk_size, enable_mmgp, mmgp_transformer_budget,
             checkpoint_tiny_vae and sds_cfg_batch are read.

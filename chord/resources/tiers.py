@@ -7,7 +7,8 @@ they are Snakemake resources of the training rules (computed from ``attempt``), 
 tier's ``size`` (the ``lowres`` tiers) does change results: :func:`apply` puts it into the
 method, so it enters the training's configuration hash and checkpoint folder. ``tier: auto``
 checks each candidate against a predicate, the peak-memory model's
-(:class:`chord.resources.job_size.ModelFits`), before a job starts. Nothing here imports Snakemake or
+(:class:`chord.resources.job_size.ModelFits`), before a job starts. Nothing here imports Snakemake
+or
 torch; ``rules/common.smk`` and the training stage call these functions.
 """
 
@@ -20,9 +21,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from chord.config import result_keys
 from chord.config import settings as cc
 from chord.resources import gpus
-from chord.config import result_keys
 
 logger = logging.getLogger(__name__)
 
@@ -152,9 +153,11 @@ def choose(
     """The first (fullest) tier that ``node``'s GPUs can run (:func:`auto` without the logging).
 
     A tier fits a node when the node has its ``gpus`` GPUs, when the node's smallest GPU is
-    one of its ``gpu_mem_gb`` label (:func:`chord.resources.gpus.matches`: the reported total in 10^9
+    one of its ``gpu_mem_gb`` label (:func:`chord.resources.gpus.matches`: the reported total in
+    10^9
     bytes is at least the label, so a 24564 MiB RTX 4090 runs a 24 GB tier), and when ``fits``
-    (a predicate, usually a :class:`chord.resources.job_size.ModelFits`: the peak-memory model against
+    (a predicate, usually a :class:`chord.resources.job_size.ModelFits`: the peak-memory model
+    against
     the card's real bytes) accepts it. ``None`` for the node means no GPU (a CPU run, where the
     memory flags do not matter): the first tier, without asking ``fits``. A GPU smaller than
     every tier gets the leanest one.
@@ -320,7 +323,8 @@ def for_attempt(
     """The tier of attempt ``attempt`` (1-based) of a training that starts on ``start``.
 
     Attempt 1 runs on ``start``. A retry moves past every tier from ``start`` on that ran out of
-    memory (``out_of_memory``, see :func:`chord.resources.out_of_memory.read`), stopping at the leanest;
+    memory (``out_of_memory``, see :func:`chord.resources.out_of_memory.read`), stopping at the
+    leanest;
     a retry after another failure (a preempted job, say) stays on its tier.
     """
     names = list(tiers)
@@ -358,7 +362,8 @@ class TrainingJob:
     rank_method: Any
 
     def config_hash(self, guidance) -> str:
-        """The training's hash (:func:`chord.config.result_keys.training_hash`): its checkpoint folder
+        """The training's hash (:func:`chord.config.result_keys.training_hash`): its checkpoint
+        folder
         and the training rules' params; a multi-GPU tier's ranks hash as one process does."""
         return result_keys.training_hash(self.method, guidance)
 

@@ -9,7 +9,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from chord.training.distributed import Group
-from tests.unit.test_train import make_trainer, method, tiny_scene
+from tests.unit.training.test_run_loop import make_trainer, method, tiny_scene
 
 
 def params_after_one_step(rank: int, world: int, batch: int) -> dict:
@@ -125,7 +125,7 @@ def test_group_check_itself_rejects_a_tensor_on_another_device():
 def nan_on_rank_1_worker(rank: int, world: int, init_file: str, out: str) -> None:
     """Rank 1's teacher returns NaN entries (zeroed by RF-SDS, so its gradients stay finite),
     rank 0's does not; then one healthy step on both."""
-    from tests.unit.test_train import NaNTeacher
+    from tests.unit.training.test_run_loop import NaNTeacher
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:

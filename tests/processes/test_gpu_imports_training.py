@@ -7,7 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tests.unit.test_gpu_imports import GUARD, ROOT
+from tests.unit.bench.test_gpu_imports import GUARD, ROOT
 
 
 def test_one_training_iteration_imports_only_what_the_device_has(tmp_path):

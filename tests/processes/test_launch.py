@@ -45,7 +45,7 @@ def fails_in_rank_1(group, device, error):
 
 def interrupted_in_rank_1(group, device, folder):
     """Rank 1 alone gets SIGTERM during iteration 2 of a real training (rank 0 writes)."""
-    from tests.unit.test_train import make_trainer, method, tiny_scene
+    from tests.unit.training.test_run_loop import make_trainer, method, tiny_scene
 
     torch.use_deterministic_algorithms(True)
     scene, mesh = tiny_scene()

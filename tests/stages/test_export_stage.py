@@ -31,8 +31,8 @@ from chord.stages import aggregate, evaluate, reference
 from chord.stages import export as export_stage
 from chord.stages import train as train_stage
 from tests.conftest import validate_glb
-from tests.unit.test_gltf import float32_tolerance, skinned_vertices
-from tests.unit.test_gltf_splats import same_rotation, skinned_splats
+from tests.unit.gltf.test_animated import float32_tolerance, skinned_vertices
+from tests.unit.gltf.test_splats import same_rotation, skinned_splats
 
 T, W, H = 5, 32, 16
 F32 = float(np.finfo(np.float32).eps)
@@ -432,7 +432,7 @@ def test_exported_splats_follow_the_ply_sequence(sway, exported, gltf_validator,
             seq = ply.read_ply(frames[k])
             want = seq.means[rows[name]].astype(np.float64) / s + c
             x, q, blend, _ = skinned_splats(doc, blob, node, k)
-            # as in tests/unit/test_gltf_splats.py: 16 float32 roundings of the magnitudes
+            # as in tests/unit/gltf/test_splats.py: 16 float32 roundings of the magnitudes
             mag = max(1.0, np.abs(want).max(), np.abs(c).max(), np.abs(seq.means).max() / s)
             np.testing.assert_allclose(x, want, rtol=0, atol=16 * F32 * mag, err_msg=f"{k}")
             err = same_rotation(q, seq.quats[rows[name]].astype(np.float64))

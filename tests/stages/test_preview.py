@@ -22,7 +22,7 @@ from chord.resources import tiers
 from chord.scene import demo
 from chord.stages import condition, preview, reference
 from tests import components
-from tests.unit.test_wan_diffusers import diffusers_pipeline
+from tests.unit.guidance.test_wan_diffusers import diffusers_pipeline
 
 W, H, T = 48, 32, 5
 METHOD = {"gs_init_num": 600, "surface_target_num": 200, "cp_num": 8, "size": f"{W}*{H}"} | {

@@ -22,7 +22,7 @@ from tests import components
 from tests import gltf_corpus as corpus
 from tests.conftest import KHRONOS, validate_glb, write_config, write_still_motion
 from tests.stages.test_bad_input import ingest_error, run_cli
-from tests.unit.test_gltf import bend
+from tests.unit.gltf.test_animated import bend
 
 METHOD = cc.method_from_mapping({"gs_init_num": 400}, where="test")
 

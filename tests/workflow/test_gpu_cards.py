@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from tests.gpu_cards import install_fake_nvidia_smi, nodes
-from tests.unit.test_gpu_cards import CONFIG, LOWRES, MULTI, write_a14b_configs
+from tests.unit.resources.test_gpu_cards import CONFIG, LOWRES, MULTI, write_a14b_configs
 from tests.workflow.test_multi_gpu import training_resources
 from tests.workflow.test_scale import copy_workflow, snakemake
 

@@ -23,7 +23,7 @@ from chord.gaussians import ply
 from chord.gltf import container, splats
 from chord.motion.model import build_scene
 from tests.conftest import box, validate_glb
-from tests.unit.test_gltf import posed_world, random_skinning
+from tests.unit.gltf.test_animated import posed_world, random_skinning
 
 F32 = float(np.finfo(np.float32).eps)
 EXT = "KHR_gaussian_splatting"

@@ -18,7 +18,7 @@ from chord.resources import peak_memory
 from tests import components
 from tests.components import skip_without
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "bench" / "gpu_check.py"
 #: runs a script with the imports the GPU image lacks, and bench/gpu_wheels.txt does not carry,
 #: blocked (bench/gpu_imports.py)

@@ -13,7 +13,7 @@ from chord.resources import job_size
 from chord.resources import out_of_memory as oom
 from chord.resources import tiers as ct
 from tests.conftest import REPO, write_still_motion
-from tests.unit.test_plan import three_objects
+from tests.unit.plan.test_scene_plan import three_objects
 
 
 def jobs_of(tmp_path, *, tier="full", **config):

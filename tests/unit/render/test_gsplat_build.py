@@ -22,7 +22,7 @@ from chord.render import gsplat_backend as gb
 from tests import components
 from tests.components import skip_without
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_each_capability_builds_in_its_own_folder_for_its_own_architecture(tmp_path, monkeypatch):

@@ -256,8 +256,8 @@ def test_gsplat_backend_on_cpu_is_a_clear_error():
 def test_auto_on_cuda_without_gsplat_kernels_fails_with_the_reason_and_the_fix(monkeypatch):
     """gsplat 1.5 without a CUDA toolkit has no kernels: "auto" must not quietly render with
     the torch rasterizer on the GPU."""
-    from chord.render import rasterizer as render
     from chord.render import gsplat_backend
+    from chord.render import rasterizer as render
 
     reason = "gsplat 1.5.3 found no CUDA toolkit (nvcc under CUDA_HOME or on PATH)"
     monkeypatch.setattr(gsplat_backend, "unavailable_reason", lambda: reason)

@@ -1,7 +1,7 @@
 """bench/gpu_imports.py and the lists it reads: the GPU image's packages and the carried wheels
 (bench/gpu_wheels.txt) meet the check's and the training's imports, with CI's versions.
 
-The GPU check's --tiny run under the guard is tests/unit/test_gpu_check.py's; one training
+The GPU check's --tiny run under the guard is tests/unit/bench/test_gpu_check.py's; one training
 iteration under it is here."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from packaging.requirements import Requirement
 
 from bench import gpu_imports as mod
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 GUARD = ROOT / "bench" / "gpu_imports.py"
 
 

@@ -7,7 +7,7 @@ import torch
 
 from chord.guidance.tiny_vae import TinyVAEEncoder
 from chord.guidance.tiny_vae_check import compare_with_full_vae, format_comparison
-from tests.unit.test_tiny_vae import _random_state, _video, enc  # noqa: F401
+from tests.unit.guidance.test_tiny_vae import _random_state, _video, enc  # noqa: F401
 
 
 def test_compare_with_full_vae(enc):  # noqa: F811 (the module fixture of test_tiny_vae)

@@ -15,8 +15,16 @@ from chord.guidance import tiny_models, wan, wan_float32
 from chord.resources import peak_memory
 from chord.training import checkpoint, float32_fallback, run_loop
 from chord.training.trainer import Trainer
-from tests.unit.test_train import FlakyTeacher, H, T, W, make_trainer, method, tiny_scene
-from tests.unit.test_wan_diffusers import prompt_embeddings
+from tests.unit.guidance.test_wan_diffusers import prompt_embeddings
+from tests.unit.training.test_run_loop import (
+    FlakyTeacher,
+    H,
+    T,
+    W,
+    make_trainer,
+    method,
+    tiny_scene,
+)
 
 
 @pytest.fixture(autouse=True)

@@ -1,6 +1,6 @@
 """bench/gpu_device.sh: the device machine's two calls of the GPU check, each within 540 s of
 budgets (its --dry-run on a CPU). The .whl/ folder check it starts with is
-tests/unit/test_gpu_imports.py's."""
+tests/unit/bench/test_gpu_imports.py's."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 
 from bench import gpu_check
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "bench" / "gpu_device.sh"
 
 
