@@ -106,7 +106,9 @@ def planned(stage):
         key = (stage, name)
         if key not in _NAMED:
             try:
-                named = chord.plan.scene_plan.named(getattr(plan(name), f"{stage}_inputs")())
+                named = chord.plan.scene_plan.named(
+                    getattr(plan(name), f"{stage}_inputs")()
+                )
             except cc.ConfigError as exc:
                 raise WorkflowError(str(exc))
             _NAMED[key] = named
@@ -265,7 +267,9 @@ CONDITION_GPU_KIND = (
 
 def aggregate_inputs(wildcards):
     """Every run's metrics.json and loss logs."""
-    return chord.plan.scene_plan.named(chord.plan.scene_plan.aggregate_inputs({s: plan(s) for s in SCENES}))
+    return chord.plan.scene_plan.named(
+        chord.plan.scene_plan.aggregate_inputs({s: plan(s) for s in SCENES})
+    )
 
 
 def runs():
