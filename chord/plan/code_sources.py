@@ -4,7 +4,7 @@ A stage's sources are its module (``chord/stages/<stage>.py``) and every package
 imports, transitively, read from the source with :mod:`ast`; nothing is imported, so the DAG
 build that calls this stays fast and torch-free. Imports inside functions count (a lazy import
 is still a dependency), as do the ``__init__.py`` of every package on an import's path and the
-data files a module opens beside itself (``config.py``'s ``schemas/``). The workflow hashes
+data files a module opens beside itself (``config/schema.py``'s ``schemas/``). The workflow hashes
 each stage's files (:func:`digest`) into that stage's one code input (``rules/code.smk``).
 """
 
