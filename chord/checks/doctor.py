@@ -1,29 +1,25 @@
-"""``chord doctor``: the preflight's checks (:mod:`chord.checks.preflight`) for every scene of a
-workflow config on this machine, run on the GPU node before a long run: the renderer, the Wan
-folder, the Tiny VAE, each scene's tier and its predicted peak against the GPU and host RAM,
-and the disk for every scene's outputs."""
+"""``chord doctor``: the preflight's checks (:mod:`chord.checks.preflight`; the rows from
+:mod:`chord.checks.gpu`, :mod:`chord.checks.teacher` and :mod:`chord.checks.capacity`) for every
+scene of a workflow config on this machine, run on the GPU node before a long run: the renderer,
+the Wan folder, the Tiny VAE, each scene's tier and its predicted peak against the GPU and host
+RAM, and the disk for every scene's outputs."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from chord.checks.preflight import (
-    FAIL,
-    NA,
-    PASS,
-    Check,
+from chord.checks.capacity import (
     GiB,
     check_allocator,
-    check_cuda,
     check_disk,
     check_memory,
-    check_renderer,
-    check_tiny_vae,
-    check_wan_folder,
     checkpoint_bytes,
     control_points,
     export_bytes,
 )
+from chord.checks.gpu import check_cuda, check_renderer
+from chord.checks.report import FAIL, NA, PASS, Check
+from chord.checks.teacher import check_tiny_vae, check_wan_folder
 from chord.config import settings as cc
 from chord.plan import scene_plan as plan
 from chord.resources import gpus, job_size, peak_memory, tiers

@@ -38,11 +38,11 @@ def _roles(conf: cfg.Config, spec: cfg.SceneSpec) -> dict[str, str]:
 def cmd_build_kernels(args) -> int:
     """gsplat's kernels built for this node's GPU and launched on it (exit 2 when they cannot
     be: no CUDA GPU, no toolkit, a failed build or launch)."""
-    from chord.checks import preflight
+    from chord.checks import gpu, report
 
-    checks = preflight.build_kernels(rebuild=args.rebuild)
-    print(preflight.table(checks))
-    return EXIT_INPUT if preflight.failures(checks) else 0
+    checks = gpu.build_kernels(rebuild=args.rebuild)
+    print(report.table(checks))
+    return EXIT_INPUT if report.failures(checks) else 0
 
 
 def cmd_validate(args) -> int:
@@ -76,15 +76,12 @@ def cmd_doctor(args) -> int:
     """Every check of :mod:`chord.checks.doctor` for the config (exit 2 when one fails)."""
     import os
 
-    from chord.checks import doctor, preflight
+    from chord.checks import doctor, report
 
     conf = cfg.load_file(Path(args.config), *(Path(p) for p in args.configfile))
     checks = doctor.run(conf, os.environ)
-    print(preflight.table(checks))
-    counts = {
-        s: sum(c.status == s for c in checks)
-        for s in (preflight.PASS, preflight.FAIL, preflight.NA)
-    }
+    print(report.table(checks))
+    counts = {s: sum(c.status == s for c in checks) for s in (report.PASS, report.FAIL, report.NA)}
     print(
         f"chord doctor: {counts['pass']} pass, {counts['fail']} fail, {counts['n/a']} n/a",
         file=sys.stderr,

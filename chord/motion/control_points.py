@@ -10,7 +10,8 @@ import numpy as np
 import trimesh
 from scipy.spatial import cKDTree
 
-from chord.motion.voxels import mesh_arrays, row_dot
+from chord.motion.mesh_distance import row_dot
+from chord.motion.voxels import mesh_arrays
 
 logger = logging.getLogger(__name__)
 

@@ -1,11 +1,12 @@
-"""Voxelisation and control-point placement (METHOD §3, §4).
+"""Voxelisation (METHOD §3).
 
 Meshes are ``trimesh.Trimesh`` objects in normalised space. Nothing here reads or writes files:
 functions take arrays or meshes and return arrays.
 
 Voxel grids are dense boolean arrays over an origin-aligned lattice; only cells near the surface
-get an exact point-to-triangle distance (the rest are "far"), so voxelising a 300^3 grid costs a
-flood fill plus work proportional to the surface area.
+get an exact point-to-triangle distance (:mod:`chord.motion.mesh_distance`; the rest are "far"),
+so voxelising a 300^3 grid costs a flood fill plus work proportional to the surface area. An
+open mesh's enclosed cells are found by winding numbers (:mod:`chord.motion.mesh_inside`).
 """
 
 from __future__ import annotations
@@ -16,134 +17,24 @@ from dataclasses import dataclass
 import numpy as np
 import trimesh
 from scipy import ndimage
-from scipy.spatial import ConvexHull, Delaunay, QhullError
+
+from chord.motion.mesh_distance import point_triangle_sqdist, row_dot, sliver_mask
+from chord.motion.mesh_inside import inside_hull, is_closed, winding_numbers
 
 logger = logging.getLogger(__name__)
 
 BARRIER_FACTOR = 0.75  # τ = max(sdf_band, 0.75·v)
 PAIR_CHUNK = 2_000_000  # (cell, triangle) pairs per distance chunk: bounds memory (~0.5 GB)
 COLUMN_CHUNK = 1_000_000  # lattice columns enumerated at once
-_SLIVER_SIN2 = 1e-12  # triangles with sin²(angle at a) below this are measured as 3 segments
 _CELL_EPS = 1e-6  # candidate ranges are widened by this many cells against rounding
 
 __all__ = [
     "VoxelGrid",
     "bisect_surface_voxel_size",
-    "point_triangle_distance",
     "solid_voxels",
     "surface_voxels",
     "voxelize",
 ]
-
-
-# --------------------------------------------------------------------------------------------
-# Exact point-to-triangle distances
-# --------------------------------------------------------------------------------------------
-
-
-def row_dot(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Row-wise dot product of two [P, 3] arrays -> [P]."""
-    return x[:, 0] * y[:, 0] + x[:, 1] * y[:, 1] + x[:, 2] * y[:, 2]
-
-
-def _segment_sqdist(p: np.ndarray, s0: np.ndarray, e: np.ndarray) -> np.ndarray:
-    """Squared distance from points p [P, 3] to segments s0 + t·e, t ∈ [0, 1] -> [P]."""
-    ee = row_dot(e, e)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        t = np.where(ee > 0, row_dot(p - s0, e) / ee, 0.0)
-    t = np.clip(t, 0.0, 1.0)
-    r = p - s0 - t[:, None] * e
-    return row_dot(r, r)
-
-
-def _point_triangle_sqdist(
-    p: np.ndarray, a: np.ndarray, ab: np.ndarray, ac: np.ndarray, sliver: np.ndarray
-) -> np.ndarray:
-    """Squared distances, pairwise: points p [P, 3] to triangles (a, a+ab, a+ac), each [P, 3].
-
-    Ericson's Voronoi-region method (Real-Time Collision Detection §5.1.5), vectorised: the
-    closest point is a + v·ab + w·ac with (v, w) chosen by the first region whose test passes,
-    in the order A, B, AB, C, AC, BC, face. Every denominator is a squared edge length or the
-    squared doubled area, so ``sliver`` [P] bool (near-collinear or repeated vertices) marks the
-    pairs measured instead as the minimum over the three edges as segments.
-    """
-    ap = p - a
-    d1 = row_dot(ab, ap)
-    d2 = row_dot(ac, ap)
-    bp = ap - ab
-    d3 = row_dot(ab, bp)
-    d4 = row_dot(ac, bp)
-    cp = ap - ac
-    d5 = row_dot(ab, cp)
-    d6 = row_dot(ac, cp)
-    vc = d1 * d4 - d3 * d2
-    vb = d5 * d2 - d1 * d6
-    va = d3 * d6 - d5 * d4
-
-    in_a = (d1 <= 0) & (d2 <= 0)
-    in_b = (d3 >= 0) & (d4 <= d3)
-    in_ab = (vc <= 0) & (d1 >= 0) & (d3 <= 0)
-    in_c = (d6 >= 0) & (d5 <= d6)
-    in_ac = (vb <= 0) & (d2 >= 0) & (d6 <= 0)
-    in_bc = (va <= 0) & (d4 - d3 >= 0) & (d5 - d6 >= 0)
-    conds = [in_a, in_b, in_ab, in_c, in_ac, in_bc]
-
-    with np.errstate(divide="ignore", invalid="ignore"):
-        t_ab = d1 / (d1 - d3)
-        t_ac = d2 / (d2 - d6)
-        t_bc = (d4 - d3) / ((d4 - d3) + (d5 - d6))
-        inv = 1.0 / (va + vb + vc)
-        zero = np.zeros_like(d1)
-        one = np.ones_like(d1)
-        v = np.select(conds, [zero, one, t_ab, zero, zero, 1.0 - t_bc], default=vb * inv)
-        w = np.select(conds, [zero, zero, zero, one, t_ac, t_bc], default=vc * inv)
-
-    r = ap - v[:, None] * ab - w[:, None] * ac
-    sq = row_dot(r, r)
-    if np.any(sliver):
-        idx = np.flatnonzero(sliver)
-        ps, as_, abs_, acs = p[idx], a[idx], ab[idx], ac[idx]
-        seg = np.minimum(_segment_sqdist(ps, as_, abs_), _segment_sqdist(ps, as_, acs))
-        seg = np.minimum(seg, _segment_sqdist(ps, as_ + abs_, acs - abs_))
-        sq[idx] = seg
-    return sq
-
-
-def _sliver_mask(ab: np.ndarray, ac: np.ndarray) -> np.ndarray:
-    """[F] bool: triangles whose edges ab, ac [F, 3] are (nearly) parallel or of zero length."""
-    n = np.cross(ab, ac)
-    return row_dot(n, n) <= _SLIVER_SIN2 * row_dot(ab, ab) * row_dot(ac, ac)
-
-
-def point_triangle_distance(points: np.ndarray, triangles: np.ndarray) -> np.ndarray:
-    """METHOD §3: exact unsigned distance from each point to its own triangle, pairwise.
-
-    Args:
-        points: [P, 3] query points.
-        triangles: [P, 3, 3] triangle ``i`` has vertices ``triangles[i, 0..2]`` and is paired
-            with ``points[i]``.
-
-    Returns:
-        [P] float64 Euclidean distances to the closest point of the (solid) triangle.
-        Degenerate triangles (repeated or collinear vertices) are measured as segments.
-    """
-    points = np.asarray(points, dtype=np.float64)
-    triangles = np.asarray(triangles, dtype=np.float64)
-    if points.ndim != 2 or points.shape[1] != 3:
-        raise ValueError(f"points has shape {points.shape}; expected [P, 3]")
-    if triangles.shape != (points.shape[0], 3, 3):
-        raise ValueError(
-            f"triangles has shape {triangles.shape}; expected [P, 3, 3] with P = {points.shape[0]}"
-        )
-    a = triangles[:, 0]
-    ab = triangles[:, 1] - a
-    ac = triangles[:, 2] - a
-    return np.sqrt(_point_triangle_sqdist(points, a, ab, ac, _sliver_mask(ab, ac)))
-
-
-# --------------------------------------------------------------------------------------------
-# Voxel grids
-# --------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -248,7 +139,7 @@ def _near_cells(
     ab = tris[:, 1] - a
     ac = tris[:, 2] - a
     normal = np.cross(ab, ac)
-    sliver = _sliver_mask(ab, ac)
+    sliver = sliver_mask(ab, ac)
     k_axis = np.argmax(np.abs(normal), axis=1)
     # Candidate lattice range per triangle and axis: centres within [min − band, max + band].
     rng_lo = np.ceil((tris.min(axis=1) - band) / v - 0.5 - _CELL_EPS).astype(np.int64)
@@ -293,43 +184,11 @@ def _near_cells(
                 cell[:, ib] = col_b[c0:c1][c_owner]
                 cell[:, k] = zlo[c0:c1][c_owner] + c_off
                 centre = (cell + 0.5) * v
-                sq = _point_triangle_sqdist(centre, a[t_idx], ab[t_idx], ac[t_idx], sliver[t_idx])
+                sq = point_triangle_sqdist(centre, a[t_idx], ab[t_idx], ac[t_idx], sliver[t_idx])
                 flat = (cell - lo) @ strides
                 for j, sq_t in enumerate(sq_thresholds):
                     hits[j].append(flat[sq <= sq_t])
     return [np.concatenate(h) if h else np.zeros(0, np.int64) for h in hits]
-
-
-def winding_numbers(vertices: np.ndarray, faces: np.ndarray, points: np.ndarray) -> np.ndarray:
-    """Generalised winding number [P] of points [P, 3] w.r.t. a mesh ([V, 3], [F, 3]).
-
-    ±1 inside and 0 outside a closed surface; across holes it degrades gracefully (about 5/6
-    at the centre of a box missing one face). libigl's fast (hierarchical) evaluation, imported
-    here: only an open mesh's fill and the metrics need it, so importing chord (the training,
-    the GPU check) does not.
-    """
-    import igl
-
-    return igl.fast_winding_number(
-        np.ascontiguousarray(vertices, dtype=np.float64),
-        np.ascontiguousarray(faces, dtype=np.int64),
-        np.ascontiguousarray(points, dtype=np.float64),
-    )
-
-
-def _is_closed(vertices: np.ndarray, faces: np.ndarray) -> bool:
-    """Every edge shared by exactly two faces once coincident vertices are merged."""
-    merged = trimesh.Trimesh(vertices, faces, process=True)
-    return bool(merged.is_watertight)
-
-
-def _inside_hull(vertices: np.ndarray, points: np.ndarray) -> np.ndarray:
-    """[P] bool: points inside the convex hull of ``vertices`` (all True if it is flat)."""
-    try:
-        hull = ConvexHull(vertices)
-        return Delaunay(vertices[hull.vertices]).find_simplex(points) >= 0
-    except QhullError:  # flat or degenerate object: keep every point as a candidate
-        return np.ones(len(points), dtype=bool)
 
 
 def voxelize(
@@ -401,7 +260,7 @@ def voxelize(
     near.ravel()[near_flat] = True
     if fill_open:
         candidates = ~occupied & near if surface_only else ~occupied
-        if candidates.any() and not _is_closed(vertices, faces):
+        if candidates.any() and not is_closed(vertices, faces):
             _fill_open(occupied, candidates, vertices, faces, lo, v)
     surface = occupied & near
     logger.debug(
@@ -415,7 +274,7 @@ def _fill_open(occupied, candidates, vertices, faces, lo, v) -> None:
     """Mark candidate cells with |winding number| ≥ 0.5 as occupied (in place)."""
     flat = np.flatnonzero(candidates)
     centres = (np.stack(np.unravel_index(flat, candidates.shape), axis=1) + lo + 0.5) * v
-    keep = _inside_hull(vertices[np.unique(faces)], centres)
+    keep = inside_hull(vertices[np.unique(faces)], centres)
     flat, centres = flat[keep], centres[keep]
     if len(flat):
         inside = np.abs(winding_numbers(vertices, faces, centres)) >= 0.5
@@ -475,8 +334,3 @@ def bisect_surface_voxel_size(
         v_star, steps, len(best), target_num,
     )  # fmt: skip
     return best, v_star
-
-
-# --------------------------------------------------------------------------------------------
-# Control points
-# --------------------------------------------------------------------------------------------

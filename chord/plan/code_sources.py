@@ -46,6 +46,7 @@ EXEMPT = {
     "chord.resources.gpus": "which GPU a job takes and how many run at once, not what they compute",
     "chord.resources.cuda_settings": "allocator settings, cache emptying: memory and speed",
     "chord.checks.preflight": "preflight checks: a training passes them or stops",
+    "chord.checks.capacity": "memory and disk checks, the run's sizes: a training passes or stops",
     "chord.resources.machine": "the host RAM and GPU memory this process may use",
     "chord.core.errors": "the bad-input exception type: how a failure is reported, not a result",
     "chord.plan.code_sources": "this module: a change that matters changes the files it lists",

@@ -183,7 +183,7 @@ def run_preflight(
     inputs, method, memory, guidance, device, render_backend, tier, checkpoint_dir, env
 ):
     """:func:`chord.checks.preflight.preflight` of this training, from its input files' headers."""
-    from chord.checks import preflight
+    from chord.checks import capacity, preflight
 
     counts = {name: job_size.ply_vertex_count(path) for name, path in inputs["plys"].items()}
     dynamic = list(inputs["voxels"])
@@ -197,7 +197,7 @@ def run_preflight(
         host_mem_gb=None,
         gaussians=sum(counts.values()),
         dynamic_gaussians=sum(counts[n] for n in dynamic),
-        control_point_count=preflight.control_points(method, dynamic),
+        control_point_count=capacity.control_points(method, dynamic),
         checkpoint_dir=Path(checkpoint_dir),
         env=env,
     )

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from chord.checks import preflight
+from chord.checks import report
 from chord.config import result_keys as rk
 from chord.config import settings as cc
 from chord.core import media
@@ -363,7 +363,7 @@ def test_training_stage_stops_on_the_render_backend_before_loading_a_ply(
         "text_path": None,
         "data_dir": missing,
     }
-    with pytest.raises(preflight.PreflightError) as err:
+    with pytest.raises(report.PreflightError) as err:
         train_stage.run_stage(
             "coarse",
             inputs=inputs,

@@ -8,7 +8,7 @@ import shutil
 import pytest
 import torch
 
-from chord.checks import preflight
+from chord.checks import capacity, preflight, report, teacher
 from chord.cli import main
 from chord.config import settings as cc
 from chord.guidance import tiny_models
@@ -132,7 +132,7 @@ def test_the_tiny_vaes_latent_scale_is_checked_with_the_wan_vae(normalized, wan_
                 "tiny_vae_normalize": setting,
             }
         )
-        check = preflight.check_tiny_vae(guidance, [cc.method_from_mapping({"use_tiny_vae": True})])
+        check = teacher.check_tiny_vae(guidance, [cc.method_from_mapping({"use_tiny_vae": True})])
         right = setting != normalized  # raw latents are to be normalised, normalised ones not
         assert check.status == ("pass" if right else "fail"), check
         assert str(path) in check.detail and "on the test pattern" in check.detail
@@ -220,7 +220,7 @@ def test_preflight_stops_a_training_that_would_fail_later(tmp_path, wan_config):
     checks = {c.name: c.status for c in preflight.preflight(**kw)}
     assert checks["wan folder"] == checks["tiny vae"] == checks["host ram"] == "pass"
     # a job with less host RAM than the model's (one expert + the process) fails at once
-    with pytest.raises(preflight.PreflightError, match="host ram: .* 4 GiB available"):
+    with pytest.raises(report.PreflightError, match="host ram: .* 4 GiB available"):
         preflight.preflight(**{**kw, "host_mem_gb": 4})
     # the allocator turned off by the user: a warning, not a stop
     off = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"}
@@ -228,16 +228,16 @@ def test_preflight_stops_a_training_that_would_fail_later(tmp_path, wan_config):
         "fail"
     )
     shutil.rmtree(folder / "transformer_2")
-    with pytest.raises(preflight.PreflightError, match="wan folder: .*transformer_2"):
+    with pytest.raises(report.PreflightError, match="wan folder: .*transformer_2"):
         preflight.preflight(**kw)
 
 
 def test_disk_need_counts_checkpoints_and_the_ply_sequence(tmp_path):
     m = cc.method_from_mapping({})
-    assert 1 * peak_memory.MiB < preflight.checkpoint_bytes(m, 60) < 100 * peak_memory.MiB
+    assert 1 * peak_memory.MiB < capacity.checkpoint_bytes(m, 60) < 100 * peak_memory.MiB
     # one 3DGS PLY per frame: 41 frames of 200k degree-0 Gaussians (17 floats each)
-    assert preflight.export_bytes(m, 200_000, imported=False) > 200_000 * 68 * 41
-    full = preflight.check_disk(tmp_path / "not" / "yet", 10**18, "everything")
+    assert capacity.export_bytes(m, 200_000, imported=False) > 200_000 * 68 * 41
+    full = capacity.check_disk(tmp_path / "not" / "yet", 10**18, "everything")
     assert full.status == "fail" and str(tmp_path) in full.detail
 
 
@@ -320,5 +320,5 @@ def test_the_preflight_counts_the_slurm_jobs_memory_not_the_nodes(tmp_path, wan_
     start, though the node has more."""
     kw = preflight_kwargs(tmp_path, wan_config)
     assert {c.name: c.status for c in preflight.preflight(**kw)}["host ram"] == "pass"
-    with pytest.raises(preflight.PreflightError, match="host ram: .* 4 GiB available"):
+    with pytest.raises(report.PreflightError, match="host ram: .* 4 GiB available"):
         preflight.preflight(**{**kw, "env": {**ALLOCATOR_ON, "SLURM_MEM_PER_NODE": "4096"}})

@@ -1,4 +1,5 @@
-"""Unit tests for chord.motion.voxels (METHOD §3, §4): each test checks a known answer."""
+"""Unit tests for chord.motion.voxels, mesh_distance, mesh_inside and control_points (METHOD §3,
+§4): each test checks a known answer."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 import trimesh
 from trimesh.triangles import closest_point as trimesh_closest_point
 
-from chord.motion import control_points
+from chord.motion import control_points, mesh_distance, mesh_inside
 from chord.motion import voxels as vx
 
 V = 0.015  # METHOD §3 init_voxel_size
@@ -53,7 +54,7 @@ def test_distance_matches_trimesh_on_random_points():
     tris = rng.normal(size=(5000, 3, 3))
     pts = rng.normal(size=(5000, 3)) * 2.0
     ref = np.linalg.norm(trimesh_closest_point(tris, pts) - pts, axis=1)
-    np.testing.assert_allclose(vx.point_triangle_distance(pts, tris), ref, atol=1e-12)
+    np.testing.assert_allclose(mesh_distance.point_triangle_distance(pts, tris), ref, atol=1e-12)
 
 
 def test_distance_upper_bounded_by_dense_samples():
@@ -69,7 +70,7 @@ def test_distance_upper_bounded_by_dense_samples():
     bary = np.stack([1 - u - w, u, w], axis=1)  # [B, 3]
     samples = np.einsum("bj,tjd->tbd", bary, tris)  # [T, B, 3]
     brute = np.linalg.norm(samples - pts[:, None], axis=2).min(axis=1)
-    d = vx.point_triangle_distance(pts, tris)
+    d = mesh_distance.point_triangle_distance(pts, tris)
     spacing = np.linalg.norm(tris - tris[:, [1, 2, 0]], axis=2).max(axis=1) / n
     assert np.all(d <= brute + 1e-12)
     assert np.all(brute - d <= spacing)
@@ -91,7 +92,7 @@ def test_distance_vertex_edge_and_face_regions():
     ]
     pts = np.array([p for p, _ in cases])
     expect = np.array([d for _, d in cases])
-    got = vx.point_triangle_distance(pts, np.repeat(tri[None], len(pts), axis=0))
+    got = mesh_distance.point_triangle_distance(pts, np.repeat(tri[None], len(pts), axis=0))
     np.testing.assert_allclose(got, expect, atol=1e-14)
 
 
@@ -118,7 +119,7 @@ def test_distance_points_projecting_onto_edges_and_vertices():
     pts = np.concatenate([p_vertex, p_edge])
     both = np.concatenate([tris, tris])
     expect = np.concatenate([np.hypot(s, h), np.hypot(s, h)])
-    got = vx.point_triangle_distance(pts, both)
+    got = mesh_distance.point_triangle_distance(pts, both)
     ref = np.linalg.norm(trimesh_closest_point(both, pts) - pts, axis=1)
     # Only those whose constructed feature really is the closest one (obtuse angles excepted).
     exact = np.isclose(ref, expect)
@@ -137,16 +138,16 @@ def test_distance_degenerate_triangles_are_segments():
         ]
     )
     pts = np.array([[1.0, 1.0, 0.0], [2.5, 0.0, 2.0], [3.0, 0.0, 0.0], [1.0, 1.0, 4.0]])
-    got = vx.point_triangle_distance(pts, tris)
+    got = mesh_distance.point_triangle_distance(pts, tris)
     np.testing.assert_allclose(got, [1.0, 2.0, 1.0, 3.0], atol=1e-14)
     assert np.all(np.isfinite(got))
 
 
 def test_distance_rejects_bad_shapes():
     with pytest.raises(ValueError, match="points"):
-        vx.point_triangle_distance(np.zeros((4, 2)), np.zeros((4, 3, 3)))
+        mesh_distance.point_triangle_distance(np.zeros((4, 2)), np.zeros((4, 3, 3)))
     with pytest.raises(ValueError, match="triangles"):
-        vx.point_triangle_distance(np.zeros((4, 3)), np.zeros((5, 3, 3)))
+        mesh_distance.point_triangle_distance(np.zeros((4, 3)), np.zeros((5, 3, 3)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -207,11 +208,11 @@ def test_open_bottom_box_without_fill_floods_through_opening():
 def test_winding_numbers():
     sphere = trimesh.creation.icosphere(subdivisions=2, radius=0.5)
     points = np.array([[0, 0, 0], [0.2, 0.1, 0], [2, 0, 0]])
-    w = vx.winding_numbers(sphere.vertices, sphere.faces, points)
+    w = mesh_inside.winding_numbers(sphere.vertices, sphere.faces, points)
     np.testing.assert_allclose(np.abs(w), [1, 1, 0], atol=1e-3)
     open_box = _drop_faces(trimesh.creation.box((0.6, 0.6, 0.6)), [0, 0, -1])
     # one of six faces missing: the centre sees 5/6 of the sphere of directions
-    w = vx.winding_numbers(open_box.vertices, open_box.faces, np.zeros((1, 3)))
+    w = mesh_inside.winding_numbers(open_box.vertices, open_box.faces, np.zeros((1, 3)))
     assert abs(w[0]) == pytest.approx(5 / 6, abs=1e-3)
 
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch.utils.cpp_extension import _get_build_directory
 
-from chord.checks import preflight
+from chord.checks import gpu, report
 from chord.cli import main
 from chord.render import gsplat_backend as gb
 from tests import components
@@ -133,26 +133,26 @@ def test_doctor_launches_gsplat_on_the_card_and_a_foreign_build_is_a_failing_row
         launches.append(device)
         raise RuntimeError("CUDA error: no kernel image is available for execution on the device")
 
-    monkeypatch.setattr(preflight, "launch_kernels", no_kernel_image)
+    monkeypatch.setattr(gpu, "launch_kernels", no_kernel_image)
     for parity in (False, True):  # the training's preflight and chord doctor
-        check = preflight.check_renderer("auto", parity=parity, device="cuda:1")
-        assert check.status == preflight.FAIL and check.fatal
+        check = gpu.check_renderer("auto", parity=parity, device="cuda:1")
+        assert check.status == report.FAIL and check.fatal
         assert "NVIDIA H200 failed: CUDA error: no kernel image" in check.detail
         assert "sm_90" in check.detail and "gsplat_cuda.so" in check.detail
         assert "chord build-kernels --rebuild" in check.remedy
     assert launches == [torch.device("cuda", 1)] * 2
-    monkeypatch.setattr(preflight, "launch_kernels", lambda device: launches.append(device))
-    check = preflight.check_renderer("auto", parity=False)
-    assert check.status == preflight.PASS and "forward and backward kernels ran" in check.detail
+    monkeypatch.setattr(gpu, "launch_kernels", lambda device: launches.append(device))
+    check = gpu.check_renderer("auto", parity=False)
+    assert check.status == report.PASS and "forward and backward kernels ran" in check.detail
     assert launches[-1] == torch.device("cuda")
-    assert preflight.check_renderer("torch", parity=False).status == preflight.NA
+    assert gpu.check_renderer("torch", parity=False).status == report.NA
 
 
 @skip_without(components.CUDA, torch.cuda.is_available(), "gsplat's kernels build for it")
 def test_build_kernels_on_a_gpu_builds_for_this_card_and_launches():
-    checks = preflight.build_kernels()
-    assert [c.status for c in checks] == [preflight.PASS, preflight.PASS], preflight.table(checks)
+    checks = gpu.build_kernels()
+    assert [c.status for c in checks] == [report.PASS, report.PASS], report.table(checks)
     tag = gb.capability_tag(gb.device_capability())
     assert f"{tag}/gsplat_cuda/" in (gb.kernels_file() or "") or "csrc" in gb.kernels_file()
-    out, alpha = preflight.launch_kernels()
+    out, alpha = gpu.launch_kernels()
     assert out.shape == (1, 48, 64, 3) and float(alpha.max()) > 0
