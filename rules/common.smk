@@ -10,7 +10,7 @@ from snakemake.utils import validate
 import chord
 import chord.config.settings as cc
 import chord.scene.demo as demo
-import chord.gltf.check
+import chord.gltf.memory_budget
 import chord.resources.gpus
 import chord.resources.peak_memory
 import chord.resources.job_memory
@@ -47,8 +47,8 @@ except cc.ConfigError as exc:
     raise WorkflowError(str(exc))
 
 RESULTS = config["results"]
-# the ingest job's mem_mb: the budget of its reads (chord.gltf.check)
-INGEST_MEM_MB = chord.gltf.check.INGEST_MEM_MB
+# the ingest job's mem_mb: the budget of its reads (chord.gltf.memory_budget)
+INGEST_MEM_MB = chord.gltf.memory_budget.INGEST_MEM_MB
 DEMO_DIR = config["demo_dir"]
 SCENES = [DEBUG_SCENE] if DEBUG_SCENE else list(CONF.scenes)
 # A stage's code input is one file, the sha256 of the chord sources its result depends on

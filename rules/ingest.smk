@@ -12,7 +12,7 @@ rule ingest:
     conda:
         "../workflow/envs/chord.yaml"
     # the reader refuses a file whose estimated peak exceeds it, naming the figure
-    # (chord.gltf.check; more: snakemake --set-resources ingest:mem_mb=N)
+    # (chord.gltf.memory_budget; more: snakemake --set-resources ingest:mem_mb=N)
     resources:
         mem_mb=INGEST_MEM_MB,
     params:

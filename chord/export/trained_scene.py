@@ -16,8 +16,10 @@ import torch
 from chord.config import settings
 from chord.core.errors import InputError
 from chord.gaussians import ply
-from chord.gltf import animated, splats
-from chord.gltf import skinned as gltf_skin
+from chord.gltf import splats
+from chord.gltf.animated_scene import Deformer, Skinning
+from chord.gltf.morphed import dynamic_scene_glb
+from chord.gltf.skinned import dynamic_scene_skinned_glb
 from chord.motion import state
 from chord.motion.model import build_scene
 from chord.scene import ingestion as sc
@@ -93,7 +95,7 @@ def load_trained(
     return doc, scene, ckpt
 
 
-def deformer(obj, frames: int) -> animated.Deformer:
+def deformer(obj, frames: int) -> Deformer:
     """Normalised rest points [n, 3] -> positions [F, n, 3] under ``obj``'s trained motion."""
 
     def apply(points: np.ndarray) -> np.ndarray:
@@ -105,7 +107,7 @@ def deformer(obj, frames: int) -> animated.Deformer:
     return apply
 
 
-def skinning(obj, frames: int) -> gltf_skin.Skinning:
+def skinning(obj, frames: int) -> Skinning:
     """``obj``'s first control-point layer as glTF skinning data (METHOD §5): its centres,
     the transforms of frames 0..F−1 (frame 0 pinned to the identity, as ``deform`` pins it)
     and the binding of rest points to their K neighbours with the sg weights. Exact for an
@@ -123,10 +125,10 @@ def skinning(obj, frames: int) -> gltf_skin.Skinning:
             w = layer.weights(x, idx, detach=True)  # [n, K]
         return idx.cpu().numpy(), w.double().cpu().numpy()
 
-    return gltf_skin.Skinning(layer.centres.double().cpu().numpy(), q, tau, bind)
+    return Skinning(layer.centres.double().cpu().numpy(), q, tau, bind)
 
 
-def splat_motion(obj, frames: int) -> gltf_skin.Skinning | splats.SplatDeformer:
+def splat_motion(obj, frames: int) -> Skinning | splats.SplatDeformer:
     """The motion of ``obj``'s Gaussians in ``dynamic_splats.glb``: its first layer's
     :func:`skinning` (exact without a second layer), else its Gaussians' positions and
     rotations of frames 0..F−1 from ``deform`` (the PLY sequence's values)."""
@@ -235,9 +237,7 @@ def write_glb(
         objects.append((name, sources[name], motion))
     c, s = doc["normalisation"]["centre"], doc["normalisation"]["scale"]
     if not skinned:
-        summary = animated.dynamic_scene_glb(
-            out, objects, centre=c, scale=s, frames=frames, fps=fps
-        )
+        summary = dynamic_scene_glb(out, objects, centre=c, scale=s, frames=frames, fps=fps)
         logger.info(
             "%s: %d objects, %d animated nodes, %d morph targets at %g fps",
             out,
@@ -247,9 +247,7 @@ def write_glb(
             fps,
         )
         return summary
-    summary = gltf_skin.dynamic_scene_skinned_glb(
-        out, objects, centre=c, scale=s, frames=frames, fps=fps
-    )
+    summary = dynamic_scene_skinned_glb(out, objects, centre=c, scale=s, frames=frames, fps=fps)
     logger.info(
         "%s: %d objects, %d skinned nodes on %d joints, %d morphed nodes (%d targets), %d "
         "keys at %g fps",

@@ -1,5 +1,5 @@
 """Exports of an animated scene (METHOD §19–§20): per-frame renders into videos and a GIF,
-and per-frame 3DGS PLY sequences (the animated glTF: :mod:`chord.gltf.animated`).
+and per-frame 3DGS PLY sequences (the animated glTF: :mod:`chord.gltf.morphed`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """glTF's container and data, read and written on the JSON and the binary chunk directly: GLB
 files, node transforms, accessors (strides, sparse substitution, normalised integers) and a
 document builder with one buffer. What the source reader (:mod:`chord.gltf.reader`) and the
-animated-scene writers (:mod:`chord.gltf.animated`) share."""
+animated-scene writers (:mod:`chord.gltf.animated_scene`) share."""
 
 from __future__ import annotations
 

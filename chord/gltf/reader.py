@@ -33,16 +33,6 @@ from pathlib import Path
 import numpy as np
 
 from chord.core.errors import InputError
-from chord.gltf.check import (
-    Checker,
-    check_budget,
-    check_decoded,
-    check_depth,
-    check_indices,
-    image_pixels,
-    mem_budget_mb,
-    peak_bytes,
-)
 from chord.gltf.container import (
     ARRAY_BUFFER,
     COMPONENTS,
@@ -64,6 +54,9 @@ from chord.gltf.decode import (
     integer_accessors,
     normalised_values,
 )
+from chord.gltf.document_checks import Checker, check_depth
+from chord.gltf.memory_budget import check_budget, mem_budget_mb, peak_bytes
+from chord.gltf.read_checks import check_decoded, check_indices, image_pixels
 from chord.gltf.textures import (
     IMAGE_EXTENSIONS,
     TRANSFORM,
@@ -290,9 +283,9 @@ def _flatten_instances(out: GltfBuilder, arrays: dict[int, np.ndarray]) -> None:
 def read(path: Path | str, *, mem_mb: int | None = None) -> Source:
     """``path`` made plain (see the module's docstring); an :class:`InputError` of one line
     naming the file for what cannot be read: every number checked against what the file holds
-    before it is used (:mod:`chord.gltf.check`), and a file whose estimated peak memory
-    exceeds ``mem_mb`` (default ``$CHORD_MEM_MB``, else the ingest rule's) refused, naming
-    the figure."""
+    before it is used (:mod:`chord.gltf.document_checks`, :mod:`chord.gltf.read_checks`), and
+    a file whose estimated peak memory exceeds ``mem_mb`` (default ``$CHORD_MEM_MB``, else the
+    ingest rule's; :mod:`chord.gltf.memory_budget`) refused, naming the figure."""
     try:
         return _read(Path(path), mem_mb)
     except InputError as exc:

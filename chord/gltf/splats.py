@@ -1,7 +1,7 @@
 """``dynamic_splats.glb``: the trained Gaussians of a scene in one glTF file, each object's
 Gaussians one POINTS primitive with ``KHR_gaussian_splatting``. Static objects are unanimated;
 a dynamic object is skinned on the same joints and keys as ``dynamic_scene_skinned.glb``
-(:mod:`chord.gltf.skinned`), or, for a motion one skin cannot express (a second control-point
+(:mod:`chord.gltf.skeleton`), or, for a motion one skin cannot express (a second control-point
 layer), keeps one morph target per frame on POSITION and ROTATION, as the skinned mesh file
 keeps morph targets.
 
@@ -29,16 +29,14 @@ import numpy as np
 
 from chord.core.errors import InputError
 from chord.gaussians.gaussian_set import C0, GaussianSet
-from chord.gltf.animated import write_glb
+from chord.gltf.animated_scene import Skinning, motion_channels, open_scene, write_glb
 from chord.gltf.container import ARRAY_BUFFER, UNSIGNED_BYTE, GltfBuilder
-from chord.gltf.skinned import (
-    Skinning,
+from chord.gltf.skeleton import (
     add_skeleton,
     add_skin,
     check_skinning,
     joint_tracks,
     keyed_rotations,
-    motion_channels,
     normalisation,
     skin_attributes,
 )
@@ -215,9 +213,10 @@ def dynamic_splats_glb(
 
     Args:
         objects: (name, its Gaussians in normalised space, its motion) in id order; the
-            motion is None (static: unanimated), a :class:`~chord.gltf.skinned.Skinning` (the
-            first control-point layer: skinned on one joint per control point, with the keys
-            of ``dynamic_scene_skinned.glb``) or a :data:`SplatDeformer` (morph targets).
+            motion is None (static: unanimated), a
+            :class:`~chord.gltf.animated_scene.Skinning` (the first control-point layer:
+            skinned on one joint per control point, with the keys of
+            ``dynamic_scene_skinned.glb``) or a :data:`SplatDeformer` (morph targets).
         centre, scale: the scene normalisation (x_n = (x_w − c)·s).
         frames: F; key k (frame k) at k/fps, frame 0 the rest pose.
 
@@ -227,16 +226,12 @@ def dynamic_splats_glb(
     Returns a summary: {"gaussians", "sh_degree", "skinned", "joints", "morphed", "targets",
     "frames"}.
     """
-    if frames < 1:
-        raise ValueError(f"frames: expected at least 1, got {frames}")
-    if not objects:
-        raise InputError(f"{out_path}: no objects to export")
+    out = open_scene(out_path, objects, frames)
     if not (np.isfinite(scale) and scale > 0):
         raise ValueError(f"scale: expected a positive normalisation scale, got {scale}")
     c = np.asarray(centre, dtype=np.float64)
     N = normalisation(c, scale)  # POSITION (world) -> normalised: the skins' bind matrix
     degree = max(g.sh_degree for _, g, _ in objects)
-    out = GltfBuilder()
     out.doc["extensionsUsed"] = [EXTENSION]
     roots: list[int] = []
     skinned: list[int] = []

@@ -15,7 +15,7 @@ import pytest
 from chord.config import settings as cc
 from chord.core.errors import InputError
 from chord.gaussians import ply
-from chord.gltf import animated, container, ktx2, reader
+from chord.gltf import container, ktx2, morphed, reader
 from chord.stages import gaussians, ingest
 from chord.stages.adapter import input_error_once
 from tests import components
@@ -134,7 +134,7 @@ def test_the_export_writes_what_ingest_read(tmp_path, command, gltf_validator):
     outs = {}
     for name, path in (("plain", src), ("packed", packed)):
         out = tmp_path / f"{name}_out.glb"
-        animated.dynamic_scene_glb(
+        morphed.dynamic_scene_glb(
             out, [("obj_0", path, bend(3))], centre=[0, 0, 0], scale=1.0, frames=3, fps=10
         )
         outs[name] = out

@@ -31,7 +31,7 @@ from chord.config import settings as cc
 from chord.core.errors import InputError
 from chord.export import trained_scene
 from chord.gaussians import gaussian_set as gs
-from chord.gltf import animated, container
+from chord.gltf import container, morphed
 from chord.motion.model import build_scene
 from chord.plan import code_sources
 from chord.render import cameras
@@ -82,7 +82,7 @@ def animated_glb(tmp_path_factory) -> Path:
         return np.stack([v + k * STEP for k in range(FRAMES)])
 
     out = root / "dynamic_scene.glb"
-    animated.dynamic_scene_glb(
+    morphed.dynamic_scene_glb(
         out,
         [("obj_0", data / "obj_0.glb", deform), ("obj_1", data / "obj_1.glb", None)],
         centre=np.zeros(3),

@@ -1,6 +1,6 @@
-"""The animated glTF writers (chord.gltf.animated): morph targets and the skinned file reproduce the
-deformation (the skin by the glTF skinning formula evaluated from the file), the files load back
-and pass the Khronos validator."""
+"""The animated glTF writers (chord.gltf.morphed, chord.gltf.skinned): morph targets and the
+skinned file reproduce the deformation (the skin by the glTF skinning formula evaluated from the
+file), the files load back and pass the Khronos validator."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import pytest
 import trimesh
 from PIL import Image
 
-from chord.gltf import animated as gltf
-from chord.gltf import container
-from chord.gltf import skinned as gltf_skin
+from chord.gltf import container, morphed, skeleton
+from chord.gltf.animated_scene import Skinning
+from chord.gltf.skinned import dynamic_scene_skinned_glb
 from tests.conftest import box, validate_glb
 
 # --- a source GLB with a node hierarchy and one mesh placed twice ------------------------------
@@ -70,7 +70,7 @@ def glb_scene(tmp_path):
     F, fps = 6, 5.0
     centre, scale = np.array([0.1, -0.2, 0.05]), 0.8
     out = tmp_path / "dynamic_scene.glb"
-    summary = gltf.dynamic_scene_glb(
+    summary = morphed.dynamic_scene_glb(
         out,
         [("obj_0", tmp_path / "obj_0.glb", bend(F)), ("obj_1", tmp_path / "obj_1.glb", None)],
         centre=centre,
@@ -144,7 +144,7 @@ def test_glb_copies_textures(tmp_path):
     textured.visual = trimesh.visual.TextureVisuals(uv=uv, image=image)
     trimesh.Scene(textured).export(tmp_path / "obj_0.glb", file_type="glb")
     out = tmp_path / "out.glb"
-    gltf.dynamic_scene_glb(
+    morphed.dynamic_scene_glb(
         out, [("obj_0", tmp_path / "obj_0.glb", bend(3))], centre=[0, 0, 0], scale=1.0, frames=3,
         fps=10,
     )  # fmt: skip
@@ -218,7 +218,7 @@ def rotmats(q: np.ndarray) -> np.ndarray:
     )
 
 
-def random_skinning(frames: int, centres, *, K: int = 3, seed: int = 0) -> gltf_skin.Skinning:
+def random_skinning(frames: int, centres, *, K: int = 3, seed: int = 0) -> Skinning:
     """Random rigid control-point motions (frame 0 the identity) and Gaussian weights on each
     point's K nearest centres."""
     rng = np.random.default_rng(seed)
@@ -236,10 +236,10 @@ def random_skinning(frames: int, centres, *, K: int = 3, seed: int = 0) -> gltf_
         w = np.exp(-0.5 * np.take_along_axis(d, idx, 1) / 0.02) + 1e-7
         return idx, w / w.sum(1, keepdims=True)
 
-    return gltf_skin.Skinning(centres, q, tau, bind)
+    return Skinning(centres, q, tau, bind)
 
 
-def lbs(sk: gltf_skin.Skinning, points: np.ndarray) -> np.ndarray:
+def lbs(sk: Skinning, points: np.ndarray) -> np.ndarray:
     """METHOD §5 by hand: x_t = Σ_k w_k·[R(q_{k,t})(x − c_k) + c_k + τ_{k,t}], [F, n, 3]."""
     idx, w = sk.bind(points)
     v = points[:, None] - sk.centres[idx]  # [n, K, 3]
@@ -298,7 +298,7 @@ def skinned_scene(tmp_path):
     cps = np.random.default_rng(1).uniform(-0.4, 0.6, size=(7, 3))
     sk = random_skinning(F, cps)
     out = tmp_path / "dynamic_scene_skinned.glb"
-    summary = gltf_skin.dynamic_scene_skinned_glb(
+    summary = dynamic_scene_skinned_glb(
         out,
         [("obj_0", tmp_path / "obj_0.glb", sk), ("obj_1", tmp_path / "obj_1.glb", None)],
         centre=centre,
@@ -367,7 +367,7 @@ def test_skinned_glb_keeps_morph_targets_for_a_deformer(tmp_path, gltf_validator
     F = 4
     sk = random_skinning(F, np.random.default_rng(2).uniform(0.2, 0.8, size=(5, 3)), K=2)
     out = tmp_path / "mixed.glb"
-    summary = gltf_skin.dynamic_scene_skinned_glb(
+    summary = dynamic_scene_skinned_glb(
         out,
         [("obj_0", tmp_path / "obj_0.glb", bend(F)), ("obj_1", tmp_path / "obj_1.glb", sk)],
         centre=[0, 0, 0], scale=1.0, frames=F, fps=8,
@@ -406,22 +406,22 @@ def test_skinned_glb_is_smaller_than_morph_targets(tmp_path):
     sk = random_skinning(F, np.random.default_rng(3).uniform(-0.3, 0.3, size=(60, 3)))
     kw = {"centre": [0, 0, 0], "scale": 1.0, "frames": F, "fps": 10}
     src = tmp_path / "obj_0.glb"
-    gltf.dynamic_scene_glb(tmp_path / "morph.glb", [("obj_0", src, lambda p: lbs(sk, p))], **kw)
-    gltf_skin.dynamic_scene_skinned_glb(tmp_path / "skin.glb", [("obj_0", src, sk)], **kw)
+    morphed.dynamic_scene_glb(tmp_path / "morph.glb", [("obj_0", src, lambda p: lbs(sk, p))], **kw)
+    dynamic_scene_skinned_glb(tmp_path / "skin.glb", [("obj_0", src, sk)], **kw)
     morph, skin = ((tmp_path / f).stat().st_size for f in ("morph.glb", "skin.glb"))
     assert len(sphere.vertices) == 2562 and skin < morph / 2, (skin, morph)  # 217 kB, 716 kB
 
 
 def test_skin_weights_are_normalised_in_float32():
     w = np.random.default_rng(4).random((100_000, 3)) ** 4 + 1e-7
-    w32 = gltf_skin.skin_weights_f32(w)
+    w32 = skeleton.skin_weights_f32(w)
     running = np.zeros(len(w32), np.float32)
     for j in range(3):
         running += w32[:, j]  # the order the validator and a viewer add them in
     assert w32.dtype == np.float32 and np.abs(running - 1).max() <= F32
     np.testing.assert_allclose(w32, w / w.sum(1, keepdims=True), atol=2 * F32)
     with pytest.raises(ValueError, match="non-negative rows"):
-        gltf_skin.skin_weights_f32(np.array([[0.5, -0.1]]))
+        skeleton.skin_weights_f32(np.array([[0.5, -0.1]]))
 
 
 def test_skinned_glb_moves_the_mesh_of_a_node_with_children(tmp_path, gltf_validator):
@@ -435,7 +435,7 @@ def test_skinned_glb_moves_the_mesh_of_a_node_with_children(tmp_path, gltf_valid
     F = 3
     sk = random_skinning(F, np.random.default_rng(5).uniform(-0.3, 0.6, size=(4, 3)))
     out = tmp_path / "out.glb"
-    summary = gltf_skin.dynamic_scene_skinned_glb(
+    summary = dynamic_scene_skinned_glb(
         out, [("obj_0", tmp_path / "obj_0.glb", sk)], centre=[0, 0, 0], scale=1.0, frames=F, fps=4
     )
     assert summary["skinned"] == 2

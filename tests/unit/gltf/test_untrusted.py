@@ -1,6 +1,7 @@
-"""Every number a glTF gives is checked against what it holds before use (chord.gltf.check):
-each hostile file below is refused by chord.gltf.reader.read in one line naming the file, the
-object and the numbers, without allocating more than the file justifies (tracemalloc peak)."""
+"""Every number a glTF gives is checked against what it holds before use
+(chord.gltf.document_checks, chord.gltf.read_checks, chord.gltf.memory_budget): each hostile file
+below is refused by chord.gltf.reader.read in one line naming the file, the object and the
+numbers, without allocating more than the file justifies (tracemalloc peak)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import trimesh
 from PIL import Image
 
 from chord.core.errors import InputError
-from chord.gltf import check, container, reader
+from chord.gltf import container, read_checks, reader
 
 PEAK_LIMIT = 32 * 2**20  # no hostile case below may make the reader allocate more
 
@@ -269,7 +270,7 @@ def test_an_image_of_too_many_pixels_is_refused_before_decoding(tmp_path):
 
 
 def test_a_ktx2_of_too_many_pixels_is_refused_before_transcoding(tmp_path):
-    header = check.KTX2_ID + struct.pack("<IIII", 0, 1, 65536, 65536) + b"\0" * 64
+    header = read_checks.KTX2_ID + struct.pack("<IIII", 0, 1, 65536, 65536) + b"\0" * 64
     message = refused(with_image(tmp_path, header))
     assert "image 0: 65536 x 65536 = 4294967296 pixels" in message
 

@@ -12,22 +12,17 @@ the object (``accessor 3``, ``mesh 0 primitive 1``, ...) and the numbers.
   offset, stride, component type and type) inside its bufferView, sparse indices and values
   too; a primitive's attributes of one count; an accessor without a bufferView (zeros, maybe
   sparse) no longer than the longest accessor the file holds data for (a bufferView, or Draco
-  data whose decoded rows are checked against it) or :data:`UNBACKED_FLOOR`;
-- after reading (:func:`check_indices`, :func:`check_sparse`): vertex indices below the
-  vertex count, sparse indices below the accessor's count;
-- images: the pixel count from the header, before decoding, at most :data:`MAX_IMAGE_PIXELS`
-  (:func:`check_image`, :func:`check_ktx2`);
-- memory: :func:`peak_bytes` estimates the reader's peak from the headers, and
-  :func:`check_budget` refuses a file whose estimate exceeds the ingest job's ``mem_mb``.
+  data whose decoded rows are checked against it) or :data:`UNBACKED_FLOOR`.
+
+What is checked once read (indices, decoded rows) or from an image's header is in
+:mod:`chord.gltf.read_checks`; the reader's memory estimate and budget in
+:mod:`chord.gltf.memory_budget`.
 """
 
 from __future__ import annotations
 
-import io
 import math
-import os
 import re
-import struct
 
 import numpy as np
 
@@ -38,8 +33,6 @@ from chord.gltf.uri import shown
 MAX_DEPTH = 64  # JSON nesting: glTF's deepest is ~8 (material > extension > texture info > ...)
 MAX_COUNT = 2**32 - 1  # glTF's integers are uint32
 UNBACKED_FLOOR = 1 << 16  # elements an accessor without a bufferView may have in any file
-MAX_IMAGE_PIXELS = 1 << 27  # 134 M (11585^2): Pillow warns past 89.5 M, refuses past 179 M
-INGEST_MEM_MB = 8000  # the ingest rule's mem_mb (snakemake --set-resources ingest:mem_mb=N)
 ARRAYS = ("buffers", "bufferViews", "accessors", "meshes", "nodes", "scenes", "images",
           "textures", "materials", "samplers", "skins", "animations", "cameras")  # fmt: skip
 INDEX_TYPES = (5121, 5123, 5125)
@@ -55,7 +48,6 @@ ATTRIBUTE_TYPES = {"POSITION": ("VEC3",), "NORMAL": ("VEC3",), "TANGENT": ("VEC4
                    "WEIGHTS": ("VEC4",)}  # fmt: skip
 TRS_LENGTHS = {"matrix": 16, "translation": 3, "rotation": 4, "scale": 3}
 SET_NAME = re.compile(r"^(TEXCOORD|COLOR|JOINTS|WEIGHTS)_(\d+)$")
-KTX2_ID = b"\xabKTX 20\xbb\r\n\x1a\n"
 
 
 def _kind(value) -> str:
@@ -458,140 +450,3 @@ class Checker:
             self.ref(ch, "sampler", f"{what} channel {j}", "samplers", within=samplers)
             target = self.typed(ch, "target", f"{what} channel {j}", dict) or {}
             self.ref(target, "node", f"{what} channel {j} target", "nodes")
-
-
-# --- after reading ------------------------------------------------------------------------------
-
-
-def check_sparse(where: str, i: int, idx: np.ndarray, count: int) -> None:
-    """Accessor ``i``'s sparse indices below its ``count``."""
-    if idx.size and int(idx.max()) >= count:
-        raise InputError(
-            f"{where}: accessor {i} (sparse): index {int(idx.max())} is beyond its {count} elements"
-        )
-
-
-def check_indices(doc: dict, arrays: dict[int, np.ndarray], where: str) -> None:
-    """Every primitive's vertex indices below its vertex count."""
-    for m, mesh in enumerate(doc.get("meshes", [])):
-        for p, prim in enumerate(mesh.get("primitives", [])):
-            attrs = list(prim["attributes"].values())
-            if "indices" not in prim or not attrs:
-                continue
-            n = len(arrays[attrs[0]])
-            idx = arrays[prim["indices"]]
-            if idx.size and idx.max() >= n:
-                raise InputError(
-                    f"{where}: mesh {m} primitive {p}: vertex index {int(idx.max())} (indices "
-                    f"accessor {prim['indices']}) is beyond its {n} vertices"
-                )
-
-
-def check_decoded(where: str, i: int, rows: np.ndarray, acc: dict) -> None:
-    """A Draco-decoded accessor has the rows its accessor declares."""
-    if len(rows) != acc["count"]:
-        raise InputError(
-            f"{where}: accessor {i}: its Draco data decodes to {len(rows)} elements, but its "
-            f"count is {acc['count']}"
-        )
-
-
-# --- images -------------------------------------------------------------------------------------
-
-
-def _pixels(where: str, width: int, height: int) -> int:
-    if width * height > MAX_IMAGE_PIXELS:
-        raise InputError(
-            f"{where}: {width} x {height} = {width * height} pixels, more than chord decodes "
-            f"({MAX_IMAGE_PIXELS}); downscale the texture"
-        )
-    return width * height
-
-
-def image_pixels(data: bytes, where: str) -> int:
-    """An image's pixel count from its header (KTX2, or what Pillow opens), checked against
-    :data:`MAX_IMAGE_PIXELS` before it is decoded; 0 where the header is unreadable (the
-    decoding reports that)."""
-    if data[:12] == KTX2_ID:
-        if len(data) < 28:
-            raise InputError(f"{where}: a KTX2 image cut short ({len(data)} bytes)")
-        width, height = struct.unpack_from("<II", data, 20)
-        return _pixels(where, max(width, 1), max(height, 1))
-    from PIL import Image
-
-    limit, Image.MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS, None  # ours names the numbers
-    try:
-        with Image.open(io.BytesIO(data)) as im:
-            width, height = im.size
-    except Exception:  # Pillow raises several types; the decoding names it
-        return 0
-    finally:
-        Image.MAX_IMAGE_PIXELS = limit
-    return _pixels(where, width, height)
-
-
-# --- memory -------------------------------------------------------------------------------------
-
-#: bytes per accessor element at the peak: the float64 array, its dtype cast and the float32
-#: output, and trimesh's float64 copy of the plain file
-ELEMENT_BYTES = 8 + 8 + 4 + 8
-PIXEL_BYTES = 8  # an RGBA8 decode and its PNG re-encode
-
-
-def peak_bytes(doc: dict, file_bytes: int, buffer_bytes: int, pixels: int = 0) -> int:
-    """The reader's estimated peak from the headers: the file and its buffers, the flat
-    bufferViews (meshopt decoded), every accessor at :data:`ELEMENT_BYTES` an element, one
-    mesh copy per node instance, and the images' pixels."""
-    accs = doc.get("accessors", [])
-    views = sum(v["byteLength"] for v in doc.get("bufferViews", []))
-    elements = sum(a["count"] * WIDTH[a["type"]] for a in accs)
-    mesh_elements = []
-    for mesh in doc.get("meshes", []):
-        mesh_elements.append(
-            sum(
-                accs[i]["count"] * WIDTH[accs[i]["type"]]
-                for prim in mesh["primitives"]
-                for i in [*prim["attributes"].values(), prim.get("indices")]
-                if i is not None
-            )
-        )
-    instances = 0
-    for node in doc.get("nodes", []):
-        if "mesh" not in node:
-            continue
-        ext = node.get("extensions", {}).get(INSTANCING, {})
-        attrs = ext.get("attributes", {}) if isinstance(ext, dict) else {}
-        copies = max((accs[i]["count"] for i in attrs.values() if type(i) is int), default=1)
-        instances += copies * max(mesh_elements[node["mesh"]], 1) * 16 + copies * 1024
-    return (
-        file_bytes
-        + buffer_bytes
-        + views
-        + elements * ELEMENT_BYTES
-        + instances
-        + pixels * PIXEL_BYTES
-    )
-
-
-def mem_budget_mb(mem_mb: int | None = None) -> int:
-    """``mem_mb``, else ``$CHORD_MEM_MB``, else :data:`INGEST_MEM_MB`."""
-    if mem_mb is not None:
-        return int(mem_mb)
-    try:
-        return int(os.environ.get("CHORD_MEM_MB", INGEST_MEM_MB))
-    except ValueError:
-        raise InputError(
-            f"CHORD_MEM_MB: {shown(os.environ['CHORD_MEM_MB'], 40)} is not a whole number of MB"
-        ) from None
-
-
-def check_budget(where: str, peak: int, mem_mb: int) -> None:
-    """Refuse a file whose estimated peak exceeds ``mem_mb``, naming the figure and the fix."""
-    if peak > mem_mb * 2**20:
-        need = math.ceil(peak / 2**20 * 1.25 / 1000) * 1000
-        raise InputError(
-            f"{where}: reading it needs an estimated {peak / 2**30:.1f} GiB, more than the "
-            f"ingest job's {mem_mb} MB (its mem_mb); give ingest more memory (snakemake "
-            f"--set-resources ingest:mem_mb={need}, or chord ingest --mem-mb {need}) or "
-            "decimate the asset (e.g. `npx @gltf-transform/cli simplify IN OUT`)"
-        )

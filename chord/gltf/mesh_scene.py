@@ -1,13 +1,10 @@
-"""The animated glTFs of a scene (METHOD §20), written on the glTF JSON and binary chunk
-directly (trimesh and pygltflib have no morph-target or skin animation writer): the shared
-merge and writer and the morph-target file here, the skinned one in :mod:`chord.gltf.skinned`.
-Both copy
-every source object's glTF (nodes, meshes, materials, textures, samplers, skins, cameras) into
-one file. ``dynamic_scene.glb`` gives each mesh node of a dynamic object one morph target per
-frame k ≥ 1 plus a STEP animation of its weights; ``dynamic_scene_skinned.glb`` skins it on one
-joint per control point with LINEAR translation/rotation keys (the control-point motion is
-linear blend skinning, METHOD §5), keeping morph targets only for a motion one skin cannot
-express. Each source is read through :func:`chord.gltf.reader.read`, as ingest reads it.
+"""The source meshes of an animated scene (METHOD §20), for the mesh writers
+(:mod:`chord.gltf.morphed`, :mod:`chord.gltf.skinned`): every source object's glTF (nodes,
+meshes, materials, textures, samplers, skins, cameras) copied into one file, as plain glTF read
+through :func:`chord.gltf.reader.read` (as ingest reads it), on the JSON and binary chunk
+directly (trimesh and pygltflib have no morph-target or skin animation writer); an animated
+object's mesh nodes and world matrices; one POSITION morph target per frame k ≥ 1 of a
+deformed mesh; and the buffer views' targets.
 """
 
 from __future__ import annotations
@@ -16,12 +13,13 @@ import copy
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
 from chord.core.errors import InputError
 from chord.gltf import reader
+from chord.gltf.animated_scene import Deformer, Skinning
 from chord.gltf.container import (
     ARRAY_BUFFER,
     ELEMENT_ARRAY_BUFFER,
@@ -30,9 +28,6 @@ from chord.gltf.container import (
     read_accessor,
     world_matrices,
 )
-
-if TYPE_CHECKING:
-    from chord.gltf.skinned import Skinning
 
 logger = logging.getLogger(__name__)
 
@@ -173,10 +168,6 @@ _ARRAYS = (
     "nodes",
 )
 
-# A deformer maps normalised rest points [n, 3] to their positions [F, n, 3] in frames
-# 0..F-1 (frame 0 the rest points themselves).
-Deformer = Callable[[np.ndarray], np.ndarray]
-
 
 def morph_mesh(
     out: GltfBuilder,
@@ -277,73 +268,12 @@ def merged_objects(out: GltfBuilder, objects: list, frames: int, roots: list[int
         yield Moving(name, Path(path), motion, root, placed, world)
 
 
-def key_times(out: GltfBuilder, frames: int, fps: float) -> int:
-    """The animation input: key k at k/fps for k = 0..F−1."""
-    return out.add_accessor(np.arange(frames, dtype=np.float64) / fps, "SCALAR")
-
-
-def weights_channels(out: GltfBuilder, nodes: list[int], frames: int, times: int) -> list:
-    """(sampler, target) of each morphed node: STEP keys of one-hot weights on target k at key
-    k (all zeros at key 0)."""
-    onehot = np.zeros((frames, frames - 1))
-    onehot[np.arange(1, frames), np.arange(frames - 1)] = 1.0
-    w_acc = out.add_accessor(onehot.reshape(-1), "SCALAR")
-    sampler = {"input": times, "output": w_acc, "interpolation": "STEP"}
-    return [(dict(sampler), {"node": n, "path": "weights"}) for n in nodes]
-
-
-def write_glb(out: GltfBuilder, out_path: Path | str, roots: list[int], channels: list) -> None:
-    """The scene of ``roots``, one animation "motion" of ``channels`` ((sampler, target)
-    pairs; none: no animation), written as a GLB."""
-    out.doc["scenes"] = [{"nodes": roots}]
-    out.doc["scene"] = 0
-    if channels:
-        anim = {"name": "motion", "samplers": [], "channels": []}
-        for sampler, target in channels:
-            anim["samplers"].append(sampler)
-            anim["channels"].append({"sampler": len(anim["samplers"]) - 1, "target": target})
-        out.doc["animations"] = [anim]
-    for key in [k for k, v in out.doc.items() if v == []]:
-        del out.doc[key]
-    out.to_glb(out_path)
-
-
-def dynamic_scene_glb(
-    out_path: Path | str,
-    objects: list[tuple[str, Path, Deformer | None]],
-    *,
-    centre,
-    scale: float,
-    frames: int,
-    fps: float,
-) -> dict:
-    """METHOD §20: write the animated glTF of a scene.
-
-    Args:
-        objects: (name, source GLB, deformer or None for an unanimated object) in id order;
-            excluded objects are simply not listed.
-        centre, scale: the scene normalisation (x_n = (x_w − c)·s).
-        frames: F = min(T, lst_frame) frames; frame k ≥ 1 is morph target k.
-        fps: key k sits at k/fps; STEP interpolation.
-
-    Returns a summary: {"nodes": animated node count, "targets": F − 1, "frames": F}.
-    """
-    if frames < 1:
-        raise ValueError(f"frames: expected at least 1, got {frames}")
-    if not objects:
-        raise InputError(f"{out_path}: no objects to export")
-    out = GltfBuilder()
-    c = np.asarray(centre, dtype=np.float64)
-    roots: list[int] = []
-    animated: list[int] = []
-    for obj in merged_objects(out, objects, frames, roots):
-        for n in obj.nodes:
-            mesh = out.doc["nodes"][n]["mesh"]
-            morph_mesh(out, mesh, obj.world[n], c, scale, obj.motion, frames, str(obj.path))
-        animated += obj.nodes
-    set_view_targets(out.doc)
-    channels = []
-    if animated:
-        channels = weights_channels(out, animated, frames, key_times(out, frames, fps))
-    write_glb(out, out_path, roots, channels)
-    return {"nodes": len(animated), "targets": frames - 1 if animated else 0, "frames": frames}
+def morph_object(
+    out: GltfBuilder, obj: Moving, centre: np.ndarray, scale: float, frames: int
+) -> list[int]:
+    """Morph every mesh node of ``obj`` by its deformer (:func:`morph_mesh`); returns the
+    morphed nodes."""
+    for n in obj.nodes:
+        mesh = out.doc["nodes"][n]["mesh"]
+        morph_mesh(out, mesh, obj.world[n], centre, scale, obj.motion, frames, str(obj.path))
+    return obj.nodes
