@@ -21,14 +21,6 @@ KTX2_ID = b"\xabKTX 20\xbb\r\n\x1a\n"
 # --- after reading ------------------------------------------------------------------------------
 
 
-def check_sparse(where: str, i: int, idx: np.ndarray, count: int) -> None:
-    """Accessor ``i``'s sparse indices below its ``count``."""
-    if idx.size and int(idx.max()) >= count:
-        raise InputError(
-            f"{where}: accessor {i} (sparse): index {int(idx.max())} is beyond its {count} elements"
-        )
-
-
 def check_indices(doc: dict, arrays: dict[int, np.ndarray], where: str) -> None:
     """Every primitive's vertex indices below its vertex count."""
     for m, mesh in enumerate(doc.get("meshes", [])):
