@@ -36,6 +36,7 @@ def main(argv=None) -> int:
     from chord.resources import tiers
     from chord.scene import demo
     from chord.stages import train as train_stage
+    from chord.training import live_preview
 
     conf = cc.load_file(REPO / "config" / "config.yaml")
     spec = conf.scenes[args.scene]
@@ -43,7 +44,6 @@ def main(argv=None) -> int:
     tier = next(iter(tiers.parse(conf.tiers).values()))
     job = tiers.training_job(spec.method, conf.memory, tier, scene=args.scene)
     method = job.rank_method
-    every = train_stage.live_preview_every(spec.method)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         data = demo.write_demo_scene(args.scene, root / "data", frame_num=spec.method.frame_num)
@@ -58,9 +58,7 @@ def main(argv=None) -> int:
             "data_dir": data,
         }
         folder = results_layout.previews_dir(root / "results", args.scene)
-        m = spec.method
-        preview = {"folder": folder, "every": every, "ref_azim": m.ref_azim,
-                   "ref_cam_radius": m.ref_cam_radius, "fps": m.save_fps}  # fmt: skip
+        preview = live_preview.view_keys(spec.method, folder)
         if args.iterations:
             from chord.training import run_loop
 
@@ -91,7 +89,7 @@ def main(argv=None) -> int:
     print(
         f"{args.scene}: iterations {summary['start']}..{summary['last']} in {wall:.1f} s "
         f"(stage wall, loading included), {latest['s_per_it']:.3f} s/it; {len(previews)} "
-        f"previews every {every} ({', '.join(previews)}) took {spent:.2f} s = "
+        f"previews every {preview['every']} ({', '.join(previews)}) took {spent:.2f} s = "
         f"{100 * spent / wall:.2f} % of the stage, "
         f"{100 * spent / (wall - spent):.2f} % of the rest"
     )

@@ -74,7 +74,7 @@ def recovery_error(trainer) -> float:
 
 
 def recovery(args) -> None:
-    from chord.stages import train as train_stage
+    from chord.training import scene_trainer
 
     over = {"iterations": args.iterations} if args.iterations else None
     method, guidance = fixtures.scene_config(args.scene, overrides=over)
@@ -96,7 +96,7 @@ def recovery(args) -> None:
         )
         for name, extra in (("fenwick", {}), ("per-frame", {"convert_cp_independent_iter": 1})):
             m = dataclasses.replace(method, **extra)
-            trainer = train_stage.build(**inputs, method=m, guidance=guidance, seed=0)
+            trainer = scene_trainer.build(**inputs, method=m, guidance=guidance, seed=0)
             row, start = [], time.perf_counter()
             for it in range(1, m.iterations + 1):
                 trainer.step(it)

@@ -23,7 +23,7 @@ peak RSS of an iteration above the RSS before it in the other (experts loaded fi
 profile: CPU seconds per phase of chord.training.trainer.Trainer.step on a prepared demo workdir (a
 copy
 of config/ where ``snakemake --cores 2 --until voxelize`` has run), built as the training
-stage builds it (chord.stages.train.build) from that folder's config (method, the scene's
+stage builds it (chord.training.scene_trainer.build) from that folder's config (method, the scene's
 overrides, guidance; --set overrides method keys), single-threaded unless --threads; the
 mean CPU seconds per phase and per iteration over --iterations after a warm-up iteration, and
 the wall seconds per iteration; --ops adds the torch profiler's operator table.
@@ -321,13 +321,13 @@ def profile(args) -> None:
     import torch
 
     from chord.motion import regularisers
-    from chord.stages import train as stage
+    from chord.training import scene_trainer
 
     torch.set_num_threads(args.threads)
     root = Path(args.workdir)
     res = root / "results" / args.scene
     method, guidance = fixtures.scene_config(args.scene, root, json.loads(args.set))
-    tr = stage.build(
+    tr = scene_trainer.build(
         scene_json=res / "scene" / "scene.json",
         plys={p.stem: p for p in (res / "gaussians").glob("*.ply")},
         voxels={p.stem: p for p in (res / "voxels").glob("*.npz")},

@@ -187,7 +187,7 @@ def train(argv: list[str]) -> int:
 
     from chord.plan import results_layout
     from chord.stages import train as train_stage
-    from chord.training import distributed
+    from chord.training import distributed, live_preview
 
     args, method, memory = parse(argv)
     guidance = cc.guidance_from_mapping(
@@ -232,13 +232,7 @@ def train(argv: list[str]) -> int:
                 env=os.environ,
                 scene=s,
                 progress_every_s=method.progress_every_s,
-                preview={
-                    "folder": results_layout.previews_dir(res, s),
-                    "every": train_stage.live_preview_every(method),
-                    "ref_azim": method.ref_azim,
-                    "ref_cam_radius": method.ref_cam_radius,
-                    "fps": method.save_fps,
-                },
+                preview=live_preview.view_keys(method, results_layout.previews_dir(res, s)),
             )
             logger.info(
                 "%s: iterations %d..%d (seed %d)",

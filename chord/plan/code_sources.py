@@ -48,6 +48,7 @@ EXEMPT = {
     "chord.checks.preflight": "preflight checks: a training passes them or stops",
     "chord.checks.capacity": "memory and disk checks, the run's sizes: a training passes or stops",
     "chord.resources.machine": "the host RAM and GPU memory this process may use",
+    "chord.training.device_report": "a training's device and memory log lines, not its result",
     "chord.core.errors": "the bad-input exception type: how a failure is reported, not a result",
     "chord.plan.code_sources": "this module: a change that matters changes the files it lists",
 }

@@ -46,3 +46,20 @@ def restore(trainer, ckpt: dict) -> int:
             "continuing at the guidance's precision",
         )
     return ckpt["iteration"] + 1
+
+
+def handoff_contents(
+    trainer, it: int, config_hash: str, *, size: str, tier: str | None, before, device
+) -> dict:
+    """A stage's hand-off state (coarse.pt, fine.pt) after its last iteration ``it``: its
+    checkpoint with the size trained at (a lowres tier changes it), the ``tier``, every stage's
+    tier, coarse first (``before``: the hand-off it continued, or None; the result's provenance
+    in metrics.tsv), the render backend and the ``device``."""
+    return {
+        **contents(trainer, it, config_hash),
+        "size": size,
+        "tier": tier,
+        "tiers": [*(before.get("tiers", []) if before else []), tier],
+        "render_backend": trainer.backend,
+        "device": str(device),
+    }

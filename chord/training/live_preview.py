@@ -35,6 +35,19 @@ def every(preview_every: int, iterations: int) -> int:
     return max(iterations // PER_RUN, 1)
 
 
+def view_keys(method, folder: Path) -> dict:
+    """The live previews of a run of ``method`` (the scene's) into ``folder``: the view-only
+    keys (folder, every, ref_azim, ref_cam_radius, fps) the training stage takes as its
+    ``preview``, read by no training."""
+    return {
+        "folder": folder,
+        "every": every(method.preview_every, method.iterations),
+        "ref_azim": method.ref_azim,
+        "ref_cam_radius": method.ref_cam_radius,
+        "fps": method.save_fps,
+    }
+
+
 def size(width: int, height: int, target: int = WIDTH) -> tuple[int, int]:
     """(w, h) at most ``target`` wide with the aspect of ``width`` x ``height``, both even."""
     w = min(target, width) // 2 * 2
@@ -78,3 +91,27 @@ class Previews:
         self.seconds += time.perf_counter() - began
         logger.info("preview of iteration %d: %s (%.1f s)", it, path, time.perf_counter() - began)
         return path
+
+
+def attach(watch, trainer, preview: dict) -> None:
+    """Previews of ``trainer``'s motion from the reference camera on ``watch`` (rank 0's
+    :class:`chord.training.progress.Progress`) every ``preview["every"]`` iterations
+    (``preview``: :func:`view_keys`). A preview is for watching: without an MP4 encoder the run
+    goes on without (a warning)."""
+    off = media.mp4_unavailable_reason()
+    if off is not None:
+        logger.warning("live previews off: %s", off)
+        return
+    method = trainer.method
+    view = cameras.reference_view(
+        method.elev_l, method.elev_r, preview["ref_azim"], preview["ref_cam_radius"], trainer.target
+    )
+    watch.render_preview = Previews(
+        preview["folder"],
+        trainer,
+        viewmat=view,
+        fovy=method.fovy,
+        background=cameras.background_for(method.invert_bg_prob),
+        fps=preview["fps"],
+    )
+    watch.preview_every = preview["every"]

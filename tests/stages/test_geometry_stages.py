@@ -20,7 +20,8 @@ def run_all(data, results, scene, method):
 
 
 def train_inputs(data, results, scene, method) -> dict:
-    """Run the geometry stages; the inputs of ``chord.stages.train.build`` (oracle guidance)."""
+    """Run the geometry stages; the inputs of ``chord.training.scene_trainer.build`` (oracle
+    guidance)."""
     out = upstream_train.prepare_geometry(data=data, results=results, scene=scene, method=method)
     return {
         "scene_json": results_layout.scene_json(results, scene),

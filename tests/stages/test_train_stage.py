@@ -23,7 +23,7 @@ from chord.scene import demo
 from chord.scene import ingestion as sc
 from chord.stages import train as train_stage
 from chord.stages.adapter import stage_logging
-from chord.training import progress, run_loop, scalars
+from chord.training import progress, run_loop, scalars, scene_trainer
 from tests.components import TENSORBOARD, missing
 from tests.stages.test_geometry_stages import train_inputs
 
@@ -266,7 +266,7 @@ def test_oracle_needs_the_scripted_motion(hop, tmp_path):
     root, m, inputs = hop
     guidance = cc.guidance_from_mapping({"backend": "oracle"})
     with pytest.raises(ValueError, match="motion.json: missing; the oracle guidance"):
-        train_stage.build(**{**inputs, "data_dir": tmp_path}, method=m, guidance=guidance)
+        scene_trainer.build(**{**inputs, "data_dir": tmp_path}, method=m, guidance=guidance)
 
 
 def test_log_run_time_adds_phase_timings_to_the_loss_log(hop):
@@ -327,7 +327,7 @@ def test_build_resolves_the_render_backend_before_reading_anything(
     trainer reads scene.json, a PLY or a voxel file: none of them exists here."""
     missing = tmp_path / "missing"
     with pytest.raises(BackendUnavailable) as err:
-        train_stage.build(
+        scene_trainer.build(
             scene_json=missing / "scene.json",
             plys={"obj_0": missing / "obj_0.ply", "obj_1": missing / "obj_1.ply"},
             voxels={"obj_0": missing / "obj_0.npz"},

@@ -210,7 +210,7 @@ def test_the_model_takes_the_experts_shapes_from_the_wan_folder(tmp_path, caplog
     from chord.config import settings as cc
     from chord.guidance import tiny_models
     from chord.resources import job_size
-    from chord.stages import train as train_stage
+    from chord.training import device_report
 
     folder = tiny_models.write_tiny_wan(tmp_path / "wan")
     shape = peak_memory.ModelShape.from_folder(folder)
@@ -236,9 +236,10 @@ def test_the_model_takes_the_experts_shapes_from_the_wan_folder(tmp_path, caplog
     )
     m = cc.method_from_mapping({"size": "64*32", "frame_num": 5, "batch_size": 1})
     wan = cc.guidance_from_mapping({"backend": "wan", "ckpt_dir": str(folder)})
-    with caplog.at_level("INFO", logger="chord.stages.train"):
+    with caplog.at_level("INFO", logger="chord.training.device_report"):
         mem = cc.memory_from_mapping({})
-        e = train_stage.log_memory_estimate(SimpleNamespace(scene=scene, memory=mem), m, wan, None)
+        trainer = SimpleNamespace(scene=scene, memory=mem)
+        e = device_report.log_memory_estimate(trainer, m, wan, None)
     assert e == job_size.estimate(m, mem, None, 300, 300, shape)
     assert "experts: 1 layers x 16," in caplog.text and "dit_weights 26.6" not in caplog.text
 

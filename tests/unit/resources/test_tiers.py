@@ -408,7 +408,7 @@ def test_scene_fits_applies_to_the_wan_teacher_on_a_gpu_only():
 def test_training_logs_the_model_estimate_of_its_tier(caplog):
     from types import SimpleNamespace
 
-    from chord.stages import train as train_stage
+    from chord.training import device_report
 
     scene = SimpleNamespace(
         means=torch.zeros(300, 3),
@@ -418,13 +418,13 @@ def test_training_logs_the_model_estimate_of_its_tier(caplog):
     trainer = SimpleNamespace(scene=scene, memory=MEM)
     m = documented()
     wan = cc.guidance_from_mapping({"backend": "wan"})
-    with caplog.at_level("INFO", logger="chord.stages.train"):
-        e = train_stage.log_memory_estimate(trainer, m, wan, "split")
+    with caplog.at_level("INFO", logger="chord.training.device_report"):
+        e = device_report.log_memory_estimate(trainer, m, wan, "split")
     assert e == job_size.estimate(m, MEM, None, 300, 100)
     assert "memory model on tier split (experts: 40 layers x 5120 (A14B)" in caplog.text
     assert "): 832x480: peak" in caplog.text
     oracle = cc.guidance_from_mapping({"backend": "oracle"})
-    assert train_stage.log_memory_estimate(trainer, m, oracle, "split") is None
+    assert device_report.log_memory_estimate(trainer, m, oracle, "split") is None
 
 
 def test_a_job_needing_more_host_ram_than_its_tier_allows_is_an_error_naming_both():

@@ -132,20 +132,20 @@ def test_each_event_writes_its_line_and_state(tmp_path, caplog, kind, state):
 
 
 def test_on_cuda_the_line_carries_the_peak_gpu_memory(tmp_path, caplog, monkeypatch):
-    """The CUDA path of the stage's gpu_peak_gb (torch.cuda faked: 61.2e9 bytes allocated at
+    """The CUDA path of the training's gpu_peak_gb (torch.cuda faked: 61.2e9 bytes allocated at
     the peak) reaches the progress line as gigabytes; on the CPU the field is '-'."""
     import torch
 
-    from chord.stages import train as train_stage
+    from chord.training import device_report
 
-    assert train_stage.gpu_peak_gb("cpu") is None
+    assert device_report.gpu_peak_gb("cpu") is None
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: 61.2e9)
     caplog.set_level(logging.INFO, logger="chord.training.progress")
     clock = Clock()
-    run(make(tmp_path / "gpu", clock, last=2, gpu_peak=train_stage.gpu_peak_gb("cuda")), clock,
+    run(make(tmp_path / "gpu", clock, last=2, gpu_peak=device_report.gpu_peak_gb("cuda")), clock,
         [1, 2], 1.0)  # fmt: skip
-    run(make(tmp_path / "cpu", clock, last=2, gpu_peak=train_stage.gpu_peak_gb("cpu")), clock,
+    run(make(tmp_path / "cpu", clock, last=2, gpu_peak=device_report.gpu_peak_gb("cpu")), clock,
         [1, 2], 1.0)  # fmt: skip
     peaks = [f["gpu_peak_gb"] for f in lines(caplog)]
     assert peaks[0] == "61.2" and peaks[-1] == "-", peaks

@@ -507,7 +507,7 @@ def test_each_iteration_logs_its_count_of_non_finite_entries(tmp_path):
     plus those of the averaged gradients, every iteration (0 when finite). NaNs in the
     velocity are zeroed by sds_grad (the gradients stay finite: 3 entries in all); an infinite
     velocity makes every entry of it and the gradients it reaches non-finite."""
-    from chord.stages.train import LossLog
+    from chord.training.loss_log import LossLog
 
     tr = make_trainer(method(iterations=6, batch_size=1, save_interval=2))
     teacher = NaNTeacher(tr.guidance)
