@@ -51,17 +51,28 @@ TARGETS: dict[str, Target] = {
     "checkpoint": Target("chord/training/checkpoint.py", (f"{T}training/test_checkpoint.py",)),
     "run_loop": Target(
         "chord/training/run_loop.py",
-        (
-            f"{T}training/test_run_loop.py::test_sigterm_writes_a_checkpoint_and_stops",
-            f"{T}training/test_run_loop.py::test_non_finite_gradients_skip_the_step",
-            f"{T}training/test_run_loop.py::test_progressive_reset_zeroes_the_table_moments_and_keeps_the_step",
-            f"{T}training/test_run_loop.py::test_each_iteration_logs_its_count_of_non_finite_entries",
-            f"{T}training/test_run_loop.py::test_the_log_projects_the_run_time_and_warns_past_the_tiers_runtime",
+        tuple(
+            f"{T}training/test_run_loop.py::test_{name}"
+            for name in (
+                "save_points_and_the_last_iteration_follow_method_19",
+                "a_run_keeps_its_save_points_and_its_last_iteration",
+                "non_finite_steps_roll_back_to_the_newest_checkpoint",
+                "non_finite_steps_that_persist_after_a_roll_back_stop_the_run",
+                "the_projection_averages_the_iterations_right_after_the_first",
+                "the_log_projects_the_run_time_and_warns_past_the_tiers_runtime",
+                "sigterm_writes_a_checkpoint_and_stops",
+                "non_finite_gradients_skip_the_step",
+                "progressive_reset_zeroes_the_table_moments_and_keeps_the_step",
+                "each_iteration_logs_its_count_of_non_finite_entries",
+            )
         ),
     ),
     "slurm_time_limit": Target(
         "chord/training/slurm_time_limit.py",
-        ("tests/stages/test_time_limit.py::test_the_requeue_is_logged_before_slurm_stops_the_run",),
+        (
+            f"{T}training/test_slurm_time_limit.py",
+            "tests/stages/test_time_limit.py::test_the_requeue_is_logged_before_slurm_stops_the_run",
+        ),
     ),
     "tiers": Target(
         "chord/resources/tiers.py",
