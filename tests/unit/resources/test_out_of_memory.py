@@ -90,6 +90,12 @@ def test_the_hook_raises_on_the_named_tiers_and_ranks_only():
         oom.inject(spec, tier, rank)
 
 
+def test_a_single_gpu_training_is_rank_0():
+    with pytest.raises(torch.cuda.OutOfMemoryError, match="rank 0"):
+        oom.inject("full@0", "full")
+    oom.inject("full@1", "full")
+
+
 def test_each_rank_of_a_wrapped_training_runs_the_hook():
     target = oom.with_injected(dict, "full@1", "full")
     assert pickle.loads(pickle.dumps(target))(group=None, x=1) == {"group": None, "x": 1}
