@@ -276,6 +276,8 @@ def test_only_a_module_that_locates_itself_reads_data_files_and_only_the_package
             """,
             "tables/one.yaml": "a: 1\n",
             "tables/two.yaml": "b: 2\n",
+            "sub/scan.py": 'from pathlib import Path\nHERE, SEP = Path(__file__).parent, ""\n',
+            "sub/notes.txt": "beside scan.py, named by no string\n",
         },
     )
     (tmp_path / "outside.txt").write_text("not the package's\n")
@@ -285,6 +287,8 @@ def test_only_a_module_that_locates_itself_reads_data_files_and_only_the_package
     assert all(f.is_relative_to(pkg) for f in found)
     rel = {f.relative_to(pkg).as_posix() for f in found}
     assert rel == {"__init__.py", "reads.py", "tables/one.yaml"}
+    rel = {f.relative_to(pkg).as_posix() for f in cs.closure(["chord.sub.scan"], root=pkg)}
+    assert rel == {"__init__.py", "sub/scan.py"}  # "" names no file, nor its folder
 
 
 def test_imports_in_except_finally_else_and_match_blocks_are_sources(tmp_path):
