@@ -102,7 +102,7 @@ TARGETS: dict[str, Target] = {
     "regularisers": Target("chord/motion/regularisers.py", (f"{T}motion/test_regularisers.py",)),
     "read_accessor": Target(
         "chord/gltf/container.py",
-        (f"{T}gltf/test_reader.py", f"{T}gltf/test_untrusted.py"),
+        (f"{T}gltf/test_container.py", f"{T}gltf/test_reader.py", f"{T}gltf/test_untrusted.py"),
         only=("read_accessor", "COMPONENTS", "WIDTH", "FLOAT"),
     ),
 }
@@ -352,6 +352,10 @@ def main(argv=None) -> int:
         import cosmic_ray  # noqa: F401
     except ImportError:
         parser.error("cosmic-ray is not installed: pip install -e '.[mutation]'")
+    git = ["git", "-C", str(REPO)]
+    commit = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run([*git, "status", "--porcelain"], capture_output=True, text=True)
+    commit = commit.stdout.strip() + (" with uncommitted changes" if dirty.stdout.strip() else "")
     copy = Path(tempfile.mkdtemp(prefix="chord-mutation-"))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # clean up as on Ctrl-C
     try:
@@ -375,9 +379,6 @@ def main(argv=None) -> int:
             print(f"the copy: {copy}")
         else:
             shutil.rmtree(copy, ignore_errors=True)
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
-    ).stdout.strip()
     survivors = "\n\n".join(s for r in results for s in r["survivors"])
     if args.survivors:
         args.survivors.write_text(survivors + "\n")
