@@ -110,8 +110,10 @@ def test_the_fine_stage_takes_the_handoffs_seed_and_refuses_another_configuratio
     "handoff, ckpt, first, restored",
     [
         (None, None, 1, []),
+        (None, 1, 2, [1]),  # a checkpoint of the first iteration is resumed too
         (None, 2, 3, [2]),
         (4, None, 5, [4]),
+        (4, 5, 6, [4, 5]),  # the fine stage's first iteration, checkpointed
         (4, 6, 7, [4, 6]),
         (4, 4, 5, [4]),  # the fine stage's own checkpoint of the hand-off's iteration: no newer
         (4, 3, 5, [4]),

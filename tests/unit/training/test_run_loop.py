@@ -546,9 +546,10 @@ class ScriptedTrainer:
     ``it`` is in ``fail_once``, always if in ``fail_always``. ``run`` lists the iterations
     stepped (more than 40 fails the test: a loop that does not end)."""
 
-    def __init__(self, method, fail_once=(), fail_always=()):
+    def __init__(self, method, fail_once=(), fail_always=(), guidance=None):
         self.method, self.fail_once, self.fail_always = method, list(fail_once), set(fail_always)
-        self.run, self.nonfinite, self.guidance = [], 0, None
+        self.run, self.nonfinite, self.guidance = [], 0, guidance
+        self.float32_fallback, self.gpu_memory_bytes, self.host_memory_bytes = False, None, None
         self.group = type("Solo", (), {"any": staticmethod(lambda flag, what: flag)})()
 
     def step(self, it):
@@ -595,10 +596,15 @@ def test_save_points_and_the_last_iteration_follow_method_19():
 
 
 def test_a_run_keeps_its_save_points_and_its_last_iteration(tmp_path, light_checkpoints):
-    m = method(iterations=9, save_interval=4, early_stop=False)
+    m = method(iterations=10, save_interval=4, early_stop=False)
     tr = ScriptedTrainer(m)
-    assert run_loop.run(tr, 1, 10, config_hash="h", checkpoint_dir=tmp_path / "a") == 9
-    assert tr.run == list(range(1, 10)) and saved(tmp_path / "a") == [1, 4, 5, 6, 8, 9]
+    assert run_loop.run(tr, 1, 11, config_hash="h", checkpoint_dir=tmp_path / "a") == 10
+    assert tr.run == list(range(1, 11)) and saved(tmp_path / "a") == [1, 4, 5, 6, 8, 10]
+    # the last iteration is saved even when its step was non-finite
+    bad_end = ScriptedTrainer(m, fail_once=[10])
+    run_loop.run(bad_end, 1, 11, config_hash="h", checkpoint_dir=tmp_path / "z")
+    assert saved(tmp_path / "z") == [1, 4, 5, 6, 8, 10]
+    m = method(iterations=9, save_interval=4, early_stop=False)
     resumed = ScriptedTrainer(m)
     assert run_loop.run(resumed, 7, 10, config_hash="h", checkpoint_dir=tmp_path / "b") == 9
     assert resumed.run == [7, 8, 9] and saved(tmp_path / "b") == [8, 9]
@@ -610,14 +616,49 @@ def test_a_run_keeps_its_save_points_and_its_last_iteration(tmp_path, light_chec
     assert early.run == [1, 2, 3, 4, 5, 6] and saved(tmp_path / "d") == [1, 4, 5, 6]
 
 
+class Teacher:
+    """A guidance with a float32 switch."""
+
+    fp32 = False
+
+    def use_float32(self):
+        self.fp32 = True
+
+
+class Events:
+    """A Progress that records the events only."""
+
+    def __init__(self):
+        self.events = []
+
+    def step(self, it, rec, seconds):
+        pass
+
+    def event(self, kind, it, **kw):
+        self.events.append((kind, it, kw))
+
+
 def test_non_finite_steps_roll_back_to_the_newest_checkpoint(tmp_path, light_checkpoints):
-    """Two non-finite steps in a row (4 and 5) roll back to the newest checkpoint (3), and
-    the count starts again from there."""
+    """Two non-finite steps in a row (4 and 5) roll back to the newest checkpoint (3), the
+    guidance falls back to float32, and the count starts again from there."""
     m = method(iterations=8, save_interval=100, early_stop=False)
-    tr = ScriptedTrainer(m, fail_once=[4, 5, 6])
-    last = run_loop.run(tr, 1, 9, config_hash="h", checkpoint_dir=tmp_path, max_nonfinite_steps=2)
+    tr = ScriptedTrainer(m, fail_once=[4, 5, 6], guidance=Teacher())
+    watch = Events()
+    last = run_loop.run(
+        tr, 1, 9, config_hash="h", checkpoint_dir=tmp_path, max_nonfinite_steps=2, progress=watch
+    )
     assert last == 8 and light_checkpoints == [3]
     assert tr.run == [1, 2, 3, 4, 5, 4, 5, 6, 7, 8] and tr.nonfinite == 0
+    assert tr.guidance.fp32 and tr.float32_fallback
+    assert watch.events == [
+        ("rollback", 5, {"to": 3, "nonfinite": 2}),
+        ("float32", 4, {"taken": True}),
+    ]
+    kept = ScriptedTrainer(m, fail_once=[4, 5], guidance=Teacher())
+    watch = Events()
+    run_loop.run(kept, 1, 9, config_hash="h", checkpoint_dir=tmp_path / "none",
+                 max_nonfinite_steps=2, fallback="none", progress=watch)  # fmt: skip
+    assert not kept.guidance.fp32 and [e[0] for e in watch.events] == ["rollback"]
 
 
 def test_non_finite_steps_that_persist_after_a_roll_back_stop_the_run(tmp_path, light_checkpoints):
