@@ -103,7 +103,7 @@ def test_without_a_deadline_nothing_is_recorded(tmp_path):
 
 def test_the_record_is_kept_while_training_and_removed_when_it_ends_in_time(tmp_path):
     deadline = time.time() + 3600
-    folder = tmp_path / "ckpt"
+    folder = tmp_path / "results" / "hop" / "ckpt"  # a first job: no folder yet
     old = signal.getsignal(signal.SIGTERM)
     with stl.time_limit(folder, TIER, {"SLURM_JOB_ID": JOB}, deadline, "hop"):
         record = json.loads((folder / stl.TIME_LIMIT_RECORD).read_text())
