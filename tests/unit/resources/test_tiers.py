@@ -56,6 +56,16 @@ def test_a_tier_takes_the_schemas_defaults_and_is_shared_unchanged():
         t.gpus = 2
 
 
+def test_the_log_says_where_a_tier_came_from(default_tiers):
+    assert tiers.start("split", default_tiers, card(48)).describe() == (
+        "split (the sheet's tier column)"
+    )
+    assert tiers.start("auto", default_tiers, None).describe() == (
+        "full (no GPU: a CPU run takes the first tier)"
+    )
+    assert tiers.start("auto", default_tiers, card(48)).describe().startswith("split on 1 x")
+
+
 def test_a_gpu_smaller_than_every_tier_takes_the_leanest_naming_why_not_the_others(
     default_tiers,
 ):
