@@ -20,9 +20,9 @@ ORDER = ("full", "split", "offload")
 
 
 def test_the_record_is_one_tier_a_line_and_a_missing_one_is_empty(tmp_path):
-    path = tmp_path / "ckpt" / oom.RECORD
+    path = tmp_path / "results" / "hop" / "ckpt" / oom.RECORD
     assert oom.read(path) == set()
-    oom.record(path, "full")  # the folder is made
+    oom.record(path, "full")  # the folders are made
     oom.record(path, "split")
     assert path.read_text() == "full\nsplit\n"
     path.write_text(" full \n\nsplit\n  \n")
@@ -102,3 +102,5 @@ def test_each_rank_of_a_wrapped_training_runs_the_hook():
     assert target(group=types.SimpleNamespace(rank=0))["group"].rank == 0
     with pytest.raises(torch.cuda.OutOfMemoryError, match="rank 1"):
         target(group=types.SimpleNamespace(rank=1))
+    with pytest.raises(torch.cuda.OutOfMemoryError, match="rank 0"):  # one process: rank 0
+        oom.with_injected(dict, "full@0", "full")(group=None)
