@@ -278,6 +278,10 @@ def test_only_a_module_that_locates_itself_reads_data_files_and_only_the_package
             "tables/two.yaml": "b: 2\n",
             "sub/scan.py": 'from pathlib import Path\nHERE, SEP = Path(__file__).parent, ""\n',
             "sub/notes.txt": "beside scan.py, named by no string\n",
+            "folder.py": 'from pathlib import Path\nTABLES = Path(__file__).parent / "tables"\n',
+            "tables/convert.py": "# a module beside the data, not data\n",
+            "tables/__pycache__/convert.cpython-311.pyc": "",
+            "tables/more/three.yaml": "c: 3\n",
         },
     )
     (tmp_path / "outside.txt").write_text("not the package's\n")
@@ -289,6 +293,14 @@ def test_only_a_module_that_locates_itself_reads_data_files_and_only_the_package
     assert rel == {"__init__.py", "reads.py", "tables/one.yaml"}
     rel = {f.relative_to(pkg).as_posix() for f in cs.closure(["chord.sub.scan"], root=pkg)}
     assert rel == {"__init__.py", "sub/scan.py"}  # "" names no file, nor its folder
+    rel = {f.relative_to(pkg).as_posix() for f in cs.closure(["chord.folder"], root=pkg)}
+    assert rel == {
+        "__init__.py",
+        "folder.py",
+        "tables/one.yaml",
+        "tables/two.yaml",
+        "tables/more/three.yaml",
+    }  # a folder's files, not its folders, Python files or caches
 
 
 def test_imports_in_except_finally_else_and_match_blocks_are_sources(tmp_path):
