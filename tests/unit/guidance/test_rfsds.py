@@ -26,6 +26,7 @@ def test_annealed_weight_values(t, w):
 
 def test_logit_normal_density_floats_and_arrays():
     assert rfsds.logit_normal_density(0.5) == pytest.approx(4 / math.sqrt(2 * math.pi))
+    assert type(rfsds.logit_normal_density(0.5)) is float  # a float in, a float out
     ts = np.array([0.1, 0.5, 0.9])
     out = rfsds.logit_normal_density(ts)
     assert isinstance(out, np.ndarray) and out.shape == (3,)
@@ -97,6 +98,9 @@ def test_annealed_versus_resampled(it, t_annealed, t_resampled):
 def test_annealed_clamps():
     assert rfsds.timestep_at(N, N, resample=False)[0] == 0.02
     assert rfsds.timestep_at(2 * N, N, resample=True)[0] == rfsds.quantile_table(N)[0]
+    # iteration 0 (before the first) is allowed: the highest t of each schedule
+    assert rfsds.timestep_at(0, N, resample=True)[0] == rfsds.quantile_table(N)[-1]
+    assert rfsds.timestep_at(0, N, resample=False)[0] == 0.98
 
 
 def test_schedule_bad_input():

@@ -94,6 +94,9 @@ def test_the_oracle_without_a_motion_plans_the_geometry_but_not_the_training(tmp
         with pytest.raises(cc.ConfigError, match=r"scene mine \(scene sheet .*line 2\).*oracle"):
             inputs()
     assert "motion" not in p.evaluate_inputs()  # no ground truth to compare with
+    wan = {"backend": "wan", "ckpt_dir": str(tmp_path / "w"), "tiny_vae_path": str(tmp_path / "t")}
+    p = scene_plan.scene(load(tmp_path, [("mine", data)], guidance=wan), "mine")
+    assert p.motion_problem is None and "motion" not in p.train_inputs()  # wan needs none
 
 
 def test_a_gltf_object_brings_its_external_files_to_ingest_and_export(tmp_path):
@@ -129,6 +132,7 @@ def test_the_demo_scenes_plan_from_the_registry_and_the_default_target_covers_th
     plans = {s: scene_plan.scene(conf, s) for s in conf.scenes}
     assert plans["hop"].demo == "hop" and all(f.endswith(".glb") for f in plans["hop"].files)
     assert plans["hop"].scripted_motion() == Path("resources/demo/hop/motion.json")
+    assert plans["hop"].motion_problem is None  # the workflow writes the demo's motion
     targets = scene_plan.all_targets(plans, conf.results)
     assert str(P.metrics_tsv(conf.results)) in targets
     for s, p in plans.items():
