@@ -590,6 +590,8 @@ def test_save_points_and_the_last_iteration_follow_method_19():
     early, full = method(iterations=9, early_stop=True), method(iterations=9, early_stop=False)
     assert (run_loop.last_iteration(early, 10), run_loop.last_iteration(full, 10)) == (6, 9)
     assert run_loop.last_iteration(early, 4) == 3  # a run stopped before ⌊2N/3⌋
+    ten = run_loop.last_iteration(method(iterations=10, early_stop=True), 11)
+    assert ten == 6 and type(ten) is int  # ⌊20/3⌋, an iteration
     # a SIGTERM's exit status is the shell's for it, which Slurm and Snakemake read
     assert run_loop.Interrupted.exit_code == 128 + 15
     assert issubclass(run_loop.TimeLimit, run_loop.Interrupted)
