@@ -52,6 +52,7 @@ def test_a_tier_takes_the_schemas_defaults_and_is_shared_unchanged():
     t = tiers.parse({"t": {"gpu_mem_gb": 24}})["t"]
     assert (t.host_mem_gb, t.runtime_h, t.cpus_per_gpu, t.gpus) == (32.0, 24.0, 8, 1)
     assert (t.flags, t.size, t.gpu_model, t.slurm_partition) == ({}, None, None, None)
+    assert t == tiers.Tier(name="t", gpu_mem_gb=24.0)  # one set of defaults, made or parsed
     with pytest.raises(dataclasses.FrozenInstanceError):  # one Tier serves every scene's jobs
         t.gpus = 2
 
