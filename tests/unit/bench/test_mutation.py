@@ -23,7 +23,7 @@ def test_every_target_names_its_module_and_tests_that_exist():
             if isinstance(t, ast.Name)
         }
         assert set(target.only) <= defined, name
-        for test in target.tests:
+        for test in target.tests + target.slow:
             path, _, function = test.partition("::")
             assert (REPO / path).is_file(), test
             assert not function or f"def {function}(" in (REPO / path).read_text(), test
