@@ -11,7 +11,7 @@ sample of at most ``--max`` of them,
 then ``cosmic-ray exec``: each mutant is written into the copy and the targeted tests run in a
 fresh process (stopping at the first failure). It prints a Markdown table: module, mutants,
 killed, survived, timeout (counted as killed in the score), score; and each survivor's diff
-(to ``--survivors`` when given). Not part of CI: about 30 minutes for every module on two
+(to ``--survivors`` when given). Not part of CI: about 25 minutes for every module on two
 cores. Needs the ``mutation`` extra (``pip install -e '.[mutation]'``).
 """
 
