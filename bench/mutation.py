@@ -7,11 +7,10 @@ repository (the files git knows, committed or not; the working tree is never mut
 module's targeted tests run once unmutated (their wall time sets the per-mutant timeout),
 ``cosmic-ray init`` on the module, the mutants kept by :data:`OPERATORS` and :func:`not_run`
 (the module's ``only`` definitions; no log call, annotation or parameter marker), a seeded
-sample of at most ``--max`` of them,
-then ``cosmic-ray exec``: each mutant is written into the copy and the targeted tests run in a
-fresh process (stopping at the first failure). It prints a Markdown table: module, mutants,
-killed, survived, timeout (counted as killed in the score), score; and each survivor's diff
-(to ``--survivors`` when given). Not part of CI: about 25 minutes for every module on two
+sample of at most ``--max`` of them, then ``cosmic-ray exec``: each mutant is written into the
+copy and the targeted tests run in a fresh process (stopping at the first failure). It
+prints a Markdown table: module, mutants, killed, survived, timeout (counted as killed in the
+score), score; and each survivor's diff (to ``--survivors`` when given). Not part of CI: about 25 minutes for every module on two
 cores. Needs the ``mutation`` extra (``pip install -e '.[mutation]'``).
 """
 
