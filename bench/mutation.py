@@ -10,8 +10,9 @@ module's targeted tests run once unmutated (their wall time sets the per-mutant 
 sample of at most ``--max`` of them, then ``cosmic-ray exec``: each mutant is written into the
 copy and the targeted tests run in a fresh process (stopping at the first failure). It
 prints a Markdown table: module, mutants, killed, survived, timeout (counted as killed in the
-score), score; and each survivor's diff (to ``--survivors`` when given). Not part of CI: about 25 minutes for every module on two
-cores. Needs the ``mutation`` extra (``pip install -e '.[mutation]'``).
+score), score; and each survivor's diff (to ``--survivors`` when given). Not part of CI:
+about 25 minutes for every module on two cores. Needs the ``mutation`` extra
+(``pip install -e '.[mutation]'``).
 """
 
 from __future__ import annotations
