@@ -24,7 +24,7 @@ from chord.guidance import text as text_cond
 from chord.motion.model import build_scene
 from chord.plan import results_layout, scene_plan
 from chord.render import cameras
-from chord.render.rasterizer import describe_backend, resolve_backend
+from chord.render.backend import describe_backend, resolve_backend
 from chord.resources import job_size, out_of_memory, peak_memory, tiers
 from chord.scene import ingestion as sc
 from chord.training import checkpoint, progress, rng, run_loop, scalars, slurm_time_limit
