@@ -17,6 +17,7 @@ from chord.export import trained_scene, videos
 from chord.gaussians import gaussian_set, ply
 from chord.plan import results_layout
 from chord.render import cameras
+from chord.render.views import render_frames
 
 logger = logging.getLogger(__name__)
 
@@ -68,9 +69,7 @@ def run(
     elev = (method.elev_l + method.elev_r) / 2.0
 
     def video(path: Path, viewmats: torch.Tensor) -> np.ndarray:
-        images = media.to_uint8(
-            videos.render_frames(g, viewmats, K, width, height, bg, chunk=chunk)
-        )
+        images = media.to_uint8(render_frames(g, viewmats, K, width, height, bg, chunk=chunk))
         media.write_mp4(path, images, fps)
         logger.info("%s: %d frames", path, len(images))
         return images

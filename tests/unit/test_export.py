@@ -1,5 +1,5 @@
-"""Exports of a trained scene (chord.export.videos): GIF, per-frame PLY sequence, per-frame
-renders."""
+"""Exports of a trained scene (chord.export.videos): GIF, per-frame PLY sequence; and the
+per-frame renders they take (chord.render.views.render_frames)."""
 
 from __future__ import annotations
 
@@ -46,6 +46,7 @@ def test_gif_and_ply_sequence(tmp_path):
 def test_render_frames_moves_with_the_means():
     """One Gaussian moving right: per-frame renders follow it, one camera for all frames."""
     from chord.render import cameras
+    from chord.render.views import render_frames
 
     F = 3
     means = torch.zeros(F, 1, 3)
@@ -59,7 +60,7 @@ def test_render_frames_moves_with_the_means():
         "sh_degree": 0,
     }
     view = cameras.orbit_viewmats(0.0, 0.0, 2.0)
-    img = videos.render_frames(g, view, cameras.intrinsics(32, 16), 32, 16, [1.0, 1.0, 1.0])
+    img = render_frames(g, view, cameras.intrinsics(32, 16), 32, 16, [1.0, 1.0, 1.0])
     assert img.shape == (F, 16, 32, 3)
     dark = [int(img[t].sum(-1).argmin()) % 32 for t in range(F)]
     assert dark[0] < dark[1] < dark[2]
