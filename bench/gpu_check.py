@@ -639,7 +639,7 @@ def parity(scene, width: int, height: int, device) -> dict:
     """gsplat vs the torch rasteriser on the same inputs: image difference and gradient
     cosine (8 frames, one orbit view, white background)."""
     from chord.render import cameras, gsplat_backend
-    from chord.render.rasterizer import render_video
+    from chord.render.views import render_video
 
     if device.type != "cuda" or not gsplat_backend.available():
         return {"status": "skipped: gsplat needs CUDA and its extension"}
@@ -709,7 +709,7 @@ def render_timing(
     plus backward (a weighted sum's gradient to the per-frame Gaussians, as leaves: the
     deformation is outside the timing)."""
     from chord.render import cameras, gsplat_backend
-    from chord.render.rasterizer import render_video
+    from chord.render.views import render_video
 
     if "gsplat" in backends and device.type != "cuda":
         return {"status": "skipped: gsplat needs CUDA (this run is on the CPU)"}

@@ -13,10 +13,11 @@ import torch
 
 from chord.config.result_keys import stage_config
 from chord.core import media
-from chord.export import trained_scene, videos
+from chord.export import sequences, trained_scene
 from chord.gaussians import gaussian_set, ply
 from chord.plan import results_layout
 from chord.render import cameras
+from chord.render.views import render_frames
 
 logger = logging.getLogger(__name__)
 
@@ -68,16 +69,14 @@ def run(
     elev = (method.elev_l + method.elev_r) / 2.0
 
     def video(path: Path, viewmats: torch.Tensor) -> np.ndarray:
-        images = media.to_uint8(
-            videos.render_frames(g, viewmats, K, width, height, bg, chunk=chunk)
-        )
+        images = media.to_uint8(render_frames(g, viewmats, K, width, height, bg, chunk=chunk))
         media.write_mp4(path, images, fps)
         logger.info("%s: %d frames", path, len(images))
         return images
 
     ref = cameras.method_reference_view(method, target)
     ref_images = video(out_ref_view, ref)
-    videos.write_gif(out_gif, ref_images, fps)
+    sequences.write_gif(out_gif, ref_images, fps)
     azim = method.ref_azim + torch.arange(T, dtype=torch.float64) * 360.0 / T
     video(
         out_orbit,
@@ -96,7 +95,7 @@ def run(
         )
     sets = {n: ply.read_ply(plys[n], sh_degree_cap=method.sh_degree) for n in scene.names}
     rest = gaussian_set.concat([sets[n] for n in scene.names])
-    videos.write_ply_sequence(out_ply_dir, rest, g["means"], g["quats"])
+    sequences.write_ply_sequence(out_ply_dir, rest, g["means"], g["quats"])
     kw = {"doc": doc, "scene": scene, "sources": sources, "frames": T, "fps": method.save_fps}
     glb = trained_scene.write_glb(out_glb, **kw)
     skinned = trained_scene.write_glb(out_skinned_glb, skinned=True, **kw)

@@ -15,7 +15,7 @@ from chord.guidance import oracle
 from chord.guidance import text as text_cond
 from chord.motion.model import build_scene
 from chord.render import cameras
-from chord.render.rasterizer import resolve_backend
+from chord.render.backend import resolve_backend
 from chord.scene import ingestion as sc
 from chord.training.distributed import Group
 from chord.training.trainer import Trainer

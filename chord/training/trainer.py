@@ -17,7 +17,8 @@ from chord.motion import fenwick
 from chord.motion import regularisers as losses
 from chord.motion.model import MotionScene, plan_second_layer
 from chord.render import cameras
-from chord.render.rasterizer import render_video, resolve_backend
+from chord.render.backend import resolve_backend
+from chord.render.views import render_video
 from chord.resources import cuda_settings
 from chord.training import optimiser, rng
 from chord.training.distributed import Group

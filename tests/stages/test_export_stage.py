@@ -21,11 +21,11 @@ from chord.config import result_keys as rk
 from chord.config import settings as cc
 from chord.core import media
 from chord.export import trained_scene
-from chord.export.videos import render_frames
 from chord.gaussians import gaussian_set, ply
 from chord.gltf import container
 from chord.plan import results_layout
 from chord.render import cameras
+from chord.render.views import render_frames
 from chord.scene import demo
 from chord.stages import aggregate, evaluate, reference
 from chord.stages import export as export_stage

@@ -18,7 +18,7 @@ from chord.config import settings as cc
 from chord.core import media
 from chord.gaussians import ply
 from chord.render import gsplat_backend
-from chord.render.rasterizer import BackendUnavailable
+from chord.render.backend import BackendUnavailable
 from chord.scene import demo
 from chord.scene import ingestion as sc
 from chord.stages import train as train_stage

@@ -17,7 +17,7 @@ import trimesh
 
 from chord.config import settings
 from chord.core.errors import InputError
-from chord.export import trained_scene, videos
+from chord.export import sequences, trained_scene
 from chord.gaussians import gaussian_set as gs
 from chord.gaussians import ply
 from chord.gltf import container, splats
@@ -91,7 +91,7 @@ def splat_scene(tmp_path_factory):
     shake(obj2.layer2, gen)
     g = trained_scene.scene_frames(scene, F, objects=scene.names)
     rest = gs.concat([sets[n] for n in scene.names])
-    frames = videos.write_ply_sequence(tmp / "ply", rest, g["means"], g["quats"])
+    frames = sequences.write_ply_sequence(tmp / "ply", rest, g["means"], g["quats"])
     out = tmp / "dynamic_splats.glb"
     summary = trained_scene.write_splats_glb(
         out, doc=doc, scene=scene, gaussians=sets, frames=F, fps=fps
