@@ -380,25 +380,26 @@ def estimate(
         else:
             back = parts["render_graph"] + parts["encoder_graph"]
         phases["sds_backward"] = between + parts["targets"] + back
-    phase = max(phases, key=phases.get)
-    gpu = phases[phase]
     # one expert in host RAM: a switch drops the other before loading (chord.guidance.wan)
     host = expert + HOST_BASE_GIB * GiB
     if f.enable_mmgp:
         host += expert // 2  # mmgp's pinned staging of the active expert's blocks
     host *= int(gpus)  # one process per GPU, each with its expert, scene and loaders
+    return summary(phases, parts, host, width=W, height=H, tokens=L, batch=B, gpus=int(gpus))
+
+
+def summary(phases: dict, parts: dict, host: int, **shape) -> dict:
+    """An estimate's mapping: the peak phase's GPU bytes (allocated and, with the allocator's
+    margin, reserved), the host bytes, the phases and parts (bytes), then ``shape``."""
+    phase = max(phases, key=phases.get)
     return {
-        "gpu_bytes": int(gpu),
-        "reserved_bytes": int(gpu * FRAGMENTATION),
+        "gpu_bytes": int(phases[phase]),
+        "reserved_bytes": int(phases[phase] * FRAGMENTATION),
         "host_bytes": int(host),
         "phase": phase,
         "phases": {k: int(v) for k, v in phases.items()},
         "parts": {k: int(v) for k, v in parts.items()},
-        "width": W,
-        "height": H,
-        "tokens": L,
-        "batch": B,
-        "gpus": int(gpus),
+        **shape,
     }
 
 

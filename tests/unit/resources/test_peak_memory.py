@@ -32,55 +32,41 @@ def tier_doc(name: str, **over) -> dict:
     return {**DOC, "width": w, "height": h, **over}
 
 
-def _diffusers_dit(**kw):
+def _diffusers_dit(s: peak_memory.ModelShape, rope_max_seq_len: int):
+    """The diffusers expert of shape ``s`` (Wan 2.2 I2V's arguments), on the meta device."""
     from diffusers import WanTransformer3DModel
 
     with torch.device("meta"):
         return WanTransformer3DModel(
-            patch_size=(1, 2, 2),
-            in_channels=36,
-            out_channels=16,
+            patch_size=s.patch,
+            num_attention_heads=s.heads,
+            attention_head_dim=s.head_dim,
+            in_channels=s.in_channels,
+            out_channels=s.out_channels,
+            text_dim=s.text_dim,
+            freq_dim=s.freq_dim,
+            ffn_dim=s.ffn,
+            num_layers=s.layers,
             cross_attn_norm=True,
             qk_norm="rms_norm_across_heads",
             eps=1e-6,
             image_dim=None,
-            **kw,
+            rope_max_seq_len=rope_max_seq_len,
         )
 
 
-def test_expert_parameters_match_the_diffusers_model_exactly():
-    m = _diffusers_dit(
-        num_attention_heads=40,
-        attention_head_dim=128,
-        text_dim=4096,
-        freq_dim=256,
-        ffn_dim=13824,
-        num_layers=40,
-        rope_max_seq_len=1024,
-    )
-    assert peak_memory.dit_params(peak_memory.A14B) == sum(p.numel() for p in m.parameters())
+SMALL = {"layers": 2, "heads": 3, "head_dim": 8, "ffn": 40, "text_dim": 24, "freq_dim": 32}
+
+
+@pytest.mark.parametrize("shape, rope", [({}, 1024), (SMALL, 64)], ids=["A14B", "small"])
+def test_expert_parameters_match_the_diffusers_model_exactly(shape, rope):
+    s = peak_memory.ModelShape(**{**vars(peak_memory.A14B), **shape})
+    m = _diffusers_dit(s, rope)
+    assert peak_memory.dit_params(s) == sum(p.numel() for p in m.parameters())
+
+
+def test_an_a14b_expert_has_14_3_billion_parameters():
     assert peak_memory.dit_params(peak_memory.A14B) == 14_288_901_184  # 26.6 GiB in bf16
-    small = peak_memory.ModelShape(
-        layers=2,
-        heads=3,
-        head_dim=8,
-        ffn=40,
-        text_dim=24,
-        in_channels=36,
-        out_channels=16,
-        patch=(1, 2, 2),
-        freq_dim=32,
-    )
-    m = _diffusers_dit(
-        num_attention_heads=3,
-        attention_head_dim=8,
-        text_dim=24,
-        freq_dim=32,
-        ffn_dim=40,
-        num_layers=2,
-        rope_max_seq_len=64,
-    )
-    assert peak_memory.dit_params(small) == sum(p.numel() for p in m.parameters())
 
 
 def test_vae_parameter_counts_match_the_models():
