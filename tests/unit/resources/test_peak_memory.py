@@ -32,37 +32,29 @@ def tier_doc(name: str, **over) -> dict:
     return {**DOC, "width": w, "height": h, **over}
 
 
-def _diffusers_dit(s: peak_memory.ModelShape, rope_max_seq_len: int):
-    """The diffusers expert of shape ``s`` (Wan 2.2 I2V's arguments), on the meta device."""
-    from diffusers import WanTransformer3DModel
-
-    with torch.device("meta"):
-        return WanTransformer3DModel(
-            patch_size=s.patch,
-            num_attention_heads=s.heads,
-            attention_head_dim=s.head_dim,
-            in_channels=s.in_channels,
-            out_channels=s.out_channels,
-            text_dim=s.text_dim,
-            freq_dim=s.freq_dim,
-            ffn_dim=s.ffn,
-            num_layers=s.layers,
-            cross_attn_norm=True,
-            qk_norm="rms_norm_across_heads",
-            eps=1e-6,
-            image_dim=None,
-            rope_max_seq_len=rope_max_seq_len,
-        )
-
-
 SMALL = {"layers": 2, "heads": 3, "head_dim": 8, "ffn": 40, "text_dim": 24, "freq_dim": 32}
 
 
 @pytest.mark.parametrize("shape, rope", [({}, 1024), (SMALL, 64)], ids=["A14B", "small"])
 def test_expert_parameters_match_the_diffusers_model_exactly(shape, rope):
+    from diffusers import WanTransformer3DModel
+
     s = peak_memory.ModelShape(**{**vars(peak_memory.A14B), **shape})
-    m = _diffusers_dit(s, rope)
+    with torch.device("meta"):
+        m = WanTransformer3DModel(**peak_memory.transformer_kwargs(s, rope_max_seq_len=rope))
     assert peak_memory.dit_params(s) == sum(p.numel() for p in m.parameters())
+
+
+def test_the_expert_arguments_come_from_the_model_shape():
+    kwargs = peak_memory.transformer_kwargs(peak_memory.A14B)
+    assert kwargs["num_layers"] == 40 and kwargs["num_attention_heads"] == 40
+    assert (kwargs["attention_head_dim"], kwargs["ffn_dim"], kwargs["text_dim"]) == (
+        128,
+        13824,
+        4096,
+    )
+    assert (kwargs["in_channels"], kwargs["out_channels"]) == (36, 16)
+    assert kwargs["patch_size"] == (1, 2, 2) and kwargs["freq_dim"] == 256
 
 
 def test_an_a14b_expert_has_14_3_billion_parameters():
