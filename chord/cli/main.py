@@ -228,12 +228,9 @@ def cmd_render(args) -> int:
         cam_height=d.cam_height if args.cam_height is None else args.cam_height,
         fovy=d.fovy if args.fovy is None else args.fovy,
         fps=args.save_fps or d.save_fps,
-        lst_frame=args.lst_frame,
         invert_bg_prob=d.invert_bg_prob if args.invert_bg_prob is None else args.invert_bg_prob,
-        static_id=args.static_id,
-        exclude_objs=args.exclude_objs,
-        additional_static_objs=args.additional_static_objs,
         no_bg=args.no_bg,
+        **_frames_and_objects(args),
     )
     print(out)
     return 0
@@ -249,15 +246,20 @@ def cmd_export_glb(args) -> int:
         mesh_source_path=Path(args.mesh_source_path),
         checkpoint=args.checkpoint,
         fps=args.save_fps or 12,  # METHOD §20: save_fps, else 12
-        lst_frame=args.lst_frame,
-        static_id=args.static_id,
-        exclude_objs=args.exclude_objs,
-        additional_static_objs=args.additional_static_objs,
         exclude_plane=args.exclude_plane,
         skinned=args.skinned,
+        **_frames_and_objects(args),
     )
     print(out)
     return 0
+
+
+#: the export flags both commands pass on as given: the frames and which objects move or show
+FRAMES_AND_OBJECTS = ("lst_frame", "static_id", "exclude_objs", "additional_static_objs")
+
+
+def _frames_and_objects(args) -> dict:
+    return {name: getattr(args, name) for name in FRAMES_AND_OBJECTS}
 
 
 def _export_flags(sp: argparse.ArgumentParser, *, glb: bool) -> None:
