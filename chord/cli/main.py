@@ -30,9 +30,14 @@ def _spec(conf: cfg.Config, scene: str) -> cfg.SceneSpec:
     return conf.scenes[scene]
 
 
-def _roles(conf: cfg.Config, spec: cfg.SceneSpec) -> dict[str, str]:
+def _objects(args, keep) -> tuple[cfg.Config, cfg.SceneSpec, list[str]]:
+    """The config, the --scene's spec and the objects a per-object stage runs on: --obj, else
+    those whose role (in the scene's ingested scene.json) ``keep`` accepts."""
+    conf = _load(args)
+    spec = _spec(conf, args.scene)
     doc = sc.read_scene_json(results_layout.scene_json(conf.results, spec.scene))
-    return {o["name"]: o["role"] for o in doc["objects"]}
+    roles = {o["name"]: o["role"] for o in doc["objects"]}
+    return conf, spec, args.obj or [o for o, r in roles.items() if keep(r)]
 
 
 def cmd_build_kernels(args) -> int:
@@ -147,10 +152,8 @@ def cmd_ingest(args) -> int:
 def cmd_gaussians(args) -> int:
     from chord.stages import gaussians
 
-    conf = _load(args)
-    spec = _spec(conf, args.scene)
-    roles = _roles(conf, spec)
-    for obj in args.obj or [o for o, r in roles.items() if r != "avoided"]:
+    conf, spec, objects = _objects(args, lambda role: role != "avoided")
+    for obj in objects:
         gaussians.run(
             scene_json=results_layout.scene_json(conf.results, spec.scene),
             obj=obj,
@@ -164,10 +167,8 @@ def cmd_gaussians(args) -> int:
 def cmd_voxelize(args) -> int:
     from chord.stages import voxelize
 
-    conf = _load(args)
-    spec = _spec(conf, args.scene)
-    roles = _roles(conf, spec)
-    for obj in args.obj or [o for o, r in roles.items() if r == "dynamic"]:
+    conf, spec, objects = _objects(args, lambda role: role == "dynamic")
+    for obj in objects:
         voxelize.run(
             scene_json=results_layout.scene_json(conf.results, spec.scene),
             obj=obj,
