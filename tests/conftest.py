@@ -206,6 +206,14 @@ def validate_glb(module: Path, path: Path, tmp_path: Path) -> dict:
     return json.loads(proc.stdout)
 
 
+#: the mark of a test that runs :func:`assert_npm_build_is_committed`
+needs_npm_build = components.skip_without(
+    components.NODE,
+    bool(shutil.which("node") and shutil.which("npm")),
+    "node and npm build the bundle that is checked against src/",
+)
+
+
 def assert_npm_build_is_committed(folder: Path, bundle: Path, tmp_path: Path) -> None:
     """`npm ci && npm run build` on a copy of the npm package ``folder`` (its package files
     and src/) gives the committed ``bundle`` (in its dist/)."""

@@ -288,6 +288,21 @@ def prepare_geometry(
     return {"doc": doc, "plys": plys, "voxels": voxels, "stats": stats}
 
 
+def oracle_train_inputs(*, data: Path, results: Path, scene: str, method) -> dict:
+    """:func:`prepare_geometry`, then the inputs of a training of that scene with the oracle
+    guidance (``chord.training.scene_trainer.build``, ``chord.stages.train.run_stage``): its files,
+    no text condition and
+    the scene's data folder (its motion.json)."""
+    out = prepare_geometry(data=data, results=results, scene=scene, method=method)
+    return {
+        "scene_json": results_layout.scene_json(results, scene),
+        "plys": out["plys"],
+        "voxels": out["voxels"],
+        "text_path": None,
+        "data_dir": data,
+    }
+
+
 def run_inputs(root: Path) -> dict:
     """scene.json, Gaussians and voxels of a ``chord train`` run folder <model>/<ex_name>."""
     root = Path(root)

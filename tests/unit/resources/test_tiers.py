@@ -153,27 +153,12 @@ def test_lowres_size_is_recorded_and_the_fine_stage_continues_at_it(tmp_path):
     hand-off; the fine stage, on a fuller tier, continues at that size."""
     from chord.scene import demo
     from chord.stages import train as train_stage
-    from tests.stages.test_geometry_stages import train_inputs
+    from tests.stages.test_geometry_stages import TINY_TRAINING, train_inputs
 
     data = demo.write_demo_scene("hop", tmp_path / "data", frame_num=5)
-    m = cc.method_from_mapping(
-        {
-            "gs_init_num": 600,
-            "surface_target_num": 300,
-            "cp_num": 8,
-            "size": "48*32",
-            "frame_num": 5,
-            "iterations": 4,
-            "batch_size": 1,
-            "seed": 3,
-            "prev_frame_number": 2,
-            "back_iter": 3,
-            "arap_sample_num": 64,
-            "add_cp_objs": ["obj_0"],
-            "add_cp_layer_iter": 3,
-            "add_cp_num": 12,
-        }
-    )
+    smaller = {"gs_init_num": 600, "cp_num": 8}
+    fine = {"add_cp_objs": ["obj_0"], "add_cp_layer_iter": 3, "add_cp_num": 12}
+    m = cc.method_from_mapping({**TINY_TRAINING, **smaller, **fine})
     inputs = train_inputs(data, tmp_path / "results", "hop", m)
     guidance = cc.guidance_from_mapping({"backend": "oracle"})
     t = tiers.parse({"full": {"gpu_mem_gb": 80}, "tiny": {"gpu_mem_gb": 8, "size": "32*16"}})

@@ -210,13 +210,15 @@ def run_steps(tr, start, stop):
         tr.step(it)
 
 
-def make_trainer(m, scene=None, mesh=None, **kw):
+def make_trainer(m, scene=None, mesh=None, *, guidance=None, txt=None, **kw):
+    """A Trainer of ``scene`` (default: :func:`tiny_scene`) on ``guidance`` (default: its
+    oracle) with the text condition ``txt``."""
     if scene is None:
         scene, mesh = tiny_scene()
     return Trainer(
         scene=scene,
-        guidance=oracle_for(scene),
-        text=None,
+        guidance=oracle_for(scene) if guidance is None else guidance,
+        text=txt,
         method=m,
         width=W,
         height=H,
