@@ -45,6 +45,7 @@ from chord.core.atomic_files import atomic_path
 from chord.core.errors import InputError
 from chord.export import trained_scene, trajectories
 from chord.gaussians import mesh_colour
+from chord.gltf.splats import srgb_to_linear  # USD's displayColor is linear, as COLOR_0
 from chord.scene import ingestion
 
 logger = logging.getLogger(__name__)
@@ -82,15 +83,9 @@ def source_mesh(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return np.concatenate(points), np.concatenate(faces), np.concatenate(colours)
 
 
-def srgb_to_linear(c: np.ndarray) -> np.ndarray:
-    """sRGB [0, 1] -> linear (IEC 61966-2-1): USD's displayColor is linear."""
-    c = np.asarray(c, dtype=np.float64)
-    return np.where(c <= 0.04045, c / 12.92, ((c + 0.055) / 1.055) ** 2.4)
-
-
-def to_usd(q_or_points: np.ndarray) -> np.ndarray:
+def to_usd(v: np.ndarray) -> np.ndarray:
     """Points or vectors [..., 3] from glTF's Y-up into USD's Z-up."""
-    return np.asarray(q_or_points, dtype=np.float64) @ Y_UP_TO_Z_UP.T
+    return np.asarray(v, dtype=np.float64) @ Y_UP_TO_Z_UP.T
 
 
 def rotations_to_usd(q: np.ndarray) -> np.ndarray:
@@ -168,19 +163,10 @@ def _skin(stage, path, mesh, *, obj, v_n, frames, pose_R, pose_p, origin_w, c, s
     return M
 
 
-def write_usd(
-    out: Path, *, doc: dict, scene, sources: dict[str, Path], frames: int, fps: float
-) -> dict:
-    """``scene.usda`` of every non-avoided object of ``doc`` (source GLBs ``sources``) over
-    frames 0..F−1 at ``fps``, dynamic ones moved by ``scene``'s trained motion; returns a
-    summary {"frames", "objects": {name: "static" | "rigid" | "skinned" | "points"},
-    "joints"}."""
-    from pxr import Gf, Usd, UsdGeom, UsdSkel, Vt
+def _new_stage(frames: int, fps: float):
+    """An empty stage with SimReady's metadata: metres, Z up, time codes 0..F−1 at ``fps``."""
+    from pxr import Usd, UsdGeom
 
-    if frames < 1:
-        raise ValueError(f"frames: expected at least 1, got {frames}")
-    c = np.asarray(doc["normalisation"]["centre"], dtype=np.float64)
-    s = float(doc["normalisation"]["scale"])
     stage = Usd.Stage.CreateInMemory()
     UsdGeom.SetStageMetersPerUnit(stage, 1.0)
     UsdGeom.SetStageUpAxis(stage, UsdGeom.Tokens.z)
@@ -188,8 +174,44 @@ def write_usd(
     stage.SetFramesPerSecond(fps)
     stage.SetStartTimeCode(0)
     stage.SetEndTimeCode(frames - 1)
-    world = UsdGeom.Xform.Define(stage, "/World")
-    stage.SetDefaultPrim(world.GetPrim())
+    stage.SetDefaultPrim(UsdGeom.Xform.Define(stage, "/World").GetPrim())
+    return stage
+
+
+def _mesh(stage, path: str, local: np.ndarray, faces: np.ndarray, srgb: np.ndarray):
+    """A triangle Mesh of points ``local`` [n, 3] with vertex displayColor (linear)."""
+    from pxr import UsdGeom, Vt
+
+    mesh = UsdGeom.Mesh.Define(stage, path)
+    mesh.CreatePointsAttr(_vec3(local))
+    mesh.CreateFaceVertexCountsAttr(Vt.IntArray([3] * len(faces)))
+    mesh.CreateFaceVertexIndicesAttr(Vt.IntArray(faces.reshape(-1).tolist()))
+    mesh.CreateSubdivisionSchemeAttr(UsdGeom.Tokens.none)
+    mesh.CreateExtentAttr(_vec3(np.stack([local.min(0), local.max(0)])))
+    mesh.CreateDisplayColorPrimvar(UsdGeom.Tokens.vertex).Set(_vec3(srgb_to_linear(srgb)))
+    return mesh
+
+
+def write_usd(
+    out: Path, *, doc: dict, scene, sources: dict[str, Path], frames: int, fps: float
+) -> dict:
+    """``scene.usda`` of every non-avoided object of ``doc`` (source GLBs ``sources``) over
+    frames 0..F−1 at ``fps``, dynamic ones moved by ``scene``'s trained motion; returns a
+    summary {"frames", "objects": {name: "static" | "rigid" | "skinned" | "points"},
+    "joints"}."""
+    try:
+        from pxr import Gf, UsdGeom, UsdSkel
+    except ImportError as exc:  # a dependency; an environment made before issue 40 lacks it
+        raise RuntimeError(
+            f"{out}: writing USD needs usd-core, a dependency of chord-pipeline: "
+            "pip install 'usd-core>=24.8' (or reinstall the package)"
+        ) from exc
+
+    if frames < 1:
+        raise ValueError(f"frames: expected at least 1, got {frames}")
+    c = np.asarray(doc["normalisation"]["centre"], dtype=np.float64)
+    s = float(doc["normalisation"]["scale"])
+    stage = _new_stage(frames, fps)
     kinds, joints = {}, 0
     for entry in doc["objects"]:
         name = entry["name"]
@@ -202,6 +224,8 @@ def write_usd(
         xf = UsdGeom.Xform.Define(stage, f"/World/{name}")
         translate, orient = xf.AddTranslateOp(), xf.AddOrientOp()
         xf.AddScaleOp().Set(Gf.Vec3f(1.0, 1.0, 1.0))
+        prim = xf.GetPrim()
+        prim.SetCustomDataByKey("chord:source", Path(entry["source"]).name)
         if obj is None:
             kind = "static"
             origin_w = (points_w.min(0) + points_w.max(0)) / 2.0
@@ -209,43 +233,30 @@ def write_usd(
             orient.Set(Gf.Quatf(1.0, 0.0, 0.0, 0.0))
         else:
             poses_n = trajectories.object_poses(obj, frames)
-            poses = trajectories.to_original(poses_n, c, s)
             kind = motion_kind(entry, obj, poses_n)
+            poses = trajectories.to_original(poses_n, c, s)
             origin_w = poses.origin
             pose_p = to_usd(poses.position)  # [F, 3]
-            q_u = rotations_to_usd(poses.quaternion)  # [F, 4]
+            q_u = rotations_to_usd(poses.quaternion).astype(np.float32)  # [F, 4], as stored
             for t in range(frames):
                 translate.Set(Gf.Vec3d(*pose_p[t].tolist()), t)
                 orient.Set(Gf.Quatf(*q_u[t].tolist()), t)
-            pose_R = rotmat(q_u)
-        prim = xf.GetPrim()
+            pose_R = rotmat(q_u.astype(np.float64))  # what the file's orient samples turn
+            size = max(object_size(entry), 1e-12)
+            prim.SetCustomDataByKey("chord:residual_relative", float(poses_n.residual.max()) / size)
         prim.SetCustomDataByKey("chord:motion", kind)
-        prim.SetCustomDataByKey("chord:source", Path(entry["source"]).name)
         local = to_usd(points_w - origin_w)  # [n, 3] in the Xform's frame
-        mesh_path = f"/World/{name}/skin/mesh" if kind == "skinned" else f"/World/{name}/mesh"
         if kind == "skinned":
             UsdSkel.Root.Define(stage, f"/World/{name}/skin")
-        mesh = UsdGeom.Mesh.Define(stage, mesh_path)
-        mesh.CreatePointsAttr(_vec3(local))
-        mesh.CreateFaceVertexCountsAttr(Vt.IntArray([3] * len(faces)))
-        mesh.CreateFaceVertexIndicesAttr(Vt.IntArray(faces.reshape(-1).tolist()))
-        mesh.CreateSubdivisionSchemeAttr(UsdGeom.Tokens.none)
-        mesh.CreateExtentAttr(_vec3(np.stack([local.min(0), local.max(0)])))
-        colours = mesh.CreateDisplayColorPrimvar(UsdGeom.Tokens.vertex)
-        colours.Set(_vec3(srgb_to_linear(srgb)))
-        if obj is not None:
-            prim.SetCustomDataByKey(
-                "chord:residual_relative",
-                float(poses_n.residual.max()) / max(object_size(entry), 1e-12),
-            )
-        v_n = (points_w - c) * s
-        if kind == "skinned":
+            mesh = _mesh(stage, f"/World/{name}/skin/mesh", local, faces, srgb)
             joints += _skin(
-                stage, f"/World/{name}/skin", mesh, obj=obj, v_n=v_n, frames=frames,
-                pose_R=pose_R, pose_p=pose_p, origin_w=origin_w, c=c, s=s,
+                stage, f"/World/{name}/skin", mesh, obj=obj, v_n=(points_w - c) * s,
+                frames=frames, pose_R=pose_R, pose_p=pose_p, origin_w=origin_w, c=c, s=s,
             )  # fmt: skip
-        elif kind == "points":
-            X_w = trained_scene.deformer(obj, frames)(v_n) / s + c  # [F, n, 3]
+        else:
+            mesh = _mesh(stage, f"/World/{name}/mesh", local, faces, srgb)
+        if kind == "points":
+            X_w = trained_scene.deformer(obj, frames)((points_w - c) * s) / s + c  # [F, n, 3]
             moved = np.einsum("fji,fnj->fni", pose_R, to_usd(X_w) - pose_p[:, None])
             attr, extent = mesh.GetPointsAttr(), mesh.GetExtentAttr()
             for t in range(frames):
