@@ -1,7 +1,9 @@
 """Stage ``export`` (METHOD §19–§20): the trained scene as videos (reference view, orbit,
 four fixed views) at ``export_size``, a GIF preview, the animated ``dynamic_scene.glb`` (morph
 targets), ``dynamic_scene_skinned.glb`` (a skin on the control points), a per-frame 3DGS PLY
-sequence and ``dynamic_splats.glb`` (the Gaussians, skinned on the same control points)."""
+sequence, ``dynamic_splats.glb`` (the Gaussians, skinned on the same control points), each
+dynamic object's rigid pose per frame (``trajectories.npz`` and its ``trajectories.json``) and
+the scene as USD (``scene.usda``)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import torch
 
 from chord.config.result_keys import stage_config
 from chord.core import media
-from chord.export import sequences, trained_scene
+from chord.export import sequences, trained_scene, trajectories, usd
 from chord.gaussians import gaussian_set, ply
 from chord.plan import results_layout
 from chord.render import cameras
@@ -47,6 +49,9 @@ def run(
     out_skinned_glb: Path,
     out_ply_dir: Path,
     out_splats_glb: Path,
+    out_trajectories: Path,
+    out_trajectories_json: Path,
+    out_usd: Path,
 ) -> dict:
     """Render and write every export of a trained scene, the videos at ``export_size``
     (default: the SDS ``size``)."""
@@ -102,6 +107,13 @@ def run(
     splats = trained_scene.write_splats_glb(
         out_splats_glb, doc=doc, scene=scene, gaussians=sets, frames=T, fps=method.save_fps
     )
+    trajectories.write_trajectories(
+        out_trajectories, out_trajectories_json, doc=doc, scene=scene, frames=T,
+        fps=method.save_fps,
+    )  # fmt: skip
+    scene_usd = usd.write_usd(
+        out_usd, doc=doc, scene=scene, sources=sources, frames=T, fps=method.save_fps
+    )
     logger.info(
         "%s: iteration %d, %d frames at %dx%d (%d per render), %d fps; GLB with %d morph "
         "targets (%d bytes), skinned GLB on %d joints (%d bytes), splat GLB of %d Gaussians "
@@ -126,4 +138,5 @@ def run(
         **glb,
         "skinned": skinned,
         "splats": splats,
+        "usd": scene_usd,
     }

@@ -102,6 +102,9 @@ def exported(sway):
         "out_skinned_glb": results_layout.dynamic_skinned_glb(res, s),
         "out_ply_dir": results_layout.ply_sequence_dir(res, s),
         "out_splats_glb": results_layout.dynamic_splats_glb(res, s),
+        "out_trajectories": results_layout.trajectories_npz(res, s),
+        "out_trajectories_json": results_layout.trajectories_json(res, s),
+        "out_usd": results_layout.scene_usda(res, s),
     }
     summary = export_stage.run(
         **sway.inputs,
@@ -128,7 +131,10 @@ def test_export_writes_videos_gif_and_ply_sequence(sway, exported):
             **skinned,
             "frames": T,
         },
+        "usd": summary["usd"],
     }
+    assert summary["usd"]["frames"] == T and summary["usd"]["objects"]["obj_1"] == "static"
+    assert set(summary["usd"]["objects"]) == {"obj_0", "obj_1", "obj_2"}
     videos = [outs["out_ref_view"], outs["out_orbit"], *outs["out_views"].values()]
     assert sorted(outs["out_views"]) == ["back", "front", "left", "right"]
     frames = {}
@@ -485,6 +491,51 @@ def test_skinned_glb_keeps_morph_targets_for_a_second_layer(
     assert report["numErrors"] == 0 and report["numWarnings"] == 0, report["messages"]
 
 
+# --- trajectories and USD --------------------------------------------------------------------
+
+
+def test_exported_trajectories_and_usd_follow_the_trained_motion(sway, exported):
+    """trajectories.npz opens with numpy alone and fits the control points' tracks of
+    deform(); scene.usda's points at each time code equal deform() of the source meshes."""
+    from pxr import Usd
+
+    from chord.export import usd
+    from tests.unit.export.test_usd import _world_points
+
+    _, outs = exported
+    _, scene, _ = trained_scene.load_trained(
+        **sway.inputs, state_path=results_layout.train_state(sway.res, sway.s, "coarse")
+    )
+    c, s = _normalisation(sway)
+    with np.load(outs["out_trajectories"], allow_pickle=False) as z:
+        a = {k: z[k] for k in z.files}
+    side = json.loads(outs["out_trajectories_json"].read_text())
+    assert a["names"].tolist() == ["obj_0", "obj_2"] and side["frames"] == T
+    assert a["fps"] == sway.m.save_fps == side["fps"]
+    stage = Usd.Stage.Open(str(outs["out_usd"]))
+    assert (stage.GetStartTimeCode(), stage.GetEndTimeCode()) == (0, T - 1)
+    assert stage.GetTimeCodesPerSecond() == sway.m.save_fps
+    for name in ("obj_0", "obj_1", "obj_2"):
+        v_w, _, _ = usd.source_mesh(sway.sources[name])
+        X = v_w[None].repeat(T, 0)
+        if name in scene.dynamic:
+            obj = scene.dynamic[name]
+            X = _deformed_world(obj, v_w, c, s)
+            with torch.no_grad():
+                cp, _ = obj.deform(torch.arange(T), obj.layer1.centres)
+            np.testing.assert_allclose(a[f"{name}/tracks"], cp.double().numpy() / s + c)
+            assert a[f"{name}/T"].shape == (T, 4, 4) and a[f"{name}/residual"][0] == 0
+        want = X @ usd.Y_UP_TO_Z_UP.T
+        kind = stage.GetPrimAtPath(f"/World/{name}").GetCustomDataByKey("chord:motion")
+        # exact but for the rigid kind, which leaves out at most its residual's worth
+        tol = 64 * F32 * max(1.0, np.abs(want).max())
+        if kind == "rigid":
+            tol += 8 * float(a[f"{name}/residual"].max())
+        for k in range(T):
+            got = _world_points(stage, name, k)
+            np.testing.assert_allclose(got, want[k], rtol=0, atol=tol, err_msg=f"{name} {k}")
+
+
 # --- export_size -----------------------------------------------------------------------------
 
 
@@ -500,6 +551,9 @@ def test_export_renders_its_videos_at_export_size(sway, tmp_path):
         "out_skinned_glb": tmp_path / "s.glb",
         "out_ply_dir": tmp_path / "ply",
         "out_splats_glb": tmp_path / "splats.glb",
+        "out_trajectories": tmp_path / "trajectories.npz",
+        "out_trajectories_json": tmp_path / "trajectories.json",
+        "out_usd": tmp_path / "scene.usda",
     }
     export_stage.run(
         **sway.inputs,
