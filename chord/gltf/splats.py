@@ -35,9 +35,9 @@ from chord.gltf.skeleton import (
     add_skeleton,
     add_skin,
     check_skinning,
+    joint_positions,
     joint_tracks,
     keyed_rotations,
-    normalisation,
     skin_attributes,
 )
 
@@ -230,7 +230,6 @@ def dynamic_splats_glb(
     if not (np.isfinite(scale) and scale > 0):
         raise ValueError(f"scale: expected a positive normalisation scale, got {scale}")
     c = np.asarray(centre, dtype=np.float64)
-    N = normalisation(c, scale)  # POSITION (world) -> normalised: the skins' bind matrix
     degree = max(g.sh_degree for _, g, _ in objects)
     out.doc["extensionsUsed"] = [EXTENSION]
     roots: list[int] = []
@@ -252,15 +251,16 @@ def dynamic_splats_glb(
             check_skinning(name, motion, frames)
             _blend_signs(where, motion)
             root = out.add("nodes", {"name": name, "children": []})
-            skel, joints = add_skeleton(out, name, root, c, scale, motion)
-            skin = add_skin(out, name, skel, joints, motion, N)
-            rest = g.means.astype(np.float64)  # the rest points the trained weights bind
-            mesh = add_splat_mesh(out, name, values, skin_attributes(out, rest, motion, where))
+            rest, keys = joint_positions(motion, c, scale)
+            skel, joints = add_skeleton(out, name, root, rest)
+            skin = add_skin(out, name, skel, joints, rest)
+            bound = g.means.astype(np.float64)  # the rest points the trained weights bind
+            mesh = add_splat_mesh(out, name, values, skin_attributes(out, bound, motion, where))
             out.doc["meshes"][mesh]["primitives"][0]["extras"] = SKINNING_EXTRAS
             node = out.add("nodes", {"name": f"{name}_splats", "mesh": mesh, "skin": skin})
             roots += [root, node]  # a skinned mesh node is a scene root (no transform)
             skinned.append(node)
-            tracks += joint_tracks(motion, joints)
+            tracks += joint_tracks(motion, keys, joints)
         else:
             mesh = add_splat_mesh(out, name, values, {})
             _morph(out, mesh, name, motion, values, c, scale, frames)
