@@ -177,9 +177,10 @@ def blender_python() -> str | None:
 
 def test_blender_plays_the_skinned_glb_at_its_keys(skinned_scene, tmp_path):  # noqa: F811
     """Blender's glTF importer at its default options (Guess Original Bind Pose) gives the
-    project's deformation at every key, to float32 rounding. (With the placement's rotation
-    and scale in the inverse bind matrices, as the writer had them, it was off by up to 12 %
-    of this box's size; on hop's block by 1 %.)"""
+    project's deformation at every key, to float32 rounding. (With the scene's denormalisation
+    on the skeleton node and the placement's rotation and scale in the inverse bind matrices,
+    as the writer had them, it was off by up to 8 % of this box's size at the keys; issue 40
+    saw 1 % on hop's block.)"""
     python = blender_python()
     if python is None:
         components.missing(components.BLENDER, "Blender's glTF importer runs on it")
