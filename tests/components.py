@@ -31,9 +31,18 @@ SLURM_PLUGIN = Component("Slurm executor plugin", "pip install -e '.[test]'", ci
 CUDA = Component("CUDA GPU", "a machine with an NVIDIA GPU and a CUDA build of torch", ci=False)
 CPU_ONLY = Component("CPU-only paths", "they check what a machine without CUDA says", ci=False)
 TENSORBOARD = Component("TensorBoard", "pip install -e '.[test]'", ci=True)
+# bpy in a venv of its own: it pins numpy<2 (the project's pandas needs numpy 2) and its wheel
+# is 374 MB (821 MB installed), so neither the `test` extra nor .ci/run brings it.
+BLENDER = Component(
+    "Blender's bpy",
+    "python3.11 -m venv .venv-bpy && .venv-bpy/bin/pip install bpy==5.0.1 "
+    "(or CHORD_BPY_PYTHON=<a Python with bpy>)",
+    ci=False,
+)
 
 COMPONENTS = (
-    NODE, NPM_TOOLS, CHROMIUM, SLURM, SLURM_ROOT, SLURM_PLUGIN, TENSORBOARD, CUDA, CPU_ONLY
+    NODE, NPM_TOOLS, CHROMIUM, SLURM, SLURM_ROOT, SLURM_PLUGIN, TENSORBOARD, CUDA, CPU_ONLY,
+    BLENDER,
 )  # fmt: skip
 
 
