@@ -31,9 +31,12 @@ SLURM_PLUGIN = Component("Slurm executor plugin", "pip install -e '.[test]'", ci
 CUDA = Component("CUDA GPU", "a machine with an NVIDIA GPU and a CUDA build of torch", ci=False)
 CPU_ONLY = Component("CPU-only paths", "they check what a machine without CUDA says", ci=False)
 TENSORBOARD = Component("TensorBoard", "pip install -e '.[test]'", ci=True)
+# the repository's own test files (tests/data): missing in a partial copy of it
+TEST_DATA = Component("test data", "a full clone of the repository (git tracks it)", ci=True)
 
 COMPONENTS = (
-    NODE, NPM_TOOLS, CHROMIUM, SLURM, SLURM_ROOT, SLURM_PLUGIN, TENSORBOARD, CUDA, CPU_ONLY
+    NODE, NPM_TOOLS, CHROMIUM, SLURM, SLURM_ROOT, SLURM_PLUGIN, TENSORBOARD, TEST_DATA, CUDA,
+    CPU_ONLY,
 )  # fmt: skip
 
 
