@@ -128,6 +128,24 @@ def test_out_of_memory_record_notes_the_tier_and_clears_on_success(tmp_path):
     assert out_of_memory.read(record) == set()
 
 
+def test_each_retry_moves_past_every_tier_that_ran_out_of_memory(default_tiers, tmp_path):
+    """A training that runs out of memory on every tier: each attempt reads the record the ones
+    before wrote (as the workflow's attempt_tier does), so attempt n runs on the n-th tier (the
+    third not back on the first) and the leanest is kept once every tier has failed."""
+    record = tmp_path / "ckpt" / out_of_memory.RECORD
+    names = list(default_tiers)
+    tried = []
+    for attempt in range(1, len(names) + 2):
+        oom = out_of_memory.read(record) if attempt > 1 else ()
+        tier = tiers.for_attempt(names[0], attempt, default_tiers, oom)
+        tried.append(tier)
+        with pytest.raises(torch.OutOfMemoryError):
+            with out_of_memory.recorded(record, tier, order=names):
+                out_of_memory.inject(",".join(names), tier)
+    assert tried == [*names, names[-1]]
+    assert out_of_memory.read(record) == set(names)
+
+
 def test_out_of_memory_exits_with_its_own_status(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         with adapter.stage_logging(str(tmp_path / "x.log")):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,7 +19,7 @@ from chord.guidance.oracle import OracleGuidance
 from chord.motion.model import DynamicObject, MotionScene
 from chord.render.rasterizer import splat_tensors
 from chord.resources import cuda_settings
-from chord.training import checkpoint, float32_fallback, progress, run_loop
+from chord.training import checkpoint, float32_fallback, progress, resume, run_loop
 from chord.training.trainer import Trainer
 
 W, H, T = 32, 16, 5
@@ -261,6 +262,28 @@ def test_training_moves_toward_the_oracle_target():
     assert 0.02 < float(lift) < 0.2  # the block rose toward the target's +0.1
 
 
+@pytest.mark.parametrize("loss", ["temporal", "arap", "ground"])
+def test_the_regularisers_train_the_deformation_not_the_radii_or_rotations(loss):
+    """METHOD §16: the ground, temporal and ARAP losses see the skinning weights detached, so
+    their gradients reach the control points' deformations only, never their radii and
+    rotations (which SDS alone trains). Each loss alone, at an iteration where it is on."""
+    weights = {"lambda_dis_time": 0.0, "lambda_arap": 0.0, "lambda_ground": 0.0}
+    weights[{"temporal": "lambda_dis_time", "arap": "lambda_arap"}.get(loss, "lambda_ground")] = 1.0
+    m = method(iterations=8, batch_size=1, gl_objects=["obj_0"], **weights)
+    tr = make_trainer(m)
+    obj = tr.scene.dynamic["obj_0"]
+    with torch.no_grad():  # a motion to regularise, below the ground too
+        obj.layer1.cp_deform.normal_(0, 0.05, generator=torch.Generator().manual_seed(1))
+    tr.ground_level = 0.3
+    out = tr.regularisers(4, tr.cameras_at(4))
+    assert out[loss] > 0 and {k for k, v in out.items() if v} == {loss}
+    groups = obj.param_groups()
+    assert float(groups["cp_deform"].grad.abs().sum()) > 0
+    for name in ("cp_radius", "cp_rotation"):
+        grad = groups[name].grad
+        assert grad is None or not grad.any(), f"the {loss} loss trains {name}"
+
+
 def test_progressive_reset_zeroes_the_table_moments_and_keeps_the_step():
     m = method(back_iter=3)
     tr = make_trainer(m)
@@ -377,6 +400,41 @@ def test_sigterm_writes_a_checkpoint_and_stops(tmp_path):
     assert sorted(p.name for p in tmp_path.glob("ckpt_*")) == ["ckpt_000001.pt", "ckpt_000002.pt"]
     assert json.loads((tmp_path / "progress" / progress.LATEST).read_text())["event"] == "sigterm"
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # handler restored
+
+
+class Killed(Exception):
+    """The process killed outright (SIGKILL, ``scancel --full``): no handler runs."""
+
+
+def dies_at(trainer, at: int) -> None:
+    """``trainer`` is killed when iteration ``at`` starts, after finishing the ones before."""
+    step = trainer.step
+
+    def dying(it):
+        if it == at:
+            raise Killed(f"killed in iteration {it}")
+        return step(it)
+
+    trainer.step = dying
+
+
+def test_a_run_killed_between_save_points_keeps_its_newest_finished_iteration(tmp_path):
+    """Save points 1, 5 and 6 (N = 9, ⌊2N/3⌋ = 6): killed in iteration 5, the run has kept
+    iteration 4's checkpoint (each newest one replacing the one before) besides the save point
+    1's, and a resume starts from it with iteration 4's state."""
+    from chord.motion import state
+
+    tr = make_trainer(method(iterations=9, batch_size=1, save_interval=100))
+    assert run_loop.save_points(tr.method) == {1, 5, 6}
+    dies_at(tr, 5)
+    with pytest.raises(Killed):
+        run_loop.run(tr, 1, 10, config_hash="h", checkpoint_dir=tmp_path)
+    assert sorted(p.name for p in tmp_path.glob("ckpt_*")) == ["ckpt_000001.pt", "ckpt_000004.pt"]
+    newest = resume.newest_checkpoint(tmp_path)
+    assert newest["iteration"] == 4
+    now, _ = state.to_dict(tr.scene)  # the trainer after iteration 4: the kill came before 5
+    for k, v in now.items():
+        assert torch.equal(newest["motion"][k], v), k
 
 
 def test_split_render_backward_empties_the_cuda_cache_after_each_chunk(monkeypatch):
@@ -502,6 +560,69 @@ def test_the_log_projects_the_run_time_and_warns_past_the_tiers_runtime(
             assert "tiers.split.runtime_h" in warnings[0] and f"1..{final}" in warnings[0]
     assert run_loop.project_run_time(130.0, 100.0, 3, 16) == pytest.approx(290.0)
     assert run_loop.check_projection(3600.0, 1, 20, None, "full") is None  # no limit known
+
+
+class FakeTime:
+    """run_loop's clock: the wall clock and the timer both read ``clock[0]`` seconds."""
+
+    def __init__(self, clock):
+        self.clock = clock
+
+    def time(self):
+        return self.clock[0]
+
+    def perf_counter(self):
+        return self.clock[0]
+
+
+# What the stop at the time limit leaves for after the checkpoint's write: scontrol requeue
+# and the exit of the job's processes (slurm_time_limit.time_limit). A job still running at
+# its limit is killed, its last checkpoint perhaps half written.
+REQUEUE_AND_EXIT_S = 20.0
+
+
+def run_to_the_limit(monkeypatch, deadline: float, each_s=10.0, write_s=5.0):
+    """A run of iterations 1..30 on a fake clock from 0 s: each iteration takes ``each_s``,
+    each checkpoint write ``write_s`` more, the job ends at ``deadline``. Returns (the
+    TimeLimit raised, the iteration and the end time of each checkpoint written)."""
+    clock, written = [0.0], []
+    monkeypatch.setattr(run_loop, "time", FakeTime(clock))
+    monkeypatch.setattr(run_loop.checkpoint, "contents", lambda tr, it, h: {"iteration": it})
+
+    def write(path, ckpt):
+        clock[0] += write_s
+        written.append((ckpt["iteration"], clock[0]))
+
+    monkeypatch.setattr(run_loop, "save_checkpoint", write)
+    tr = ClockedTrainer(method(iterations=30, early_stop=False), clock, each_s, each_s)
+    with pytest.raises(run_loop.TimeLimit) as stop:
+        run_loop.run(tr, 1, 31, config_hash="h", checkpoint_dir=Path("unused"), deadline=deadline)
+    return stop.value, written
+
+
+@pytest.mark.parametrize("phase", [0.0, 2.5, 5.0, 7.5, 10.0, 12.5])
+def test_the_time_limit_stop_writes_its_checkpoint_with_time_to_spare(phase, monkeypatch):
+    """Iterations of 10 s, checkpoints of 5 s, the deadline anywhere in an iteration: the run
+    stops with its last iteration's checkpoint written at least REQUEUE_AND_EXIT_S before the
+    deadline, and not an iteration earlier than it must."""
+    deadline = 300.0 + phase
+    stop, written = run_to_the_limit(monkeypatch, deadline)
+    last, done = written[-1]
+    assert f"stopped after iteration {last}" in str(stop)
+    assert deadline - done >= REQUEUE_AND_EXIT_S, (last, done, deadline)
+    # and it kept no more than the rule's two iterations (15 s each) of slack besides
+    assert deadline - done < REQUEUE_AND_EXIT_S + 2 * 15.0
+
+
+def test_the_stop_keeps_two_of_the_slowest_iterations_and_the_margin_free(monkeypatch):
+    """The rule (run_loop.run): stop after the first iteration that leaves less than two of the
+    slowest iterations (15 s with the checkpoint) plus STOP_MARGIN_S = 20 s before the
+    deadline. Iteration k's work ends at 15k - 5 s: with the deadline half a second short of
+    iteration 10's 145 + 50 s it stops after 10; half a second past it, after 11."""
+    stop, written = run_to_the_limit(monkeypatch, 145.0 + 50.0 - 0.5)
+    assert written[-1][0] == 10 and "after iteration 10" in str(stop)
+    stop, written = run_to_the_limit(monkeypatch, 145.0 + 50.0 + 0.5)
+    assert written[-1][0] == 11 and "after iteration 11" in str(stop)
 
 
 def test_each_iteration_logs_its_count_of_non_finite_entries(tmp_path):
