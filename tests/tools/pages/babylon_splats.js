@@ -14,6 +14,7 @@ import {
   Engine,
   Logger,
   Scene,
+  SceneLoaderFlags,
   TargetCamera,
   Vector3,
 } from "@babylonjs/core"; // the whole package, as an application imports it
@@ -42,6 +43,9 @@ async function settle(done) {
 async function main() {
   const { t, camera: orbit, fovy } = params();
   Logger.LogLevels = Logger.WarningLogLevel | Logger.ErrorLogLevel; // not the version banner
+  // No loading screen: an overlay that fades out on timers could still cover the canvas when
+  // the screenshot is taken.
+  SceneLoaderFlags.ShowLoadingScreen = false;
   const canvas = document.createElement("canvas");
   canvas.style.width = "100vw";
   canvas.style.height = "100vh";
