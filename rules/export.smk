@@ -55,6 +55,7 @@ rule export:
         glb=P.dynamic_glb(RESULTS, "{run}"),
         skinned=P.dynamic_skinned_glb(RESULTS, "{run}"),
         splats=P.dynamic_splats_glb(RESULTS, "{run}"),
+        splats_rigid=P.dynamic_splats_rigid_glb(RESULTS, "{run}"),
         trajectories=report(
             P.trajectories_npz(RESULTS, "{run}"),
             caption="../workflow/report/trajectories.rst",

@@ -130,6 +130,11 @@ def dynamic_splats_glb(results, scene: str) -> Path:
     return export_dir(results, scene) / "dynamic_splats.glb"
 
 
+def dynamic_splats_rigid_glb(results, scene: str) -> Path:
+    """The trained Gaussians with node animation only (rigid poses): any splat viewer plays it."""
+    return export_dir(results, scene) / "dynamic_splats_rigid.glb"
+
+
 def trajectories_npz(results, scene: str) -> Path:
     """Each dynamic object's rigid pose per frame, its fit residual and control-point tracks."""
     return export_dir(results, scene) / "trajectories.npz"

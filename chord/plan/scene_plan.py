@@ -276,6 +276,7 @@ class ScenePlan:
             P.dynamic_glb(r, run),
             P.dynamic_skinned_glb(r, run),
             P.dynamic_splats_glb(r, run),
+            P.dynamic_splats_rigid_glb(r, run),
             P.trajectories_npz(r, run),
             P.trajectories_json(r, run),
             P.scene_usda(r, run),

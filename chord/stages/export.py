@@ -1,8 +1,9 @@
 """Stage ``export`` (METHOD §19–§20): the trained scene as videos (reference view, orbit,
 four fixed views) at ``export_size``, a GIF preview, the animated ``dynamic_scene.glb`` (morph
 targets), ``dynamic_scene_skinned.glb`` (a skin on the control points), a per-frame 3DGS PLY
-sequence, ``dynamic_splats.glb`` (the Gaussians, skinned on the same control points), each
-dynamic object's rigid pose per frame (``trajectories.npz`` and its ``trajectories.json``) and
+sequence, ``dynamic_splats.glb`` (the Gaussians, skinned on the same control points),
+``dynamic_splats_rigid.glb`` (the Gaussians under nodes keyed with rigid poses), each dynamic
+object's rigid pose per frame (``trajectories.npz`` and its ``trajectories.json``) and
 the scene as USD (``scene.usda``)."""
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 
 from chord.config.result_keys import stage_config
 from chord.core import media
-from chord.export import sequences, trained_scene, trajectories, usd
+from chord.export import rigid_motion, sequences, trained_scene, trajectories, usd
 from chord.gaussians import gaussian_set, ply
 from chord.plan import results_layout
 from chord.render import cameras
@@ -49,6 +50,7 @@ def run(
     out_skinned_glb: Path,
     out_ply_dir: Path,
     out_splats_glb: Path,
+    out_splats_rigid_glb: Path,
     out_trajectories: Path,
     out_trajectories_json: Path,
     out_usd: Path,
@@ -107,6 +109,9 @@ def run(
     splats = trained_scene.write_splats_glb(
         out_splats_glb, doc=doc, scene=scene, gaussians=sets, frames=T, fps=method.save_fps
     )
+    splats_rigid = rigid_motion.write_rigid_splats_glb(
+        out_splats_rigid_glb, doc=doc, scene=scene, gaussians=sets, frames=T, fps=method.save_fps
+    )
     trajectories.write_trajectories(
         out_trajectories, out_trajectories_json, doc=doc, scene=scene, frames=T,
         fps=method.save_fps,
@@ -138,5 +143,6 @@ def run(
         **glb,
         "skinned": skinned,
         "splats": splats,
+        "splats_rigid": splats_rigid,
         "usd": scene_usd,
     }

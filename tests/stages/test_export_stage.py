@@ -102,6 +102,7 @@ def exported(sway):
         "out_skinned_glb": results_layout.dynamic_skinned_glb(res, s),
         "out_ply_dir": results_layout.ply_sequence_dir(res, s),
         "out_splats_glb": results_layout.dynamic_splats_glb(res, s),
+        "out_splats_rigid_glb": results_layout.dynamic_splats_rigid_glb(res, s),
         "out_trajectories": results_layout.trajectories_npz(res, s),
         "out_trajectories_json": results_layout.trajectories_json(res, s),
         "out_usd": results_layout.scene_usda(res, s),
@@ -130,6 +131,14 @@ def test_export_writes_videos_gif_and_ply_sequence(sway, exported):
             "sh_degree": 0,
             **skinned,
             "frames": T,
+        },
+        "splats_rigid": {
+            "gaussians": 3 * 300,
+            "sh_degree": 0,
+            "animated": 2,
+            "frames": T,
+            "residual_max": summary["splats_rigid"]["residual_max"],
+            "residual_relative": summary["splats_rigid"]["residual_relative"],
         },
         "usd": summary["usd"],
     }
@@ -491,6 +500,42 @@ def test_skinned_glb_keeps_morph_targets_for_a_second_layer(
     assert report["numErrors"] == 0 and report["numWarnings"] == 0, report["messages"]
 
 
+def test_exported_rigid_splats_play_the_trajectories_poses(sway, exported):
+    """dynamic_splats_rigid.glb: each object's node at the centre of its Gaussians, the
+    dynamic ones keyed with the rigid poses of trajectories.npz (the same rotations; the same
+    motion of the rest points, T_k·T_0⁻¹), the residual it leaves out stated per object; no
+    skin, no morph targets."""
+    from tests.unit.export.test_rigid_motion import world_splats
+
+    summary, outs = exported
+    doc, blob = container.read_glb(outs["out_splats_rigid_glb"])
+    assert "skins" not in doc and all("targets" not in m["primitives"][0] for m in doc["meshes"])
+    c, s = _normalisation(sway)
+    with np.load(outs["out_trajectories"], allow_pickle=False) as z:
+        a = {k: z[k] for k in z.files}
+    rigid = summary["splats_rigid"]
+    for name in ("obj_0", "obj_1", "obj_2"):
+        (node,) = [d for d in doc["nodes"] if d["name"] == name]
+        rest = ply.read_ply(sway.inputs["plys"][name]).means.astype(np.float64) / s + c
+        np.testing.assert_allclose(
+            node["translation"], (rest.min(0) + rest.max(0)) / 2, rtol=0, atol=1e-6
+        )
+        if name == "obj_1":
+            assert "extras" not in node and name not in rigid["residual_max"]
+            continue
+        residual = float(a[f"{name}/residual"].max())
+        assert rigid["residual_max"][name] == pytest.approx(residual, rel=1e-9, abs=1e-15)
+        assert node["extras"]["CHORD_rigid_motion"]["residual_max"] == rigid["residual_max"][name]
+        assert rigid["residual_relative"][name] >= 0
+        T_ = a[f"{name}/T"]
+        for k in range(T):
+            M = T_[k] @ np.linalg.inv(T_[0])
+            want = rest @ M[:3, :3].T + M[:3, 3]
+            tol = 16 * F32 * max(1.0, np.abs(want).max())
+            got = world_splats(doc, blob, name, k)
+            np.testing.assert_allclose(got, want, rtol=0, atol=tol, err_msg=f"{name} {k}")
+
+
 # --- trajectories and USD --------------------------------------------------------------------
 
 
@@ -551,6 +596,7 @@ def test_export_renders_its_videos_at_export_size(sway, tmp_path):
         "out_skinned_glb": tmp_path / "s.glb",
         "out_ply_dir": tmp_path / "ply",
         "out_splats_glb": tmp_path / "splats.glb",
+        "out_splats_rigid_glb": tmp_path / "splats_rigid.glb",
         "out_trajectories": tmp_path / "trajectories.npz",
         "out_trajectories_json": tmp_path / "trajectories.json",
         "out_usd": tmp_path / "scene.usda",

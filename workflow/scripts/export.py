@@ -18,6 +18,7 @@ with stage_logging(snakemake.log[0]):
         out_glb=Path(out.glb),
         out_skinned_glb=Path(out.skinned),
         out_splats_glb=Path(out.splats),
+        out_splats_rigid_glb=Path(out.splats_rigid),
         out_trajectories=Path(out.trajectories),
         out_trajectories_json=Path(out.trajectories_json),
         out_usd=Path(out.usd),
