@@ -17,11 +17,12 @@ position, the rotation is N(Σ_i w_i·q_{j_i}(t)) ⊗ q with q_j(t) joint j's an
 rotation (the trained blend, METHOD §5), the scale is kept (the skin matrices here are rigid)
 and the SH are not rotated.
 
-Each object's node sits at the object's centre, its splats relative to it (:func:`centred`), so
-that a viewer sorting objects by their nodes (three.js) orders them right. A skinned node's
-translation, which glTF's skinning ignores, is folded into its skin's inverse bind matrices
-(IBM_k = T(o − p_k)): a viewer with skins plays the motion, one without draws the rest pose in
-place; the Khronos validator warns of the ignored translation (NODE_SKINNED_MESH_LOCAL_TRANSFORMS).
+Each unskinned object's node sits at the object's centre, its splats relative to it
+(:func:`centred`), so that a viewer sorting objects by their nodes (three.js) orders them right.
+A skinned object's splats stay in world coordinates under an untransformed node: glTF's
+skinning ignores a skinned node's transform, and so does Babylon.js 9, which ignores the skin
+of splats too, so a translated node would draw its rest pose out of place there
+(tests/stages/test_splat_viewers.py). ``dynamic_splats_rigid.glb`` is the file for viewers.
 """
 
 from __future__ import annotations
@@ -261,7 +262,8 @@ def dynamic_splats_glb(
             raise InputError(f"{out_path}: {name} has no Gaussians")
         total += n
         where = f"{out_path}: {name}"
-        o, values = centred(splat_values(g, c, scale, degree, where))
+        world = splat_values(g, c, scale, degree, where)
+        o, values = centred(world)
         at = {"translation": o.tolist()}  # the node at the object's centre (:func:`centred`)
         if motion is None or frames < 2:
             mesh = add_splat_mesh(out, name, values, {})
@@ -272,11 +274,14 @@ def dynamic_splats_glb(
             root = out.add("nodes", {"name": name, "children": []})
             rest, keys = joint_positions(motion, c, scale)
             skel, joints = add_skeleton(out, name, root, rest)
-            skin = add_skin(out, name, skel, joints, rest, origin=o)
+            # in world coordinates, its node untransformed: a viewer that honours the skin
+            # ignores a skinned node's transform, one that ignores the skin (Babylon.js 9)
+            # does too, so only an untransformed node draws the rest pose in place in both
+            skin = add_skin(out, name, skel, joints, rest)
             bound = g.means.astype(np.float64)  # the rest points the trained weights bind
-            mesh = add_splat_mesh(out, name, values, skin_attributes(out, bound, motion, where))
+            mesh = add_splat_mesh(out, name, world, skin_attributes(out, bound, motion, where))
             out.doc["meshes"][mesh]["primitives"][0]["extras"] = SKINNING_EXTRAS
-            node = {"name": f"{name}_splats", "mesh": mesh, "skin": skin, **at}
+            node = {"name": f"{name}_splats", "mesh": mesh, "skin": skin}
             node = out.add("nodes", node)
             roots += [root, node]  # a skinned mesh node is a scene root
             skinned.append(node)

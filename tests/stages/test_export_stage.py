@@ -32,7 +32,7 @@ from chord.stages import export as export_stage
 from chord.stages import train as train_stage
 from tests.conftest import validate_glb
 from tests.unit.gltf.test_animated import float32_tolerance, skinned_vertices
-from tests.unit.gltf.test_splats import local_transforms, same_rotation, skinned_splats
+from tests.unit.gltf.test_splats import no_warnings, same_rotation, skinned_splats
 
 T, W, H = 5, 32, 16
 F32 = float(np.finfo(np.float32).eps)
@@ -455,7 +455,7 @@ def test_exported_splats_follow_the_ply_sequence(sway, exported, gltf_validator,
         rest = ply.read_ply(frames[0]).means[rows[name]].astype(np.float64) / s + c
         assert np.abs(x - rest).max() > 1e-4  # the trained motion moves it
     report = validate_glb(gltf_validator, outs["out_splats_glb"], tmp_path)
-    local_transforms(report, [f"/nodes/{names[f'{n}_splats']}" for n in ("obj_0", "obj_2")])
+    no_warnings(report)
     assert {m["code"] for m in report["messages"] if m["severity"] == 0} == {
         "MESH_PRIMITIVE_INVALID_ATTRIBUTE"  # KhronosGroup/glTF-Validator#252
     }
