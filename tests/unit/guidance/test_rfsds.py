@@ -134,8 +134,11 @@ def test_noisy_latents_formula_and_no_gradient():
     assert not zt.requires_grad and zt.grad_fn is None
     with pytest.raises(ValueError, match="eps"):
         rfsds.noisy_latents(z, eps[0], 0.3)
-    with pytest.raises(ValueError, match="t:"):
-        rfsds.noisy_latents(z, eps, 1.5)
+    for t in (1.5, -0.1):  # outside [0, 1]: past the noise or the clean latent
+        with pytest.raises(ValueError, match="t:"):
+            rfsds.noisy_latents(z, eps, t)
+    assert torch.equal(rfsds.noisy_latents(z, eps, 0.0), z.detach())
+    assert torch.equal(rfsds.noisy_latents(z, eps, 1.0), eps)
 
 
 def test_sds_grad_formula_and_nans():

@@ -162,6 +162,10 @@ def test_sampling_few_voxels_repeats_every_index():
     assert torch.equal(torch.bincount(s), torch.full((50,), 2))
     with pytest.raises(ValueError, match="batch_size"):
         regularisers.arap_sample(30, 50, 0, torch.Generator())
+    with pytest.raises(ValueError, match="sample_num"):  # no vertex would ever be sampled
+        regularisers.arap_sample(30, 0, 1, torch.Generator())
+    with pytest.raises(ValueError, match="num_voxels"):
+        regularisers.arap_sample(0, 50, 1, torch.Generator())
 
 
 # --- rotations --------------------------------------------------------------------------------
@@ -312,6 +316,8 @@ def test_energy_counts_samples_and_skips_masked_edges():
     only3 = mask.clone()
     only3[:, 3:] = False
     torch.testing.assert_close(regularisers.arap_energy(X, nbr, only3, torch.arange(30)), sub)
+    # one neighbour each still has an energy: a stretched edge cannot be rotated back
+    assert regularisers.arap_energy(X, nbr[:, :1], mask[:, :1], torch.arange(30)).item() > 0
 
 
 def test_energy_rejects_bad_shapes():

@@ -342,6 +342,50 @@ def test_import_forms_on_a_fake_package(tmp_path):
     }
 
 
+def test_only_a_module_that_locates_itself_reads_data_files_and_only_the_packages(tmp_path):
+    """A string names a data file only in a module that uses ``__file__`` (not one that just
+    mentions it); a pattern or template string is no name, and the strings after it still
+    count; the package folder itself and files outside it are never data."""
+    pkg = write_package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "mentions.py": '"""Not located by __file__."""\nNAME = "tables/one.yaml"\n',
+            "reads.py": """
+                from pathlib import Path
+                PATTERN = "{name}.yaml"
+                HERE = Path(__file__).parent
+                FILES = [HERE / "../../outside.txt", HERE / "../chord", HERE / "tables/one.yaml"]
+            """,
+            "tables/one.yaml": "a: 1\n",
+            "tables/two.yaml": "b: 2\n",
+            "sub/scan.py": 'from pathlib import Path\nHERE, SEP = Path(__file__).parent, ""\n',
+            "sub/notes.txt": "beside scan.py, named by no string\n",
+            "folder.py": 'from pathlib import Path\nTABLES = Path(__file__).parent / "tables"\n',
+            "tables/convert.py": "# a module beside the data, not data\n",
+            "tables/__pycache__/convert.cpython-311.pyc": "",
+            "tables/more/three.yaml": "c: 3\n",
+        },
+    )
+    (tmp_path / "outside.txt").write_text("not the package's\n")
+    rel = {f.relative_to(pkg).as_posix() for f in cs.closure(["chord.mentions"], root=pkg)}
+    assert rel == {"__init__.py", "mentions.py"}
+    found = cs.closure(["chord.reads"], root=pkg)
+    assert all(f.is_relative_to(pkg) for f in found)
+    rel = {f.relative_to(pkg).as_posix() for f in found}
+    assert rel == {"__init__.py", "reads.py", "tables/one.yaml"}
+    rel = {f.relative_to(pkg).as_posix() for f in cs.closure(["chord.sub.scan"], root=pkg)}
+    assert rel == {"__init__.py", "sub/scan.py"}  # "" names no file, nor its folder
+    rel = {f.relative_to(pkg).as_posix() for f in cs.closure(["chord.folder"], root=pkg)}
+    assert rel == {
+        "__init__.py",
+        "folder.py",
+        "tables/one.yaml",
+        "tables/two.yaml",
+        "tables/more/three.yaml",
+    }  # a folder's files, not its folders, Python files or caches
+
+
 def test_imports_in_except_finally_else_and_match_blocks_are_sources(tmp_path):
     """The walker's docstring claims every block an import can sit in: here each import is
     the only statement of an ``except`` handler, a ``finally``, a loop's ``else`` or a

@@ -4,6 +4,8 @@ the OOM exit status, and GPU assignment for concurrent jobs."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import yaml
@@ -44,6 +46,32 @@ def test_default_tiers_follow_the_seed_document(default_tiers):
     assert t["offload"].host_mem_gb > t["split"].host_mem_gb  # mmgp keeps the DiT in host RAM
     assert [t[n].size for n in list(t)[3:]] == ["576*320", "416*240"]
     assert t["offload"].mem_mb == 96 * 1024 and t["full"].runtime_min == 12 * 60
+
+
+def test_a_tier_takes_the_schemas_defaults_and_is_shared_unchanged():
+    t = tiers.parse({"t": {"gpu_mem_gb": 24}})["t"]
+    assert (t.host_mem_gb, t.runtime_h, t.cpus_per_gpu, t.gpus) == (32.0, 24.0, 8, 1)
+    assert (t.flags, t.size, t.gpu_model, t.slurm_partition) == ({}, None, None, None)
+    with pytest.raises(dataclasses.FrozenInstanceError):  # one Tier serves every scene's jobs
+        t.gpus = 2
+
+
+def test_the_log_says_where_a_tier_came_from(default_tiers):
+    assert tiers.start("split", default_tiers, card(48)).describe() == (
+        "split (the sheet's tier column)"
+    )
+    assert tiers.start("auto", default_tiers, None).describe() == (
+        "full (no GPU: a CPU run takes the first tier)"
+    )
+    assert tiers.start("auto", default_tiers, card(48)).describe().startswith("split on 1 x")
+
+
+def test_a_gpu_smaller_than_every_tier_takes_the_leanest_naming_why_not_the_others(
+    default_tiers,
+):
+    choice = tiers.choose(default_tiers, card(8), allow_lowres=True)
+    assert choice.tier == "lowres_min"
+    assert [name for name, _ in choice.skipped] == ["full", "split", "offload", "lowres"]
 
 
 def test_parse_rejects_tiers_out_of_escalation_order():
@@ -256,6 +284,7 @@ def test_auto_falls_back_to_the_declared_choice_when_the_model_rejects_every_tie
     text = record.getMessage()
     assert record.levelname == "WARNING" and "no tier fits 1 x a 48 GiB GPU" in text
     assert "split predicted 99.9 GiB" in text and "starting on split" in text
+    assert "; leanest: offload predicted" in text  # the leanest at the method's size
     assert "use_tiny_vae: true" in text and "size, frame_num or batch_size" in text
     caplog.clear()
     with caplog.at_level(

@@ -717,3 +717,156 @@ def test_the_contact_loss_keeps_a_block_out_of_the_slab_its_teacher_pushes_it_in
     assert excess[0.0] > 0.003  # the teacher does push it in (0.0049 when written)
     assert excess[1e8] < excess[0.0] / 5  # 0.0003 when written
     assert set(logged[0.0]) == {0.0} and max(logged[1e8]) > 0
+
+
+# --- the loop's bookkeeping on a trainer that trains nothing ------------------------------
+
+
+class ScriptedTrainer:
+    """A trainer that trains nothing: iteration ``it``'s step is non-finite once for each time
+    ``it`` is in ``fail_once``, always if in ``fail_always``. ``run`` lists the iterations
+    stepped (more than 40 fails the test: a loop that does not end)."""
+
+    def __init__(self, method, fail_once=(), fail_always=(), guidance=None):
+        self.method, self.fail_once, self.fail_always = method, list(fail_once), set(fail_always)
+        self.run, self.nonfinite, self.guidance = [], 0, guidance
+        self.float32_fallback, self.gpu_memory_bytes, self.host_memory_bytes = False, None, None
+        self.group = type("Solo", (), {"any": staticmethod(lambda flag, what: flag)})()
+
+    def step(self, it):
+        self.run.append(it)
+        assert len(self.run) <= 40, f"the run loop does not end: {self.run}"
+        failed = it in self.fail_always or it in self.fail_once
+        if it in self.fail_once:
+            self.fail_once.remove(it)
+        self.nonfinite = self.nonfinite + 1 if failed else 0
+        return {"it": it, "sds": 0.0, "arap": 0.0, "cfg": 1.0}
+
+
+@pytest.fixture
+def light_checkpoints(monkeypatch):
+    """checkpoint.contents and restore of a ScriptedTrainer (its iteration only, in the real
+    file format); returns the iterations restored."""
+    restored = []
+
+    def contents(trainer, it, config_hash):
+        return {"format": checkpoint.CKPT_FORMAT, "iteration": it, "config_hash": config_hash}
+
+    def restore(trainer, ckpt):
+        restored.append(ckpt["iteration"])
+        return ckpt["iteration"] + 1
+
+    monkeypatch.setattr(checkpoint, "contents", contents)
+    monkeypatch.setattr(checkpoint, "restore", restore)
+    return restored
+
+
+def saved(folder):
+    return sorted(int(p.stem.removeprefix("ckpt_")) for p in folder.glob("ckpt_*.pt"))
+
+
+def test_save_points_and_the_last_iteration_follow_method_19():
+    assert run_loop.save_points(method(iterations=30, save_interval=100)) == {1, 5, 20}
+    assert run_loop.save_points(method(iterations=9, save_interval=4)) == {1, 4, 5, 6, 8}
+    early, full = method(iterations=9, early_stop=True), method(iterations=9, early_stop=False)
+    assert (run_loop.last_iteration(early, 10), run_loop.last_iteration(full, 10)) == (6, 9)
+    assert run_loop.last_iteration(early, 4) == 3  # a run stopped before ⌊2N/3⌋
+    # a SIGTERM's exit status is the shell's for it, which Slurm and Snakemake read
+    assert run_loop.Interrupted.exit_code == 128 + 15
+    assert issubclass(run_loop.TimeLimit, run_loop.Interrupted)
+
+
+def test_a_run_keeps_its_save_points_and_its_last_iteration(tmp_path, light_checkpoints):
+    m = method(iterations=10, save_interval=4, early_stop=False)
+    tr = ScriptedTrainer(m)
+    assert run_loop.run(tr, 1, 11, config_hash="h", checkpoint_dir=tmp_path / "a") == 10
+    assert tr.run == list(range(1, 11)) and saved(tmp_path / "a") == [1, 4, 5, 6, 8, 10]
+    # the last iteration is saved even when its step was non-finite
+    bad_end = ScriptedTrainer(m, fail_once=[10])
+    run_loop.run(bad_end, 1, 11, config_hash="h", checkpoint_dir=tmp_path / "z")
+    assert saved(tmp_path / "z") == [1, 4, 5, 6, 8, 10]
+    m = method(iterations=9, save_interval=4, early_stop=False)
+    resumed = ScriptedTrainer(m)
+    assert run_loop.run(resumed, 7, 10, config_hash="h", checkpoint_dir=tmp_path / "b") == 9
+    assert resumed.run == [7, 8, 9] and saved(tmp_path / "b") == [8, 9]
+    run_loop.run(ScriptedTrainer(m), 1, 10, config_hash="h", checkpoint_dir=tmp_path / "c",
+                 writer=False)  # fmt: skip
+    assert saved(tmp_path / "c") == []  # only rank 0 writes
+    early = ScriptedTrainer(method(iterations=9, save_interval=4, early_stop=True))
+    assert run_loop.run(early, 1, 10, config_hash="h", checkpoint_dir=tmp_path / "d") == 6
+    assert early.run == [1, 2, 3, 4, 5, 6] and saved(tmp_path / "d") == [1, 4, 5, 6]
+
+
+class Teacher:
+    """A guidance with a float32 switch."""
+
+    fp32 = False
+
+    def use_float32(self):
+        self.fp32 = True
+
+
+class Events:
+    """A Progress that records the events only."""
+
+    def __init__(self):
+        self.events = []
+
+    def step(self, it, rec, seconds):
+        pass
+
+    def event(self, kind, it, **kw):
+        self.events.append((kind, it, kw))
+
+
+def test_non_finite_steps_roll_back_to_the_newest_checkpoint(tmp_path, light_checkpoints):
+    """Two non-finite steps in a row (4 and 5) roll back to the newest checkpoint (3), the
+    guidance falls back to float32, and the count starts again from there."""
+    m = method(iterations=8, save_interval=100, early_stop=False)
+    tr = ScriptedTrainer(m, fail_once=[4, 5, 6], guidance=Teacher())
+    watch = Events()
+    last = run_loop.run(
+        tr, 1, 9, config_hash="h", checkpoint_dir=tmp_path, max_nonfinite_steps=2, progress=watch
+    )
+    assert last == 8 and light_checkpoints == [3]
+    assert tr.run == [1, 2, 3, 4, 5, 4, 5, 6, 7, 8] and tr.nonfinite == 0
+    assert tr.guidance.fp32 and tr.float32_fallback
+    assert watch.events == [
+        ("rollback", 5, {"to": 3, "nonfinite": 2}),
+        ("float32", 4, {"taken": True}),
+    ]
+    kept = ScriptedTrainer(m, fail_once=[4, 5], guidance=Teacher())
+    watch = Events()
+    run_loop.run(kept, 1, 9, config_hash="h", checkpoint_dir=tmp_path / "none",
+                 max_nonfinite_steps=2, fallback="none", progress=watch)  # fmt: skip
+    assert not kept.guidance.fp32 and [e[0] for e in watch.events] == ["rollback"]
+
+
+def test_non_finite_steps_that_persist_after_a_roll_back_stop_the_run(tmp_path, light_checkpoints):
+    m = method(iterations=8, save_interval=100, early_stop=False)
+    tr = ScriptedTrainer(m, fail_always=[4, 5])
+    with pytest.raises(RuntimeError, match="iteration 5: 2 non-finite steps in a row persist"):
+        run_loop.run(tr, 1, 9, config_hash="h", checkpoint_dir=tmp_path, max_nonfinite_steps=2)
+    assert tr.run == [1, 2, 3, 4, 5, 4, 5] and light_checkpoints == [3]
+    nowhere = ScriptedTrainer(m, fail_always=[2, 3])  # no checkpoint to roll back to
+    with pytest.raises(RuntimeError, match="iteration 3"):
+        run_loop.run(nowhere, 1, 9, config_hash="h", max_nonfinite_steps=2)
+    assert light_checkpoints == [3]
+
+
+def test_the_projection_averages_the_iterations_right_after_the_first(monkeypatch, caplog):
+    """The projection comes after the first iteration and PROJECT_AFTER (3) more: a slow
+    fifth iteration is not in it."""
+    clock = [0.0]
+    monkeypatch.setattr(run_loop.time, "perf_counter", lambda: clock[0])
+    tr = ClockedTrainer(method(iterations=30, early_stop=False), clock, 100.0, 10.0)
+    step = tr.step
+
+    def slow_fifth(it):
+        clock[0] += 990.0 if it == 5 else 0.0
+        return step(it)
+
+    tr.step = slow_fifth
+    with caplog.at_level("INFO", logger="chord.training.run_loop"):
+        run_loop.run(tr, 1, 31, config_hash="h")
+    assert "(10.0 s per iteration after the first, 100.0 s)" in caplog.text
