@@ -1,5 +1,7 @@
 """File sizes of the two animated GLBs of the export stage: ``dynamic_scene.glb`` (one
-morph target per frame) against ``dynamic_scene_skinned.glb`` (one joint per control point).
+morph target per frame) against ``dynamic_scene_skinned.glb`` (one joint per control point);
+and of ``scene.usda`` (as the stage writes it, and with every dynamic object's points
+time-sampled instead, the alternative to UsdSkel) and ``trajectories.npz`` + ``.json``.
 
     python bench/glb_size.py [--vertices 100000] [--cp-num 60] [--frames 41]
 
@@ -7,9 +9,9 @@ Rows: the demo scenes (hop, sway) with their geometry prepared by the demo confi
 cpu_demo: 21 frames), and one UV sphere of about ``--vertices`` vertices as the only (dynamic)
 object with ``--cp-num`` control points and ``--frames`` frames. The motion is trained-like:
 seeded random small values (σ 0.01) in every first-layer Fenwick table. Both files are
-written by chord.export.trained_scene.write_glb, as the export stage writes them; prints bytes and
-write
-seconds. Not collected by pytest.
+written by chord.export.trained_scene.write_glb, as the export stage writes them, the USD by
+chord.export.usd.write_usd and the trajectories by chord.export.trajectories; prints bytes and
+write seconds. Not collected by pytest.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import torch
 import trimesh
 
 from chord.cli import upstream_train
-from chord.export import trained_scene
+from chord.export import trained_scene, trajectories, usd
 from chord.gaussians import gaussian_set, ply
 from chord.gltf import container
 from chord.motion import control_points
@@ -65,6 +67,22 @@ def both_glbs(folder: Path, *, doc, scene, sources, frames: int, fps: float) -> 
         )
         row[f"{key} s"] = time.perf_counter() - start
         row[key] = out.stat().st_size
+    kw = {"doc": doc, "scene": scene, "frames": frames, "fps": fps}
+    start = time.perf_counter()
+    summary = usd.write_usd(folder / "scene.usda", sources=sources, **kw)
+    row["usd s"] = time.perf_counter() - start
+    row["usd"] = (folder / "scene.usda").stat().st_size
+    row["usd kinds"] = "/".join(sorted(set(summary["objects"].values()) - {"static"}))
+    kind = usd.motion_kind
+    usd.motion_kind = lambda *a: "points"  # the alternative: every dynamic object's points
+    try:
+        usd.write_usd(folder / "points.usda", sources=sources, **kw)
+    finally:
+        usd.motion_kind = kind
+    row["usd points"] = (folder / "points.usda").stat().st_size
+    trajectories.write_trajectories(folder / "t.npz", folder / "t.json", **kw)
+    row["npz"] = (folder / "t.npz").stat().st_size
+    row["json"] = (folder / "t.json").stat().st_size
     return row
 
 
@@ -107,10 +125,11 @@ def sphere_row(folder: Path, *, vertices: int, cp_num: int, frames: int) -> dict
     )
     scene = MotionScene(["obj_0"], [splats], {"obj_0": obj})
     shake(scene)
+    b = normalised[0].bounds.tolist()
     doc = {
         "scene": "sphere",
         "normalisation": {"centre": c.tolist(), "scale": float(s)},
-        "objects": [{"name": "obj_0", "role": "dynamic"}],
+        "objects": [{"name": "obj_0", "role": "dynamic", "source": str(src), "bounds": b}],
     }
     row = both_glbs(folder, doc=doc, scene=scene, sources={"obj_0": src}, frames=frames, fps=10)
     return {"scene": "UV sphere", "frames": frames, "control points": cp_num, **row}
@@ -141,6 +160,16 @@ def main() -> None:
             f"| {r['scene']} | {r['vertices']:,} | {r['frames']} | {r['control points']} "
             f"| {r['sources']:,} B | {r['morph']:,} B | {r['skinned']:,} B "
             f"| {r['morph'] / r['skinned']:.1f}x | {r['morph s']:.2f} / {r['skinned s']:.2f} |"
+        )
+    print()
+    print("| scene | dynamic vertices | frames | skinned GLB | scene.usda (dynamic as) | "
+          "scene.usda, points sampled | trajectories.npz + .json | USD write s |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['scene']} | {r['vertices']:,} | {r['frames']} | {r['skinned']:,} B "
+            f"| {r['usd']:,} B ({r['usd kinds']}) | {r['usd points']:,} B "
+            f"| {r['npz']:,} + {r['json']:,} B | {r['usd s']:.2f} |"
         )
 
 

@@ -172,28 +172,6 @@ def tier_table(width: int, height: int, config: Path = CONFIG) -> dict[str, tupl
     return rows
 
 
-def transformer_kwargs(shape: peak_memory.ModelShape, *, rope_max_seq_len: int = 1024) -> dict:
-    """diffusers WanTransformer3DModel arguments of an expert of ``shape`` with Wan 2.2 I2V's
-    fixed choices (transformer/config.json of the diffusers release: no image embedding, RMS
-    norm across heads)."""
-    return {
-        "patch_size": tuple(shape.patch),
-        "num_attention_heads": shape.heads,
-        "attention_head_dim": shape.head_dim,
-        "in_channels": shape.in_channels,
-        "out_channels": shape.out_channels,
-        "text_dim": shape.text_dim,
-        "freq_dim": shape.freq_dim,
-        "ffn_dim": shape.ffn,
-        "num_layers": shape.layers,
-        "cross_attn_norm": True,
-        "qk_norm": "rms_norm_across_heads",
-        "eps": 1e-6,
-        "image_dim": None,
-        "rope_max_seq_len": rope_max_seq_len,
-    }
-
-
 # -- setup ------------------------------------------------------------------------------------
 def random_expert(config: dict, device, dtype) -> torch.nn.Module:
     """A randomly initialised WanTransformer3DModel built directly in ``dtype`` on ``device``
@@ -639,7 +617,7 @@ def parity(scene, width: int, height: int, device) -> dict:
     """gsplat vs the torch rasteriser on the same inputs: image difference and gradient
     cosine (8 frames, one orbit view, white background)."""
     from chord.render import cameras, gsplat_backend
-    from chord.render.rasterizer import render_video
+    from chord.render.views import render_video
 
     if device.type != "cuda" or not gsplat_backend.available():
         return {"status": "skipped: gsplat needs CUDA and its extension"}
@@ -709,7 +687,7 @@ def render_timing(
     plus backward (a weighted sum's gradient to the per-frame Gaussians, as leaves: the
     deformation is outside the timing)."""
     from chord.render import cameras, gsplat_backend
-    from chord.render.rasterizer import render_video
+    from chord.render.views import render_video
 
     if "gsplat" in backends and device.type != "cuda":
         return {"status": "skipped: gsplat needs CUDA (this run is on the CPU)"}
@@ -861,7 +839,7 @@ def main(argv=None) -> int:
     if tiny:
         torch.set_num_threads(1)
     shape = TINY if tiny else peak_memory.A14B
-    config = transformer_kwargs(shape, rope_max_seq_len=64 if tiny else 1024)
+    config = peak_memory.transformer_kwargs(shape, rope_max_seq_len=64 if tiny else 1024)
     gaussians = args.gaussians or (2000 if tiny else 100_000)
     dtype = torch.float32 if not cuda else torch.bfloat16
     dev = torch.cuda.get_device_name() if cuda else "CPU (--tiny)"

@@ -67,6 +67,7 @@ TARGETS: dict[str, Target] = {
                 "split_render_backward_empties_the_cuda_cache_after_each_chunk",
                 "nan_from_the_teacher_is_a_non_finite_step_that_rolls_back",
                 "float32_fallback_is_not_taken_where_the_memory_model_says_it_will_not_fit",
+                "the_contact_loss_keeps_a_block_out_of_the_slab_its_teacher_pushes_it_into",
             )
         ),
     ),

@@ -47,16 +47,9 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         data = demo.write_demo_scene(args.scene, root / "data", frame_num=spec.method.frame_num)
-        out = upstream_train.prepare_geometry(
+        inputs = upstream_train.oracle_train_inputs(
             data=data, results=root / "results", scene=args.scene, method=spec.method
         )
-        inputs = {
-            "scene_json": results_layout.scene_json(root / "results", args.scene),
-            "plys": out["plys"],
-            "voxels": out["voxels"],
-            "text_path": None,
-            "data_dir": data,
-        }
         folder = results_layout.previews_dir(root / "results", args.scene)
         preview = live_preview.view_keys(spec.method, folder)
         if args.iterations:

@@ -44,21 +44,6 @@ MODES = [
 ]
 
 
-def prepare(scene: str, root: Path, method):
-    from chord.cli import upstream_train
-    from chord.plan import results_layout
-
-    data = root / "data" / scene
-    out = upstream_train.prepare_geometry(data=data, results=root, scene=scene, method=method)
-    return {
-        "scene_json": results_layout.scene_json(root, scene),
-        "plys": out["plys"],
-        "voxels": out["voxels"],
-        "text_path": None,
-        "data_dir": data,
-    }
-
-
 def recovery_error(trainer) -> float:
     """metrics.json's recovery_relative: mean |x_pred − x_scripted| over frames and the
     dynamic Gaussians, divided by their mean scripted displacement."""
@@ -74,6 +59,7 @@ def recovery_error(trainer) -> float:
 
 
 def recovery(args) -> None:
+    from chord.cli import upstream_train
     from chord.training import scene_trainer
 
     over = {"iterations": args.iterations} if args.iterations else None
@@ -83,8 +69,10 @@ def recovery(args) -> None:
         root = Path(tmp)
         from chord.scene import demo
 
-        demo.write_demo_scene(args.scene, root / "data", frame_num=method.frame_num)
-        inputs = prepare(args.scene, root, method)
+        data = demo.write_demo_scene(args.scene, root / "data", frame_num=method.frame_num)
+        inputs = upstream_train.oracle_train_inputs(
+            data=data, results=root, scene=args.scene, method=method
+        )
         print(
             f"{args.scene}: the shipped demo config ({method.size}, {method.frame_num} frames, "
             f"{method.iterations} iterations, batch {method.batch_size}), oracle"

@@ -172,7 +172,7 @@ def child_render(p: dict) -> dict:
     import torch
 
     from chord.render import cameras
-    from chord.render.rasterizer import render_video
+    from chord.render.views import render_video
 
     scene = fixtures.block_scene(p["gaussians"], p["frames"], deform=0.02)
     K = cameras.intrinsics(p["width"], p["height"])

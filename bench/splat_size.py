@@ -123,13 +123,13 @@ def synthetic_row(gaussians: int, frames: int, cp_num: int, sh_degree: int) -> d
 
 def check_formula(tmp: Path) -> None:
     """The PLY formula equals a written sequence (3 frames of 1,234 Gaussians, degree 1)."""
-    from chord.export import videos
+    from chord.export import sequences
     from chord.gaussians import gaussian_set as gs
 
     n, T = 1234, 3
     g = gs.GaussianSet(np.zeros((n, 3)), np.zeros((n, 3)), np.tile([1.0, 0, 0, 0], (n, 1)),
                        np.zeros(n), np.zeros((n, 4, 3)))  # fmt: skip
-    files = videos.write_ply_sequence(
+    files = sequences.write_ply_sequence(
         tmp / "ply", g, np.repeat(g.means[None], T, 0), np.repeat(g.quats[None], T, 0)
     )
     written = sum(f.stat().st_size for f in files)

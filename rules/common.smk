@@ -1,6 +1,5 @@
 # Validation first, then the scene sheet, wildcard constraints, input functions and targets.
 import os
-from pathlib import Path
 
 import pandas as pd
 from snakemake.exceptions import WorkflowError
@@ -16,7 +15,6 @@ import chord.resources.peak_memory
 import chord.resources.job_memory
 import chord.plan.results_layout as P
 import chord.plan.scene_plan
-import chord.config.result_keys as rk
 import chord.config.sheet
 import chord.plan.code_sources
 import chord.resources.tiers as ct
@@ -127,27 +125,17 @@ def demo_frame_num(name):
     return counts.pop() if counts else demo.DEFAULT_FRAME_NUM
 
 
+# The rules' params are JOBS's (chord.plan.workflow_jobs), so the unit tests ask what the rules
+# do: a sheet column a stage reads must change its params or its inputs.
 def stage_params(name, stage):
     """The fields of a stage's config (chord.config.result_keys): the method keys it reads, of a
     scene or a run."""
-    return rk.stage_params(run_spec(name).method, stage)
-
-
-def run_spec(name):
-    """The scene spec of a scene or run: a sweep's run has its own seed (chord.plan.scene_plan.run_spec)."""
-    return chord.plan.scene_plan.run_spec(CONF, name)
+    return JOBS.stage_params(name, stage)
 
 
 def condition_params(scene):
-    """What changes a scene's text embeddings: the prompts (the sheet's negative prompt, else
-    the method's) and the condition stage's method and guidance keys (the encoder)."""
-    spec = CONF.scenes[scene]
-    return {
-        "prompt": spec.prompt,
-        **stage_params(scene, "condition"),
-        "n_prompt": spec.n_prompt,
-        "guidance": rk.guidance_params(CONF.guidance, "condition"),
-    }
+    """What changes a scene's text embeddings: the prompts and the encoder's keys."""
+    return JOBS.condition_params(scene)
 
 
 def code_sources(wildcards):
@@ -169,15 +157,8 @@ def code(stage):
 
 
 def fitted_ply(wildcards):
-    folder = CONF.scenes[wildcards.scene].gaussians
-    if folder is None:
-        return []
-    import chord.gaussians.ply  # here: it imports trimesh (chord.gaussians.gaussian_set), ~2 s the DAG build spares
-
-    try:
-        return [str(chord.gaussians.ply.find_fitted_ply(Path(folder) / wildcards.obj))]
-    except ValueError:
-        return []  # the stage reports what is missing
+    """The object's fitted 3DGS in the sheet's gaussians folder, if any."""
+    return JOBS.fitted_ply(wildcards.scene, wildcards.obj)
 
 
 # The experts' shapes for the memory model: the Wan folder's configs, else A14B.
@@ -288,14 +269,8 @@ def sweep_inputs(wildcards):
 
 
 def preview_params(scene):
-    """What changes a preview: its sampling settings, the training hash (the scene's
-    result-changing method and teacher) and the other keys it reads (its view)."""
-    view = {
-        k: v
-        for k, v in stage_params(scene, "preview").items()
-        if k not in rk.STAGE_KEYS["train"]
-    }
-    return {"preview": vars(CONF.preview), "method": train_params(scene), "view": view}
+    """What changes a preview: its settings, the training hash and the keys of its view."""
+    return asked(JOBS.preview_params, scene)
 
 
 def debug_inputs(wildcards):

@@ -55,6 +55,16 @@ rule export:
         glb=P.dynamic_glb(RESULTS, "{run}"),
         skinned=P.dynamic_skinned_glb(RESULTS, "{run}"),
         splats=P.dynamic_splats_glb(RESULTS, "{run}"),
+        splats_rigid=P.dynamic_splats_rigid_glb(RESULTS, "{run}"),
+        trajectories=report(
+            P.trajectories_npz(RESULTS, "{run}"),
+            caption="../workflow/report/trajectories.rst",
+            category="{run}",
+            subcategory="exports",
+            labels={"scene": "{run}", "file": "object trajectories"},
+        ),
+        trajectories_json=P.trajectories_json(RESULTS, "{run}"),
+        usd=P.scene_usda(RESULTS, "{run}"),
         ply=directory(P.ply_sequence_dir(RESULTS, "{run}")),
     log:
         P.log(RESULTS, "{run}", "export"),

@@ -31,9 +31,20 @@ SLURM_PLUGIN = Component("Slurm executor plugin", "pip install -e '.[test]'", ci
 CUDA = Component("CUDA GPU", "a machine with an NVIDIA GPU and a CUDA build of torch", ci=False)
 CPU_ONLY = Component("CPU-only paths", "they check what a machine without CUDA says", ci=False)
 TENSORBOARD = Component("TensorBoard", "pip install -e '.[test]'", ci=True)
+# bpy in a venv of its own: it pins numpy<2 (the project's pandas needs numpy 2) and its wheel
+# is 374 MB (821 MB installed), so neither the `test` extra nor .ci/run brings it.
+BLENDER = Component(
+    "Blender's bpy",
+    "python3.11 -m venv .venv-bpy && .venv-bpy/bin/pip install bpy==5.0.1 "
+    "(or CHORD_BPY_PYTHON=<a Python with bpy>)",
+    ci=False,
+)
+# the repository's own test files (tests/data): missing in a partial copy of it
+TEST_DATA = Component("test data", "a full clone of the repository (git tracks it)", ci=True)
 
 COMPONENTS = (
-    NODE, NPM_TOOLS, CHROMIUM, SLURM, SLURM_ROOT, SLURM_PLUGIN, TENSORBOARD, CUDA, CPU_ONLY
+    NODE, NPM_TOOLS, CHROMIUM, SLURM, SLURM_ROOT, SLURM_PLUGIN, TENSORBOARD, TEST_DATA, CUDA,
+    CPU_ONLY, BLENDER,
 )  # fmt: skip
 
 
@@ -45,13 +56,14 @@ def in_ci() -> bool:
     return bool(os.environ.get("CHORD_CI"))
 
 
-def missing(component: Component, detail: str):
-    """Skip the running test for want of ``component`` (``detail`` says what exactly); fail
-    instead under CHORD_CI when .ci/run installs it."""
+def missing(component: Component, detail: str, *, module: bool = False):
+    """Skip the running test for want of ``component`` (``detail`` says what exactly), or with
+    ``module`` the test module being collected; fail instead under CHORD_CI when .ci/run
+    installs it."""
     text = reason(component, detail)
     if component.ci and in_ci():
         pytest.fail(f"{text} (CHORD_CI: .ci/run installs it: {component.install})")
-    pytest.skip(text)
+    pytest.skip(text, allow_module_level=module)
 
 
 def skip_without(component: Component, present: bool, detail: str):

@@ -46,7 +46,8 @@ def check_renderer(backend: str, *, parity: bool, device=None) -> Check:
     kernel image"; with ``parity`` they also agree with the torch rasterizer."""
     import torch
 
-    from chord.render import gsplat_backend, rasterizer
+    from chord.render import backend as render_backend
+    from chord.render import gsplat_backend
 
     if backend == "torch":
         return Check("gsplat", NA, "render_backend: torch (the torch rasterizer everywhere)")
@@ -59,12 +60,14 @@ def check_renderer(backend: str, *, parity: bool, device=None) -> Check:
         )
     device = torch.device("cuda" if device is None else device)
     try:
-        rasterizer.resolve_backend(backend, device)
-    except rasterizer.BackendUnavailable as exc:
+        render_backend.resolve_backend(backend, device)
+    except render_backend.BackendUnavailable as exc:
         reason, _, fix = str(exc).partition(". Fix: ")
         return Check("gsplat", FAIL, reason, fix)
     tag = gsplat_backend.capability_tag(gsplat_backend.device_capability(device))
-    detail = f"{rasterizer.describe_backend('gsplat')} on {tag}: {gsplat_backend.kernels_file()}"
+    detail = (
+        f"{render_backend.describe_backend('gsplat')} on {tag}: {gsplat_backend.kernels_file()}"
+    )
     try:
         if parity:
             diff, alpha = renderer_parity(device)

@@ -30,9 +30,14 @@ def _spec(conf: cfg.Config, scene: str) -> cfg.SceneSpec:
     return conf.scenes[scene]
 
 
-def _roles(conf: cfg.Config, spec: cfg.SceneSpec) -> dict[str, str]:
+def _objects(args, keep) -> tuple[cfg.Config, cfg.SceneSpec, list[str]]:
+    """The config, the --scene's spec and the objects a per-object stage runs on: --obj, else
+    those whose role (in the scene's ingested scene.json) ``keep`` accepts."""
+    conf = _load(args)
+    spec = _spec(conf, args.scene)
     doc = sc.read_scene_json(results_layout.scene_json(conf.results, spec.scene))
-    return {o["name"]: o["role"] for o in doc["objects"]}
+    roles = {o["name"]: o["role"] for o in doc["objects"]}
+    return conf, spec, args.obj or [o for o, r in roles.items() if keep(r)]
 
 
 def cmd_build_kernels(args) -> int:
@@ -144,10 +149,8 @@ def cmd_ingest(args) -> int:
 def cmd_gaussians(args) -> int:
     from chord.stages import gaussians
 
-    conf = _load(args)
-    spec = _spec(conf, args.scene)
-    roles = _roles(conf, spec)
-    for obj in args.obj or [o for o, r in roles.items() if r != "avoided"]:
+    conf, spec, objects = _objects(args, lambda role: role != "avoided")
+    for obj in objects:
         gaussians.run(
             scene_json=results_layout.scene_json(conf.results, spec.scene),
             obj=obj,
@@ -161,10 +164,8 @@ def cmd_gaussians(args) -> int:
 def cmd_voxelize(args) -> int:
     from chord.stages import voxelize
 
-    conf = _load(args)
-    spec = _spec(conf, args.scene)
-    roles = _roles(conf, spec)
-    for obj in args.obj or [o for o, r in roles.items() if r == "dynamic"]:
+    conf, spec, objects = _objects(args, lambda role: role == "dynamic")
+    for obj in objects:
         voxelize.run(
             scene_json=results_layout.scene_json(conf.results, spec.scene),
             obj=obj,
@@ -225,12 +226,9 @@ def cmd_render(args) -> int:
         cam_height=d.cam_height if args.cam_height is None else args.cam_height,
         fovy=d.fovy if args.fovy is None else args.fovy,
         fps=args.save_fps or d.save_fps,
-        lst_frame=args.lst_frame,
         invert_bg_prob=d.invert_bg_prob if args.invert_bg_prob is None else args.invert_bg_prob,
-        static_id=args.static_id,
-        exclude_objs=args.exclude_objs,
-        additional_static_objs=args.additional_static_objs,
         no_bg=args.no_bg,
+        **_frames_and_objects(args),
     )
     print(out)
     return 0
@@ -246,15 +244,20 @@ def cmd_export_glb(args) -> int:
         mesh_source_path=Path(args.mesh_source_path),
         checkpoint=args.checkpoint,
         fps=args.save_fps or 12,  # METHOD §20: save_fps, else 12
-        lst_frame=args.lst_frame,
-        static_id=args.static_id,
-        exclude_objs=args.exclude_objs,
-        additional_static_objs=args.additional_static_objs,
         exclude_plane=args.exclude_plane,
         skinned=args.skinned,
+        **_frames_and_objects(args),
     )
     print(out)
     return 0
+
+
+#: the export flags both commands pass on as given: the frames and which objects move or show
+FRAMES_AND_OBJECTS = ("lst_frame", "static_id", "exclude_objs", "additional_static_objs")
+
+
+def _frames_and_objects(args) -> dict:
+    return {name: getattr(args, name) for name in FRAMES_AND_OBJECTS}
 
 
 def _export_flags(sp: argparse.ArgumentParser, *, glb: bool) -> None:

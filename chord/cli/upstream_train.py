@@ -18,7 +18,6 @@ from pathlib import Path
 from chord.config import settings as cc
 from chord.core import media
 from chord.core.errors import InputError
-from chord.export import videos
 from chord.export.trained_scene import (
     check_objects,
     frame_count,
@@ -28,6 +27,7 @@ from chord.export.trained_scene import (
 )
 from chord.plan import results_layout
 from chord.render import cameras
+from chord.render.views import render_frames
 from chord.scene import ingestion as sc
 from chord.stages import gaussians, ingest, voxelize
 from chord.training.run_loop import load_checkpoint
@@ -288,6 +288,21 @@ def prepare_geometry(
     return {"doc": doc, "plys": plys, "voxels": voxels, "stats": stats}
 
 
+def oracle_train_inputs(*, data: Path, results: Path, scene: str, method) -> dict:
+    """:func:`prepare_geometry`, then the inputs of a training of that scene with the oracle
+    guidance (``chord.training.scene_trainer.build``, ``chord.stages.train.run_stage``): its files,
+    no text condition and
+    the scene's data folder (its motion.json)."""
+    out = prepare_geometry(data=data, results=results, scene=scene, method=method)
+    return {
+        "scene_json": results_layout.scene_json(results, scene),
+        "plys": out["plys"],
+        "voxels": out["voxels"],
+        "text_path": None,
+        "data_dir": data,
+    }
+
+
 def run_inputs(root: Path) -> dict:
     """scene.json, Gaussians and voxels of a ``chord train`` run folder <model>/<ex_name>."""
     root = Path(root)
@@ -388,7 +403,7 @@ def render_run(
     g = scene_frames(scene, T, objects=objects, static_objs=frozen)
     view = cameras.orbit_viewmats(elev, azim, cam_radius, (0.0, cam_height, 0.0))
     K = cameras.intrinsics(width, height, fovy)
-    images = videos.render_frames(g, view, K, width, height, cameras.background_for(invert_bg_prob))
+    images = render_frames(g, view, K, width, height, cameras.background_for(invert_bg_prob))
     out = root / "rendered_videos" / f"iteration_{it}" / f"azim_{azim:g}_elev_{elev:g}.mp4"
     media.write_mp4(out, images, fps)
     logger.info("%s: %d frames of iteration %d at %dx%d", out, T, it, width, height)

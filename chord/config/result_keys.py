@@ -137,10 +137,25 @@ def guidance_config(guidance: Any, stage: str) -> Any:
     return _narrow("Guidance", guidance, stage)
 
 
+#: method keys added after results were keyed by these params (``x-default-unhashed`` in the
+#: schema) and their defaults: at its default such a key is left out of the params and so of the
+#: training hash, which then equal those made before it existed (a run that does not use it
+#: re-runs nothing); set away from it, it is in them like any other key
+UNHASHED_DEFAULTS: dict[str, Any] = {
+    key: spec["default"]
+    for key, spec in cc.read_schema(cc.CONFIG_SCHEMA)["properties"]["method"]["properties"].items()
+    if spec.get("x-default-unhashed")
+}
+
+
 def stage_params(method: Any, stage: str) -> dict:
     """The method values that change ``stage``'s result: its config's fields (the rule's
-    ``params:``)."""
-    return {key: getattr(method, key) for key in STAGE_KEYS[stage]}
+    ``params:``), but an ``x-default-unhashed`` key at its default (:data:`UNHASHED_DEFAULTS`)."""
+    return {
+        key: getattr(method, key)
+        for key in STAGE_KEYS[stage]
+        if not (key in UNHASHED_DEFAULTS and getattr(method, key) == UNHASHED_DEFAULTS[key])
+    }
 
 
 def guidance_params(guidance: Any, stage: str) -> dict:

@@ -39,7 +39,9 @@ def mp4_unavailable_reason() -> str | None:
 
 
 def write_mp4(path: Path | str, frames, fps: float) -> None:
-    """frames: [T, H, W, 3] float in [0, 1] or uint8; H.264 (yuv420p), so W and H must be even."""
+    """frames: [T, H, W, 3] float in [0, 1] or uint8; H.264 (yuv420p), so W and H must be even.
+    Written with fast start (the index, ``moov``, before the data, ``mdat``), so a browser or
+    player begins before the whole file has arrived."""
     frames = frames if getattr(frames, "dtype", None) == np.uint8 else to_uint8(frames)
     t, h, w, _ = frames.shape
     if h % 2 or w % 2:
@@ -56,6 +58,7 @@ def write_mp4(path: Path | str, frames, fps: float) -> None:
             quality=8,
             macro_block_size=1,
             ffmpeg_log_level="error",
+            output_params=["-movflags", "+faststart"],
         )
         writer.send(None)  # start the generator
         for frame in frames:

@@ -64,41 +64,34 @@ def _scale(ax, values) -> None:
 def loss_curves(path: Path | str, logs: dict[str, Path], *, title: str) -> None:
     """One panel per loss term, one line per training stage (e.g. coarse, fine)."""
     frames = {stage: read_loss_log(p) for stage, p in logs.items()}
-    fig, axes = plt.subplots(1, len(LOSS_TERMS), figsize=(4 * len(LOSS_TERMS), 3.2))
-    for ax, term in zip(axes, LOSS_TERMS, strict=True):
-        values = []
-        for stage, df in frames.items():
-            if term in df.columns and len(df):
-                ax.plot(df["it"], df[term], marker="." if len(df) < 50 else None, label=stage)
-                values.extend(df[term].tolist())
-        _scale(ax, values)
-        ax.set_title(term)
-        ax.set_xlabel("iteration")
-        ax.grid(alpha=0.3)
-        if len(frames) > 1:
-            ax.legend(fontsize=8)
-    fig.suptitle(f"{title}: training losses")
-    fig.tight_layout()
-    _save(fig, path)
+    _loss_panels(path, frames, title=f"{title}: training losses", legend=len(frames) > 1)
 
 
 def losses_across_scenes(path: Path | str, logs: dict[str, dict[str, Path]]) -> None:
     """One panel per loss term, one line per scene (its stages joined in order)."""
+    frames = {}
+    for scene, stages in logs.items():
+        dfs = [read_loss_log(p) for p in stages.values()]
+        frames[scene] = pd.concat(dfs) if dfs else pd.DataFrame()
+    _loss_panels(path, frames, title="training losses across scenes", legend=True)
+
+
+def _loss_panels(path: Path | str, frames: dict[str, pd.DataFrame], *, title, legend) -> None:
+    """One panel per loss term of :data:`LOSS_TERMS`, one line per loss log in ``frames``."""
     fig, axes = plt.subplots(1, len(LOSS_TERMS), figsize=(4 * len(LOSS_TERMS), 3.2))
     for ax, term in zip(axes, LOSS_TERMS, strict=True):
         values = []
-        for scene, stages in logs.items():
-            dfs = [read_loss_log(p) for p in stages.values()]
-            df = pd.concat(dfs) if dfs else pd.DataFrame()
+        for label, df in frames.items():
             if term in df.columns and len(df):
-                ax.plot(df["it"], df[term], marker="." if len(df) < 50 else None, label=scene)
+                ax.plot(df["it"], df[term], marker="." if len(df) < 50 else None, label=label)
                 values.extend(df[term].tolist())
         _scale(ax, values)
         ax.set_title(term)
         ax.set_xlabel("iteration")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle("training losses across scenes")
+        if legend:
+            ax.legend(fontsize=8)
+    fig.suptitle(title)
     fig.tight_layout()
     _save(fig, path)
 

@@ -1,2 +1,2 @@
-"""A trained scene's exports: its motion loaded onto the stage files, videos, GIF, PLY sequences
+"""A trained scene's exports: its motion loaded onto the stage files, GIF, PLY sequences
 and animated GLBs."""

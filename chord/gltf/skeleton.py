@@ -1,7 +1,11 @@
 """A :class:`~chord.gltf.animated_scene.Skinning` as glTF (METHOD §5, §20), for the skinned
 writers (:mod:`chord.gltf.skinned`, :mod:`chord.gltf.splats`): the skeleton (one joint per
-control point under a node carrying the denormalisation), the skins' inverse bind matrices, the
-points' JOINTS_j/WEIGHTS_j attributes and the joints' translation and rotation keys."""
+control point, in world coordinates), the skins' inverse bind matrices, the points'
+JOINTS_j/WEIGHTS_j attributes and the joints' translation and rotation keys.
+
+A control point's rigid motion x ↦ R_k·(x − c_k) + c_k + τ_k in normalised space (x_n =
+(x_w − c)·s) is, in world units, x_w ↦ R_k·(x_w − p_k) + p_k + τ_k/s with p_k = c + c_k/s:
+joint k rests at T(p_k) and is keyed T(p_k + τ_{k,t}/s)·R(q_{k,t}), no scale anywhere."""
 
 from __future__ import annotations
 
@@ -32,11 +36,13 @@ def skin_weights_f32(w: np.ndarray) -> np.ndarray:
     return w32
 
 
-def normalisation(centre: np.ndarray, scale: float) -> np.ndarray:
-    """N [4, 4] = S(s)·T(−c), world to normalised scene space (x_n = (x_w − c)·s)."""
-    N = np.diag([scale, scale, scale, 1.0])
-    N[:3, 3] = -scale * np.asarray(centre, dtype=np.float64)
-    return N
+def joint_positions(sk: Skinning, centre: np.ndarray, scale: float):
+    """The joints' world positions (x_w = x_n/s + c): at rest p_k = c + c_k/s [M, 3], and as
+    keyed c + (c_k + τ_{k,t})/s [F, M, 3]."""
+    c = np.asarray(centre, dtype=np.float64)
+    cp = np.asarray(sk.centres, dtype=np.float64)  # [M, 3]
+    tau = np.asarray(sk.translations, dtype=np.float64)  # [F, M, 3]
+    return c + cp / scale, c + (cp[None] + tau) / scale
 
 
 def skin_attributes(
@@ -90,23 +96,18 @@ def check_skinning(name: str, sk: Skinning, frames: int) -> None:
 
 
 def add_skeleton(
-    out: GltfBuilder, name: str, parent: int, centre: np.ndarray, scale: float, sk: Skinning
+    out: GltfBuilder, name: str, parent: int, rest: np.ndarray
 ) -> tuple[int, list[int]]:
-    """The skeleton of ``sk`` under node ``parent`` (which must have no transform): a node
-    ``<name>_skeleton`` carrying the denormalisation A = T(c)·S(1/s), and under it one joint
-    ``<name>_cp_<k>`` per control point at its bind pose T(c_k). Returns (skeleton, joints)."""
-    cp = np.asarray(sk.centres, dtype=np.float64)  # [M, 3]
-    skel = out.add(
-        "nodes",
-        {
-            "name": f"{name}_skeleton",
-            "translation": np.asarray(centre, dtype=np.float64).tolist(),
-            "scale": [1.0 / scale] * 3,
-        },
-    )
+    """The skeleton under node ``parent`` (which must have no transform): a node
+    ``<name>_skeleton`` without a transform, and under it one joint ``<name>_cp_<k>`` per
+    control point at its world rest position T(p_k) (:func:`joint_positions`). No node of
+    the chain scales or rotates at rest: Blender's importer (its default "Guess Original Bind
+    Pose") takes each inverse bind matrix for the inverse of its joint's rest transform in the
+    skeleton's space, which then is the world. Returns (skeleton, joints)."""
+    skel = out.add("nodes", {"name": f"{name}_skeleton"})
     joints = [
-        out.add("nodes", {"name": f"{name}_cp_{k}", "translation": cp[k].tolist()})
-        for k in range(len(cp))
+        out.add("nodes", {"name": f"{name}_cp_{k}", "translation": p.tolist()})
+        for k, p in enumerate(np.asarray(rest, dtype=np.float64))
     ]
     out.doc["nodes"][skel]["children"] = joints
     out.doc["nodes"][parent].setdefault("children", []).append(skel)
@@ -114,15 +115,22 @@ def add_skeleton(
 
 
 def add_skin(
-    out: GltfBuilder, name: str, skel: int, joints: list[int], sk: Skinning, bind: np.ndarray
+    out: GltfBuilder,
+    name: str,
+    skel: int,
+    joints: list[int],
+    rest: np.ndarray,
+    origin: np.ndarray | None = None,
 ) -> int:
-    """A skin on ``joints`` for points placed by ``bind`` (the 4×4 map from the skinned
-    mesh's POSITION space to normalised scene space): IBM_k = T(−c_k)·bind."""
-    cp = np.asarray(sk.centres, dtype=np.float64)
-    M = len(cp)
-    ibm = np.repeat(np.asarray(bind, dtype=np.float64)[None], M, 0)  # [M, 4, 4]
-    ibm[:, :3, 3] -= cp  # T(−c_k)·B only shifts B's translation
-    ibm[:, 3] = (0.0, 0.0, 0.0, 1.0)
+    """A skin on ``joints`` (at world rest positions ``rest`` [M, 3]) for points stored
+    relative to ``origin`` (world coordinates: None): IBM_k = T(origin − p_k), with points in
+    world coordinates the inverse of joint k's rest transform T(p_k)."""
+    rest = np.asarray(rest, dtype=np.float64)
+    M = len(rest)
+    ibm = np.repeat(np.eye(4)[None], M, 0)  # [M, 4, 4]
+    ibm[:, :3, 3] = -rest
+    if origin is not None:
+        ibm[:, :3, 3] += np.asarray(origin, dtype=np.float64)
     ibm_acc = out.add_accessor(ibm.transpose(0, 2, 1).reshape(M, 16), "MAT4", bounds=False)
     return out.add(
         "skins",
@@ -146,14 +154,13 @@ def keyed_rotations(q: np.ndarray) -> np.ndarray:
     return r
 
 
-def joint_tracks(sk: Skinning, joints: list[int]) -> list:
-    """(key values, channel target) of each joint: translation c_k + τ_{k,t} and rotation
-    q_{k,t} (:func:`keyed_rotations`)."""
-    cp = np.asarray(sk.centres, dtype=np.float64)
-    tau = np.asarray(sk.translations, dtype=np.float64)
+def joint_tracks(sk: Skinning, keys: np.ndarray, joints: list[int]) -> list:
+    """(key values, channel target) of each joint: translation ``keys`` [F, M, 3] (the world
+    positions c + (c_k + τ_{k,t})/s, :func:`joint_positions`) and rotation q_{k,t}
+    (:func:`keyed_rotations`)."""
     r = keyed_rotations(sk.rotations)
     tracks = []
     for k, joint in enumerate(joints):
-        tracks.append((cp[k] + tau[:, k], {"node": joint, "path": "translation"}))
+        tracks.append((keys[:, k], {"node": joint, "path": "translation"}))
         tracks.append((r[:, k], {"node": joint, "path": "rotation"}))
     return tracks

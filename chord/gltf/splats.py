@@ -15,8 +15,14 @@ The spec leaves skinned splats undefined; ours (README, "dynamic_splats.glb") is
 skinned primitive's ``extras.CHORD_splat_skinning``: the glTF skinning rule moves the
 position, the rotation is N(Σ_i w_i·q_{j_i}(t)) ⊗ q with q_j(t) joint j's animated local
 rotation (the trained blend, METHOD §5), the scale is kept (the skin matrices here are rigid)
-and the SH are not rotated. A viewer without skins draws the rest pose, in place: every splat
-is stored in the sources' world coordinates.
+and the SH are not rotated.
+
+Each unskinned object's node sits at the object's centre, its splats relative to it
+(:func:`centred`), so that a viewer sorting objects by their nodes (three.js) orders them right.
+A skinned object's splats stay in world coordinates under an untransformed node: glTF's
+skinning ignores a skinned node's transform, and so does Babylon.js 9, which ignores the skin
+of splats too, so a translated node would draw its rest pose out of place there
+(tests/stages/test_splat_viewers.py). ``dynamic_splats_rigid.glb`` is the file for viewers.
 """
 
 from __future__ import annotations
@@ -35,9 +41,9 @@ from chord.gltf.skeleton import (
     add_skeleton,
     add_skin,
     check_skinning,
+    joint_positions,
     joint_tracks,
     keyed_rotations,
-    normalisation,
     skin_attributes,
 )
 
@@ -116,6 +122,17 @@ def splat_values(
     }
 
 
+def centred(values: dict) -> tuple[np.ndarray, dict]:
+    """An object's node goes to its centre o (the middle of its splats' bounds, world): o and
+    ``values`` (:func:`splat_values`) with the positions relative to it. KHR_gaussian_splatting
+    splats take their node's transform, and three.js (r187) sorts whole objects by their
+    nodes' positions before sorting each one's splats: with every node at the origin it drew
+    one object over another (hop's slab over the block's lower half)."""
+    p = values["position"]
+    o = (p.min(0) + p.max(0)) / 2.0
+    return o, {**values, "position": p - o}
+
+
 def add_splat_mesh(out: GltfBuilder, name: str, values: dict, extra: dict) -> int:
     """A mesh ``name`` with one POINTS primitive holding ``values`` (:func:`splat_values`)
     as KHR_gaussian_splatting attributes plus ``extra`` attributes (skin); returns it."""
@@ -150,10 +167,12 @@ def _morph(
     centre: np.ndarray,
     scale: float,
     F: int,
+    origin: np.ndarray,
 ) -> None:
-    """Morph targets k = 1..F−1 of ``mesh``'s primitive: POSITION deltas in world units and
-    ROTATION deltas (x, y, z, w) to frame k's unit quaternion; with one-hot weights, target k
-    gives frame k exactly (up to the float32 sum)."""
+    """Morph targets k = 1..F−1 of ``mesh``'s primitive (positions relative to its node at
+    ``origin``): POSITION deltas in world units and ROTATION deltas (x, y, z, w) to frame k's
+    unit quaternion; with one-hot weights, target k gives frame k exactly (up to the float32
+    sum)."""
     X, Q = (np.asarray(a, dtype=np.float64) for a in motion())
     n = len(values["position"])
     if X.shape != (F, n, 3) or Q.shape != (F, n, 4):
@@ -167,7 +186,7 @@ def _morph(
     rot = Q[..., [1, 2, 3, 0]] / np.linalg.norm(Q, axis=-1, keepdims=True)  # [F, n, 4] xyzw
     targets = []
     for k in range(1, F):
-        d_pos = (X[k] / scale + centre) - pos32
+        d_pos = (X[k] / scale + centre - origin) - pos32
         targets.append(
             {
                 "POSITION": out.add_accessor(d_pos, "VEC3", target=ARRAY_BUFFER),
@@ -209,7 +228,7 @@ def dynamic_splats_glb(
     fps: float,
 ) -> dict:
     """``dynamic_splats.glb``: the Gaussians of every listed object, each object one mesh
-    with one KHR_gaussian_splatting POINTS primitive, every splat in world coordinates.
+    with one KHR_gaussian_splatting POINTS primitive under a node at its centre.
 
     Args:
         objects: (name, its Gaussians in normalised space, its motion) in id order; the
@@ -230,7 +249,6 @@ def dynamic_splats_glb(
     if not (np.isfinite(scale) and scale > 0):
         raise ValueError(f"scale: expected a positive normalisation scale, got {scale}")
     c = np.asarray(centre, dtype=np.float64)
-    N = normalisation(c, scale)  # POSITION (world) -> normalised: the skins' bind matrix
     degree = max(g.sh_degree for _, g, _ in objects)
     out.doc["extensionsUsed"] = [EXTENSION]
     roots: list[int] = []
@@ -244,27 +262,34 @@ def dynamic_splats_glb(
             raise InputError(f"{out_path}: {name} has no Gaussians")
         total += n
         where = f"{out_path}: {name}"
-        values = splat_values(g, c, scale, degree, where)
+        world = splat_values(g, c, scale, degree, where)
+        o, values = centred(world)
+        at = {"translation": o.tolist()}  # the node at the object's centre (:func:`centred`)
         if motion is None or frames < 2:
             mesh = add_splat_mesh(out, name, values, {})
-            roots.append(out.add("nodes", {"name": name, "mesh": mesh}))
+            roots.append(out.add("nodes", {"name": name, "mesh": mesh, **at}))
         elif isinstance(motion, Skinning):
             check_skinning(name, motion, frames)
             _blend_signs(where, motion)
             root = out.add("nodes", {"name": name, "children": []})
-            skel, joints = add_skeleton(out, name, root, c, scale, motion)
-            skin = add_skin(out, name, skel, joints, motion, N)
-            rest = g.means.astype(np.float64)  # the rest points the trained weights bind
-            mesh = add_splat_mesh(out, name, values, skin_attributes(out, rest, motion, where))
+            rest, keys = joint_positions(motion, c, scale)
+            skel, joints = add_skeleton(out, name, root, rest)
+            # in world coordinates, its node untransformed: a viewer that honours the skin
+            # ignores a skinned node's transform, one that ignores the skin (Babylon.js 9)
+            # does too, so only an untransformed node draws the rest pose in place in both
+            skin = add_skin(out, name, skel, joints, rest)
+            bound = g.means.astype(np.float64)  # the rest points the trained weights bind
+            mesh = add_splat_mesh(out, name, world, skin_attributes(out, bound, motion, where))
             out.doc["meshes"][mesh]["primitives"][0]["extras"] = SKINNING_EXTRAS
-            node = out.add("nodes", {"name": f"{name}_splats", "mesh": mesh, "skin": skin})
-            roots += [root, node]  # a skinned mesh node is a scene root (no transform)
+            node = {"name": f"{name}_splats", "mesh": mesh, "skin": skin}
+            node = out.add("nodes", node)
+            roots += [root, node]  # a skinned mesh node is a scene root
             skinned.append(node)
-            tracks += joint_tracks(motion, joints)
+            tracks += joint_tracks(motion, keys, joints)
         else:
             mesh = add_splat_mesh(out, name, values, {})
-            _morph(out, mesh, name, motion, values, c, scale, frames)
-            node = out.add("nodes", {"name": name, "mesh": mesh})
+            _morph(out, mesh, name, motion, values, c, scale, frames, o)
+            node = out.add("nodes", {"name": name, "mesh": mesh, **at})
             roots.append(node)
             morphed.append(node)
     channels = motion_channels(out, tracks, morphed, frames, fps) if skinned or morphed else []

@@ -20,7 +20,7 @@ from torch import Tensor
 from chord.core import quaternion as quat
 from chord.core.errors import InputError
 from chord.motion import scripted
-from chord.render.rasterizer import render_video
+from chord.render.views import render_video
 
 logger = logging.getLogger(__name__)
 

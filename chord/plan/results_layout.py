@@ -130,6 +130,26 @@ def dynamic_splats_glb(results, scene: str) -> Path:
     return export_dir(results, scene) / "dynamic_splats.glb"
 
 
+def dynamic_splats_rigid_glb(results, scene: str) -> Path:
+    """The trained Gaussians with node animation only (rigid poses): any splat viewer plays it."""
+    return export_dir(results, scene) / "dynamic_splats_rigid.glb"
+
+
+def trajectories_npz(results, scene: str) -> Path:
+    """Each dynamic object's rigid pose per frame, its fit residual and control-point tracks."""
+    return export_dir(results, scene) / "trajectories.npz"
+
+
+def trajectories_json(results, scene: str) -> Path:
+    """The sidecar of trajectories.npz: units, axes, the normalisation, what each array holds."""
+    return export_dir(results, scene) / "trajectories.json"
+
+
+def scene_usda(results, scene: str) -> Path:
+    """The animated scene as USD (Z-up, metres): rigid poses on Xforms, UsdSkel or points."""
+    return export_dir(results, scene) / "scene.usda"
+
+
 def viewer_html(results, scene: str) -> Path:
     """The scene's 3D viewer: one self-contained page playing its skinned GLB."""
     return export_dir(results, scene) / "viewer.html"

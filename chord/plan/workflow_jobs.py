@@ -1,6 +1,7 @@
-"""The training and preview jobs of one workflow start, as the rules' params and resources ask
-for them: each scene's start tier, the tier of each attempt, the training hash and the job
-request (host RAM, CPUs) on each tier, each worked out once and kept.
+"""The jobs of one workflow start, as the rules' params and resources ask for them: each
+stage's params (what changes its result besides its code and input files), each scene's start
+tier, the tier of each attempt, the training hash and the job request (host RAM, CPUs) on each
+tier, each worked out once and kept.
 
 Torch-free (the DAG build imports it). Errors are :class:`chord.config.settings.ConfigError` naming
 the
@@ -12,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from chord.config import result_keys as rk
 from chord.config import settings as cc
 from chord.plan import results_layout as P
 from chord.plan import scene_plan as cp
@@ -96,6 +98,52 @@ class WorkflowJobs:
             tier = self.tiers[self.scene_tier(P.run_parts(run)[0])]
             self._hash[run] = self.training_job(run, tier).config_hash(self.conf.guidance)
         return self._hash[run]
+
+    # -- the rules' params: what each stage reads of the sheet and the config -------------
+
+    def stage_params(self, name: str, stage: str) -> dict:
+        """The method keys ``stage`` reads (:mod:`chord.config.result_keys`), of a scene or a
+        run: the params of rules ingest, gaussians, voxelize, reference, export, evaluate."""
+        return rk.stage_params(cp.run_spec(self.conf, name).method, stage)
+
+    def condition_params(self, scene: str) -> dict:
+        """What changes a scene's text embeddings: the prompts (the sheet's negative prompt,
+        else the method's) and the condition stage's method and guidance keys (the encoder)."""
+        spec = self.conf.scenes[scene]
+        return {
+            "prompt": spec.prompt,
+            **self.stage_params(scene, "condition"),
+            "n_prompt": spec.n_prompt,
+            "guidance": rk.guidance_params(self.conf.guidance, "condition"),
+        }
+
+    def preview_params(self, scene: str) -> dict:
+        """What changes a teacher preview: its sampling settings, the training hash (the
+        scene's result-changing method and teacher) and the other keys it reads (its view)."""
+        view = {
+            k: v
+            for k, v in self.stage_params(scene, "preview").items()
+            if k not in rk.STAGE_KEYS["train"]
+        }
+        return {
+            "preview": vars(self.conf.preview),
+            "method": self.training_hash(scene),
+            "view": view,
+        }
+
+    def fitted_ply(self, scene: str, obj: str) -> list[str]:
+        """The fitted 3DGS of ``obj`` in the scene's sheet ``gaussians`` folder (the gaussians
+        rule's input): [] without a folder, or when it has none (the stage says what is
+        missing)."""
+        folder = self.conf.scenes[scene].gaussians
+        if folder is None:
+            return []
+        from chord.gaussians import ply  # here: it imports trimesh, ~2 s the DAG build spares
+
+        try:
+            return [str(ply.find_fitted_ply(Path(folder) / obj))]
+        except ValueError:
+            return []
 
     def job_request(self, scene: str, tier: ct.Tier) -> dict:
         """mem_mb and cpus_per_gpu of a training job of scene on tier (job_size.job_request: what

@@ -1,5 +1,6 @@
-"""The CUDA backend: gsplat's ``rasterization`` with METHOD §8's settings, and the build of
-gsplat's kernels: once per card kind, never two builds at once.
+"""The CUDA backend (:class:`chord.render.backend.RenderBackend`): gsplat's ``rasterization``
+with METHOD §8's settings, and the build of gsplat's kernels: once per card kind, never two
+builds at once.
 
 How gsplat 1.5 gets its kernels (``gsplat/cuda/_backend.py``, imported lazily by the first
 CUDA call): a prebuilt ``gsplat.csrc`` if the wheel has one, else, when a CUDA toolkit (nvcc)
@@ -36,8 +37,12 @@ import time
 from collections.abc import Callable, Iterator, MutableMapping
 from pathlib import Path
 
+from chord.render.raster_inputs import RasterInputs, RasterSettings
+
 logger = logging.getLogger(__name__)
 
+#: its name in ``render_backend``
+NAME = "gsplat"
 #: gsplat 1.5's JIT extension (the name its _backend passes to torch's build)
 EXTENSION = "gsplat_cuda"
 #: the lock file chord holds around the import (gsplat deletes torch's own ``lock`` file)
@@ -238,47 +243,31 @@ def describe() -> str:
     return f"gsplat {gsplat.__version__} (CUDA kernels)"
 
 
-def rasterize(
-    means,
-    quats,
-    scales,
-    opacities,
-    colors,
-    viewmats,
-    Ks,
-    width,
-    height,
-    *,
-    near_plane,
-    far_plane,
-    sh_degree,
-    backgrounds,
-    eps2d,
-):
-    """gsplat's ``rasterization`` (packed=False, absgrad, antialiased); its kernels loaded
-    through :func:`load_kernels` first, never by gsplat's own lazy import."""
+def rasterize(inputs: RasterInputs, settings: RasterSettings):
+    """gsplat's ``rasterization`` (packed=False, absgrad, antialiased) of ``inputs``; its kernels
+    loaded through :func:`load_kernels` first, never by gsplat's own lazy import."""
     reason = unavailable_reason()
     if reason is not None:
         raise RuntimeError(f"gsplat cannot render here: {reason}")
     from gsplat import rasterization
 
     rgb, alpha, meta = rasterization(
-        means,
-        quats,
-        scales,
-        opacities,
-        colors,
-        viewmats,
-        Ks,
-        width,
-        height,
-        near_plane=near_plane,
-        far_plane=far_plane,
-        eps2d=eps2d,
-        sh_degree=sh_degree,
+        inputs.means,
+        inputs.quats,
+        inputs.scales,
+        inputs.opacities,
+        inputs.colors,
+        inputs.viewmats,
+        inputs.Ks,
+        settings.width,
+        settings.height,
+        near_plane=settings.near_plane,
+        far_plane=settings.far_plane,
+        eps2d=settings.eps2d,
+        sh_degree=inputs.sh_degree,
         packed=False,
         absgrad=True,
         rasterize_mode="antialiased",
-        backgrounds=backgrounds,
+        backgrounds=inputs.backgrounds,
     )
     return rgb, alpha, meta

@@ -2,61 +2,17 @@
 
 ``gsplat`` (CUDA kernels) when the tensors are on a GPU and its extension loads, else the
 project's torch implementation (``chord.render.torch_backend``), which follows the same
-conventions. Arguments and outputs follow gsplat's ``rasterization`` with packed=False.
+conventions (:mod:`chord.render.backend`). Arguments and outputs follow gsplat's
+``rasterization`` with packed=False.
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 
-from chord.core.errors import InputError
-from chord.render import gsplat_backend, torch_backend
-
-BACKENDS = ("auto", "gsplat", "torch")
-
-
-class BackendUnavailable(InputError):
-    """The configured renderer cannot run on this device; the message says why and the fix."""
-
-
-def resolve_backend(backend: str, device) -> str:
-    """The renderer that draws tensors on ``device``: "gsplat" or "torch".
-
-    "auto" is gsplat on CUDA and the torch rasterizer on a CPU. On CUDA without gsplat's
-    kernels "auto" is an error with the reason and the fix, never a silent fall back to the
-    torch rasterizer (slower, more memory on a GPU); ``render_backend: torch`` asks for it.
-    """
-    if backend not in BACKENDS:
-        raise ValueError(f"render_backend: {backend!r} is not one of {BACKENDS}")
-    cuda = torch.device(device).type == "cuda"
-    if backend == "torch" or (backend == "auto" and not cuda):
-        return "torch"
-    if not cuda:
-        raise BackendUnavailable(
-            f"render_backend: gsplat needs CUDA tensors (its kernels are CUDA-only); this "
-            f"training runs on {device}; use render_backend: torch or auto"
-        )
-    reason = gsplat_backend.unavailable_reason()
-    if reason is not None:
-        raise BackendUnavailable(
-            f"render_backend: {backend}: {reason}. Fix: install a CUDA toolkit matching "
-            f"torch's CUDA {torch.version.cuda} (nvcc; CUDA_HOME set) so gsplat can build its "
-            "kernels (minutes, once per GPU kind; `chord build-kernels --rebuild` on the GPU node "
-            "redoes a broken build), or a prebuilt gsplat wheel for this torch; or set "
-            "render_backend: torch (chord train --render_backend torch) to render with the "
-            "project's torch rasterizer on the GPU (slower, more memory)"
-        )
-    return "gsplat"
-
-
-def describe_backend(backend: str) -> str:
-    """One phrase for logs and state files: which renderer draws."""
-    if backend == "gsplat":
-        return gsplat_backend.describe()
-    return "torch rasterizer (chord.render.torch_backend)"
+from chord.render.backend import BACKENDS, IMPLEMENTATIONS, resolve_backend
+from chord.render.raster_inputs import RasterInputs, RasterSettings
 
 
 def rasterize(
@@ -70,29 +26,23 @@ def rasterize(
     width: int,
     height: int,
     *,
-    near_plane: float = 0.01,
-    far_plane: float = 100.0,
     sh_degree: int | None = None,
     backgrounds: Tensor | None = None,  # [..., C, D]
-    eps2d: float = 0.3,
     backend: str = "auto",
+    **settings,
 ) -> tuple[Tensor, Tensor, dict]:
     """Render Gaussians into C cameras for every leading batch index (e.g. frames).
 
     Args:
-        means: centres [..., N, 3] in world space.
-        quats: rotations [..., N, 4], (w, x, y, z), need not be normalised.
-        scales: activated scales [..., N, 3] (exp of the PLY's log-scales).
-        opacities: activated opacities [..., N] (sigmoid of the PLY's logits).
-        colors: post-activation features [..., (C,) N, D] when ``sh_degree`` is None (used
-            as given, e.g. displacement colours), else SH coefficients [..., (C,) N, K, 3]
-            evaluated per camera, plus 0.5, clamped at 0.
-        viewmats: world-to-camera matrices [..., C, 4, 4] (OpenCV: x right, y down, z ahead).
-        Ks: intrinsics [..., C, 3, 3]; not differentiable.
+        means, quats, scales, opacities, colors, viewmats, Ks, backgrounds, sh_degree: the
+            Gaussians and cameras, as :class:`~chord.render.raster_inputs.RasterInputs`
+            describes them.
         width, height: image size in pixels.
-        backgrounds: [..., C, D] colour behind the Gaussians, added as bg·(1 − alpha).
         backend: "auto" (gsplat on CUDA tensors, where its kernels not loading is an
-            error: :func:`resolve_backend`; torch on a CPU), "gsplat" or "torch".
+            error: :func:`~chord.render.backend.resolve_backend`; torch on a CPU), "gsplat"
+            or "torch".
+        settings: ``near_plane``, ``far_plane``, ``eps2d`` when not METHOD §8's defaults
+            (:class:`~chord.render.raster_inputs.RasterSettings`).
 
     Returns:
         colours [..., C, H, W, D], alphas [..., C, H, W, 1], and a meta dict of
@@ -100,7 +50,7 @@ def rasterize(
 
     Example:
         >>> import torch
-        >>> from chord.render import rasterize
+        >>> from chord.render.rasterizer import rasterize
         >>> rgb, alpha, _ = rasterize(torch.zeros(1, 3), torch.tensor([[1.0, 0, 0, 0]]),
         ...     torch.full((1, 3), 0.1), torch.ones(1), torch.ones(1, 3),
         ...     torch.tensor([[[1.0, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 2], [0, 0, 0, 1]]]),
@@ -117,56 +67,16 @@ def rasterize(
         )
     if backend != "torch":  # gsplat's kernels load (built for this card) or say why not
         backend = resolve_backend(backend, means.device)
-    if backend == "gsplat":
-        return gsplat_backend.rasterize(
-            means,
-            quats,
-            scales,
-            opacities,
-            colors,
-            viewmats,
-            Ks,
-            width,
-            height,
-            near_plane=near_plane,
-            far_plane=far_plane,
-            sh_degree=sh_degree,
-            backgrounds=backgrounds,
-            eps2d=eps2d,
-        )
-
-    batch = means.shape[:-2]
-    C = viewmats.shape[-3]
-    B = math.prod(batch)
-
-    def f(t: Tensor) -> Tensor:  # fold the leading batch dims into one
-        return t.reshape(B, *t.shape[len(batch) :])
-
-    rgb, alpha, meta = torch_backend.rasterize(
-        f(means),
-        f(quats),
-        f(scales),
-        f(opacities),
-        f(colors),
-        f(viewmats),
-        f(Ks),
-        width,
-        height,
-        near_plane=near_plane,
-        far_plane=far_plane,
-        sh_degree=sh_degree,
-        backgrounds=None if backgrounds is None else f(backgrounds),
-        eps2d=eps2d,
+    inputs = RasterInputs(
+        means, quats, scales, opacities, colors, viewmats, Ks, backgrounds, sh_degree
     )
-    rgb = rgb.reshape(*batch, C, height, width, rgb.shape[-1])
-    alpha = alpha.reshape(*batch, C, height, width, 1)
-    return rgb, alpha, meta
+    return IMPLEMENTATIONS[backend].rasterize(inputs, RasterSettings(width, height, **settings))
 
 
 def splat_tensors(g, *, dtype=torch.float32, device="cpu") -> dict[str, Tensor]:
-    """Activated render inputs of a :class:`chord.gaussians.gaussian_set.GaussianSet`: means [N,
-    3], quats
-    [N, 4], scales [N, 3] (exp), opacities [N] (sigmoid), sh [N, K, 3], and its sh_degree."""
+    """Activated render inputs of a :class:`chord.gaussians.gaussian_set.GaussianSet`: means
+    [N, 3], quats [N, 4], scales [N, 3] (exp), opacities [N] (sigmoid), sh [N, K, 3], and its
+    sh_degree."""
     t = lambda a: torch.as_tensor(a, dtype=dtype, device=device)  # noqa: E731
     return {
         "means": t(g.means),
@@ -176,78 +86,3 @@ def splat_tensors(g, *, dtype=torch.float32, device="cpu") -> dict[str, Tensor]:
         "sh": t(g.sh),
         "sh_degree": g.sh_degree,
     }
-
-
-def render_views(
-    splats: dict,
-    viewmats: Tensor,
-    K: Tensor,
-    width: int,
-    height: int,
-    *,
-    background=(1.0, 1.0, 1.0),
-    chunk: int = 8,
-    backend: str = "auto",
-) -> Tensor:
-    """Render static Gaussians (``splat_tensors``) into C views without gradient, ``chunk``
-    cameras at a time: viewmats [C, 4, 4], K [3, 3] -> images [C, H, W, 3] in [0, 1]."""
-    dtype, device = splats["means"].dtype, splats["means"].device
-    out = []
-    with torch.no_grad():
-        for s in range(0, viewmats.shape[0], chunk):
-            vm = viewmats[s : s + chunk].to(dtype=dtype, device=device)
-            Ks = K.to(dtype=dtype, device=device).expand(vm.shape[0], 3, 3)
-            bg = torch.tensor(background, dtype=dtype, device=device).expand(vm.shape[0], 3)
-            rgb, _, _ = rasterize(
-                splats["means"],
-                splats["quats"],
-                splats["scales"],
-                splats["opacities"],
-                splats["sh"],
-                vm,
-                Ks,
-                width,
-                height,
-                sh_degree=splats["sh_degree"],
-                backgrounds=bg,
-                backend=backend,
-            )
-            out.append(rgb.clamp(0, 1))
-    return torch.cat(out)
-
-
-def render_video(
-    frames: dict,
-    viewmat: Tensor,
-    K: Tensor,
-    width: int,
-    height: int,
-    background: Tensor,
-    *,
-    backend: str = "auto",
-) -> Tensor:
-    """Per-frame Gaussians from one camera: ``frames`` holds means [F, N, 3], quats
-    [F, N, 4] and constant scales [N, 3], opacities [N], sh [N, K, 3] and sh_degree (as
-    :meth:`chord.motion.model.MotionScene.frame_gaussians` returns). Returns [F, 3, H, W]."""
-    F = frames["means"].shape[0]
-    dtype, device = frames["scales"].dtype, frames["means"].device
-    viewmat, K, background = (x.to(device, dtype) for x in (viewmat, K, background))
-
-    def rep(x: Tensor) -> Tensor:  # constant over frames
-        return x[None].expand(F, *x.shape)
-
-    rgb, _, _ = rasterize(
-        frames["means"].to(dtype),
-        frames["quats"].to(dtype),
-        rep(frames["scales"]),
-        rep(frames["opacities"]),
-        rep(frames["sh"]),
-        viewmat.to(dtype)[None, None].expand(F, 1, 4, 4),
-        K.to(dtype)[None, None].expand(F, 1, 3, 3),
-        width,
-        height,
-        sh_degree=frames["sh_degree"],
-        backgrounds=background.to(dtype)[None, None].expand(F, 1, 3),
-        backend=backend,
-    )
-    return rgb[:, 0].permute(0, 3, 1, 2)  # [F, 3, H, W]

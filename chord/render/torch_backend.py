@@ -1,19 +1,8 @@
-"""The CPU rasterizer: gsplat's conventions (EWA splatting, antialiased mode, packed=False)
-in plain differentiable torch, with a sparse pair-list compositor.
-
-The compositor enumerates, per image, the (Gaussian, pixel) pairs whose alpha can reach
-1/255 (row by row from the conic, inside the footprint box), composites them front to back
-per pixel and, with gradients, keeps only each composited pair's indices, alpha and
-transmittance for an analytic backward pass (as gsplat's kernels do): no autograd graph and
-no recomputation over millions of pairs.
-
-Conventions mirrored from gsplat's CUDA path (METHOD §8): pixel centres at +0.5; camera
-space is OpenCV (x right, y down, z forward); the 2D covariance gets the 0.3 low-pass and,
-in antialiased mode, opacities are multiplied by sqrt(det(Σ)/det(Σ + 0.3·I)); the screen
-footprint is the opacity-aware box ceil(min(3.33, sqrt(2 ln(o/(1/255))))·σ) per axis;
-alpha = min(0.999, o·exp(−σ)) and pairs with alpha < 1/255 or σ < 0 are skipped; a pixel
-stops before the Gaussian that would take its transmittance to ≤ 1e-4; the background is
-added as bg·T.
+"""The torch backend (:class:`chord.render.backend.RenderBackend`): gsplat's conventions (EWA
+splatting, antialiased mode, packed=False) in plain differentiable torch, for a CPU or a GPU
+without gsplat's kernels: :mod:`chord.render.projection` projects the Gaussians,
+:mod:`chord.render.compositor` composites them front to back per pixel (a sparse pair list
+with an analytic backward pass).
 """
 
 from __future__ import annotations
@@ -23,456 +12,64 @@ import math
 import torch
 from torch import Tensor
 
-from chord.core.quaternion import to_rotmat
+from chord.render.compositor import PAIR_BUDGET, composite, composite_dense
+from chord.render.projection import project
+from chord.render.raster_inputs import RasterInputs, RasterSettings
 from chord.render.sh import spherical_harmonics
 
-ALPHA_THRESHOLD = 1.0 / 255.0
-MAX_ALPHA = 0.999
-T_THRESHOLD = 1e-4
-EXTEND = 3.33
-PAIR_BUDGET = 1_000_000  # footprint-box pairs per chunk of images: bounds the transient memory
+#: its name in ``render_backend``
+NAME = "torch"
 
 
-def project(
-    means,
-    quats,
-    scales,
-    opacities,
-    viewmats,
-    Ks,
-    width,
-    height,
-    *,
-    near_plane=0.01,
-    far_plane=1e10,
-    eps2d=0.3,
-    antialiased=True,
-):
-    """EWA projection of B×N Gaussians into B×C cameras.
-
-    Args:
-        means [B, N, 3], quats [B, N, 4] (wxyz), scales [B, N, 3] (activated),
-        opacities [B, N] (activated), viewmats [B, C, 4, 4] (world-to-camera, OpenCV),
-        Ks [B, C, 3, 3].
-
-    Returns:
-        dict with means2d [B, C, N, 2], conics [B, C, N, 3] (a, b, c of Σ⁻¹), depths
-        [B, C, N], opacities [B, C, N] (compensated in antialiased mode), radii
-        [B, C, N, 2] int (0 = culled, no gradient).
-    """
-    # Per-Gaussian 3×3 algebra is written per component on [B, C, N] tensors: batched tiny
-    # matmuls, einsums and broadcast reductions cost several times more on a CPU.
-    Rv = viewmats[..., :3, :3].unsqueeze(2)  # [B, C, 1, 3, 3]
-    R = [[Rv[..., i, j] for j in range(3)] for i in range(3)]  # R[i][j]: [B, C, 1]
-    t = viewmats[..., :3, 3].unsqueeze(2)  # [B, C, 1, 3]
-    m = [means[:, None, :, j] for j in range(3)]  # [B, 1, N]
-    x, y, z = (  # camera space [B, C, N]
-        R[i][0] * m[0] + R[i][1] * m[1] + R[i][2] * m[2] + t[..., i] for i in range(3)
-    )
-    Mq = to_rotmat(quats) * scales[..., None, :]  # [B, N, 3, 3] = R_q·S, Σ = M·Mᵀ
-    M = [[Mq[:, None, :, j, k] for k in range(3)] for j in range(3)]  # [B, 1, N]
-
-    fx, fy = Ks[..., 0, 0, None], Ks[..., 1, 1, None]  # [B, C, 1]
-    cx, cy = Ks[..., 0, 2, None], Ks[..., 1, 2, None]
-    # Clamp the Jacobian's x/z, y/z to 1.3× the frustum, as gsplat does.
-    tan_x, tan_y = 0.5 * width / fx, 0.5 * height / fy
-    lim_xp, lim_xn = (width - cx) / fx + 0.3 * tan_x, cx / fx + 0.3 * tan_x
-    lim_yp, lim_yn = (height - cy) / fy + 0.3 * tan_y, cy / fy + 0.3 * tan_y
-    tx = z * torch.minimum(torch.maximum(x / z, -lim_xn), lim_xp)
-    ty = z * torch.minimum(torch.maximum(y / z, -lim_yn), lim_yp)
-    # Σ2D = J·R·Σ·Rᵀ·Jᵀ = P·Pᵀ with P = J·R·M [2, 3]; J's rows are
-    # (fx/z, 0, −fx·tx/z²) and (0, fy/z, −fy·ty/z²), so the rows of J·R mix R's rows.
-    u0, w0, u1, w1 = fx / z, fx * tx / (z * z), fy / z, fy * ty / (z * z)
-    JR0 = [u0 * R[0][j] - w0 * R[2][j] for j in range(3)]  # [B, C, N] each
-    JR1 = [u1 * R[1][j] - w1 * R[2][j] for j in range(3)]
-    P0 = [JR0[0] * M[0][k] + JR0[1] * M[1][k] + JR0[2] * M[2][k] for k in range(3)]
-    P1 = [JR1[0] * M[0][k] + JR1[1] * M[1][k] + JR1[2] * M[2][k] for k in range(3)]
-    means2d = torch.stack([fx * x / z + cx, fy * y / z + cy], dim=-1)  # [B, C, N, 2]
-
-    a = P0[0] * P0[0] + P0[1] * P0[1] + P0[2] * P0[2]  # Σ2D entries
-    b = P0[0] * P1[0] + P0[1] * P1[1] + P0[2] * P1[2]
-    c = P1[0] * P1[0] + P1[1] * P1[1] + P1[2] * P1[2]
-    det_orig = a * c - b * b
-    a, c = a + eps2d, c + eps2d
-    det = a * c - b * b
-    opac = opacities[:, None, :].expand_as(det)
-    if antialiased:
-        opac = opac * torch.sqrt(torch.clamp(det_orig / det.clamp_min(1e-30), min=0.0))
-    conics = torch.stack([c, -b, a], dim=-1) / det.clamp_min(1e-30)[..., None]
-
-    with torch.no_grad():  # the footprint is not differentiable (as in gsplat)
-        valid = (det > 0) & (z > near_plane) & (z < far_plane) & (opac >= ALPHA_THRESHOLD)
-        ratio = (opac / ALPHA_THRESHOLD).clamp_min(1.0)
-        extend = torch.clamp(torch.sqrt(2.0 * torch.log(ratio)), max=EXTEND)
-        radii = torch.stack(
-            [
-                torch.ceil(extend * a.clamp_min(0).sqrt()),
-                torch.ceil(extend * c.clamp_min(0).sqrt()),
-            ],
-            dim=-1,
-        )
-        valid &= (radii > 0).any(-1)
-        mx, my = means2d[..., 0], means2d[..., 1]
-        rx, ry = radii[..., 0], radii[..., 1]
-        valid &= (mx + rx > 0) & (mx - rx < width) & (my + ry > 0) & (my - ry < height)
-        radii = torch.where(valid[..., None], radii, 0).to(torch.int32)
-    return {"means2d": means2d, "conics": conics, "depths": z, "opacities": opac, "radii": radii}
+def unavailable_reason() -> str | None:
+    """None: plain torch draws wherever the tensors are."""
+    return None
 
 
-def _pairs(means2d, conics, opacities, depths, radii, width, height):
-    """Candidate (Gaussian, pixel) pairs of I images, without gradient.
-
-    Inputs [I, N, ...] (detached). Per image the visible Gaussians are taken front to back
-    (stable depth order); each covers the pixels of its footprint box whose centre can reach
-    alpha ≥ 1/255, found row by row from the conic with a small margin: a superset of the
-    pairs the compositor keeps (its exact test decides), several times smaller than the box.
-    Returns gid [P] (flat indices into I·N) and pix [P] (flat indices into I·H·W), int64,
-    ordered by image, then depth, then row-major pixel.
-    """
-    I, N = depths.shape
-    device = means2d.device
-    valid = radii.any(-1)
-    order = torch.argsort(torch.where(valid, depths, torch.inf), dim=1, stable=True)
-    sel = torch.arange(N, device=device)[None] < valid.sum(1)[:, None]
-    img = torch.arange(I, device=device)[:, None].expand(I, N)[sel]
-    flat = img * N + order[sel]  # [G] visible, image-major, front to back
-    m = means2d.reshape(I * N, 2).index_select(0, flat)
-    r = radii.reshape(I * N, 2).index_select(0, flat).to(m.dtype)
-    x0 = torch.floor(m[:, 0] - r[:, 0]).clamp(0, width)
-    x1 = torch.ceil(m[:, 0] + r[:, 0]).clamp(0, width)
-    y0 = torch.floor(m[:, 1] - r[:, 1]).clamp(0, height)
-    y1 = torch.ceil(m[:, 1] + r[:, 1]).clamp(0, height)
-    # alpha = o·exp(−σ) ≥ 1/255  <=>  σ ≤ ln(255·o): per row an interval of x (float64),
-    # widened so that rounding in the compositor's σ never loses a pair: σ's terms reach
-    # s·ac/(ac − b²) inside the ellipse, so the margin grows with that ratio.
-    o = opacities.reshape(I * N).index_select(0, flat).double()
-    con = conics.reshape(I * N, 3).index_select(0, flat).double()
-    ac = con[:, 0] * con[:, 2]
-    kappa = ac / (ac - con[:, 1] ** 2).clamp_min(1e-300)
-    s = torch.log((o / ALPHA_THRESHOLD).clamp_min(1.0))
-    s = s * (1 + 1e-4 * kappa.clamp(1, 1e6)) + 1e-4
-    per_g = torch.cat(  # one row gather for every per-row quantity
-        [
-            m.double(),
-            con,
-            torch.stack([s, x0, x1, y0, img * (width * height), flat], -1).double(),
-        ],
-        -1,
-    )
-    h = (y1 - y0).long()  # rows of each box: (Gaussian, y)
-    row_g = torch.repeat_interleave(torch.arange(len(flat), device=device), h)
-    mx, my, a, b, c, s, x0, x1, y0, base, gid = per_g.index_select(0, row_g).unbind(-1)
-    y = y0 + _local_index(h, row_g)
-    dy = my - (y + 0.5)
-    disc = (b * dy) ** 2 - a * (c * dy * dy - 2 * s)
-    root = torch.sqrt(disc.clamp_min(0))
-    lo = torch.ceil(mx - (-b * dy + root) / a - 0.5 - 1e-6)  # pixel x with centre x + 0.5
-    hi = torch.floor(mx - (-b * dy - root) / a - 0.5 + 1e-6) + 1  # exclusive
-    lo = torch.maximum(torch.nan_to_num(lo, nan=0.0), x0)
-    hi = torch.minimum(torch.nan_to_num(hi, nan=float(width)), x1)
-    w = torch.where(disc >= 0, hi - lo, 0).clamp_min(0).long()
-    # pixel k of row j: pix = base_j + y_j·W + lo_j + (k − first_j)
-    first = torch.cumsum(w, 0) - w
-    per_row = torch.stack([(base + y * width + lo).long() - first, gid.long()], -1)
-    pr = torch.repeat_interleave(torch.arange(len(w), device=device), w)
-    start, gid = per_row.index_select(0, pr).unbind(-1)
-    return gid, start + torch.arange(len(pr), device=device)
-
-
-def _local_index(counts: Tensor, owner: Tensor) -> Tensor:
-    """0, 1, …, counts[k] − 1 for each k, concatenated (``owner`` = repeat_interleave(k))."""
-    first = torch.cumsum(counts, 0) - counts
-    return torch.arange(len(owner), device=counts.device) - first.index_select(0, owner)
-
-
-def _take(t: Tensor, index: Tensor) -> Tensor:
-    return t.index_select(0, index)
-
-
-def _sigma(table, gid, pix, width, height):
-    """Per pair from the Gaussian table [I·N, 6] (x, y, conic a, b, c, opacity): offsets
-    dx, dy of the centre from the pixel centre, a, b, c, the opacity and
-    σ = ½(a·dx² + c·dy²) + b·dx·dy."""
-    mx, my, a, b, c, o = _take(table, gid).unbind(-1)
-    local = pix % (width * height)
-    px = (local % width).to(table.dtype) + 0.5
-    py = (local // width).to(table.dtype) + 0.5
-    dx, dy = mx - px, my - py
-    sigma = 0.5 * (a * dx * dx + c * dy * dy) + b * dx * dy
-    return dx, dy, a, b, c, o, sigma
-
-
-def _segments(pix: Tensor) -> tuple[Tensor, Tensor]:
-    """For pairs sorted by pixel: the first-of-pixel mask and each pair's segment id."""
-    new_seg = torch.ones_like(pix, dtype=torch.bool)
-    new_seg[1:] = pix[1:] != pix[:-1]
-    return new_seg, torch.cumsum(new_seg, 0) - 1
-
-
-def _composite_chunk(table, colors, pairs, width, height, out, log_tf):
-    """Sparse front-to-back compositing of one chunk of images, without gradient.
-
-    ``table`` [I·N, 6] (means2d, conic, opacity), colors [I·N, D]; ``pairs`` from
-    :func:`_pairs`. Accumulates Σ α·T·c into ``out`` [I·H·W, D] and Σ log(1 − α) into
-    ``log_tf`` [I·H·W] (float64) over the pairs a pixel composites, and returns those pairs
-    (gid, pix, alpha, T), sorted by pixel then depth, for the backward pass.
-    """
-    gid, pix = pairs
-    *_, o, sigma = _sigma(table, gid, pix, width, height)
-    alpha = torch.clamp(o * torch.exp(-sigma), max=MAX_ALPHA)
-    keep = (sigma >= 0) & (alpha >= ALPHA_THRESHOLD)
-    if not bool(keep.all()):
-        k = keep.nonzero().squeeze(1)
-        alpha, pix, gid = _take(alpha, k), _take(pix, k), _take(gid, k)
-    # A stable sort by pixel keeps each pixel's pairs front to back.
-    key = pix.to(torch.int32) if len(out) < 2**31 else pix
-    pix, order = torch.sort(key, stable=True)
-    pix = pix.long()
-    alpha, gid = _take(alpha, order), _take(gid, order)
-    # Segmented exclusive cumulative sum of log(1 − α): transmittance before each pair.
-    # float64 keeps the global running sum exact enough across millions of pairs.
-    log1m = torch.log1p(-alpha.double())
-    excl = torch.cumsum(log1m, 0) - log1m
-    new_seg, seg_id = _segments(pix)
-    log_t = excl - _take(_take(excl, new_seg.nonzero().squeeze(1)), seg_id)  # log T before
-    live = (log_t + log1m) > math.log(T_THRESHOLD)  # pixel not yet done
-    if not bool(live.all()):
-        k = live.nonzero().squeeze(1)
-        gid, pix, alpha, log1m, log_t = (_take(t, k) for t in (gid, pix, alpha, log1m, log_t))
-    T = torch.exp(log_t).to(alpha.dtype)
-    out.index_add_(0, pix, (alpha * T)[:, None] * _take(colors, gid))
-    log_tf.index_add_(0, pix, log1m)
-    return gid, pix, alpha, T
-
-
-def _chunks_of_images(radii, pair_budget):
-    """Image ranges whose footprint boxes hold at most ``pair_budget`` pairs (at least one
-    image per range): bounds the memory of one chunk's pair lists."""
-    r = radii.to(torch.int64)
-    boxes = ((2 * r[..., 0] + 1) * (2 * r[..., 1] + 1) * (r.any(-1))).sum(-1).tolist()
-    chunks, start, total = [], 0, 0
-    for i, n in enumerate(boxes):
-        if i > start and total + n > pair_budget:
-            chunks.append((start, i))
-            start, total = i, 0
-        total += n
-    chunks.append((start, len(boxes)))
-    return chunks
-
-
-def _table(means2d, conics, opacities) -> Tensor:
-    """The per-Gaussian table [I·N, 6] the pair computations gather rows from."""
-    return torch.cat([means2d, conics, opacities[..., None]], -1).reshape(-1, 6)
-
-
-def _composite_forward(means2d, conics, opacities, colors, depths, radii, bgs, w, h, budget):
-    """Composite every image without gradient: colours [I, H·W, D], T_final [I·H·W] and the
-    per-chunk pair records of :func:`_composite_chunk`."""
-    I, N, D = colors.shape
-    HW = w * h
-    with torch.no_grad():
-        table = _table(means2d.detach(), conics.detach(), opacities.detach())
-        col = colors.detach().reshape(I * N, D)
-        out = torch.zeros(I * HW, D, dtype=colors.dtype, device=colors.device)
-        log_tf = torch.zeros(I * HW, dtype=torch.float64, device=colors.device)
-        saved = []
-        for s, e in _chunks_of_images(radii, budget):
-            gid, pix = _pairs(
-                means2d[s:e].detach(),
-                conics[s:e].detach(),
-                opacities[s:e].detach(),
-                depths[s:e].detach(),
-                radii[s:e],
-                w,
-                h,
-            )
-            pairs = (gid + s * N, pix + s * HW)
-            saved.append(_composite_chunk(table, col, pairs, w, h, out, log_tf))
-        t_final = torch.exp(log_tf).to(colors.dtype)
-        rgb = out.reshape(I, HW, D) + t_final.reshape(I, HW, 1) * bgs.detach()[:, None, :]
-    return rgb, t_final, saved
-
-
-class _Composite(torch.autograd.Function):
-    """Sparse compositing with an analytic backward (as gsplat's kernels): the forward keeps
-    each composited pair's α and the transmittance T before it; the backward needs no
-    recomputation of the pair lists and no autograd graph over millions of pairs."""
-
-    @staticmethod
-    def forward(ctx, means2d, conics, opacities, colors, backgrounds, depths, radii, w, h, budget):
-        I, N, D = colors.shape
-        rgb, t_final, saved = _composite_forward(
-            means2d, conics, opacities, colors, depths, radii, backgrounds, w, h, budget
-        )
-        ctx.save_for_backward(
-            means2d, conics, opacities, colors, backgrounds, t_final, *[t for p in saved for t in p]
-        )
-        ctx.size = (I, N, D, w, h)
-        return rgb.reshape(I, h, w, D), (1 - t_final).reshape(I, h, w, 1)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_rgb, grad_alpha):
-        """C = Σ α_i·T_i·c_i + T_f·bg and A = 1 − T_f per pixel, with T_i = Π_{j<i}(1 − α_j):
-        ∂L/∂α_i = T_i·(c_i·G) − (Σ_{j>i} α_j·T_j·(c_j·G) + T_f·(bg·G − G_A))/(1 − α_i),
-        then through α = min(0.999, o·exp(−σ)) to the opacity, conic and 2D mean."""
-        means2d, conics, opacities, colors, backgrounds, t_final, *saved = ctx.saved_tensors
-        I, N, D, w, h = ctx.size
-        HW = w * h
-        dtype = colors.dtype
-        G = grad_rgb.reshape(I * HW, D).to(dtype)
-        q = (G.reshape(I, HW, D) * backgrounds[:, None, :]).sum(-1).reshape(-1)
-        if grad_alpha is not None:
-            q = q - grad_alpha.reshape(-1).to(dtype)
-        q = t_final * q
-        table = _table(means2d, conics, opacities)
-        col = colors.reshape(I * N, D)
-        grad = torch.zeros(I * N, 6 + D, dtype=dtype, device=colors.device)
-        for k in range(0, len(saved), 4):
-            gid, pix, alpha, T = saved[k : k + 4]
-            wgt = alpha * T
-            g = _take(G, pix)
-            cg = (_take(col, gid) * g).sum(-1)
-            # Σ over the later pairs of the same pixel of α_j·T_j·(c_j·G): reverse segmented sum
-            u = torch.cumsum((wgt * cg).double(), 0)
-            new_seg, seg_id = _segments(pix)
-            last = torch.ones_like(new_seg)
-            last[:-1] = new_seg[1:]
-            after = (_take(_take(u, last.nonzero().squeeze(1)), seg_id) - u).to(dtype)
-            d_alpha = T * cg - (after + _take(q, pix)) / (1 - alpha)
-            dx, dy, a, b, c, o, sigma = _sigma(table, gid, pix, w, h)
-            e = torch.exp(-sigma)
-            raw = o * e
-            d_alpha = torch.where(raw <= MAX_ALPHA, d_alpha, 0)  # clamp(max) passes at ≤
-            d_sigma = -d_alpha * raw
-            rows = torch.empty(len(gid), 6 + D, dtype=dtype, device=colors.device)
-            rows[:, 0] = (a * dx + b * dy) * d_sigma
-            rows[:, 1] = (c * dy + b * dx) * d_sigma
-            rows[:, 2] = 0.5 * dx * dx * d_sigma
-            rows[:, 3] = dx * dy * d_sigma
-            rows[:, 4] = 0.5 * dy * dy * d_sigma
-            rows[:, 5] = d_alpha * e
-            torch.mul(wgt[:, None], g, out=rows[:, 6:])
-            grad.index_add_(0, gid, rows)
-        g_bg = (t_final.reshape(I, HW, 1) * G.reshape(I, HW, D)).sum(1)
-        need = ctx.needs_input_grad
-        return (
-            grad[:, :2].reshape(means2d.shape) if need[0] else None,
-            grad[:, 2:5].reshape(conics.shape) if need[1] else None,
-            grad[:, 5].reshape(opacities.shape) if need[2] else None,
-            grad[:, 6:].reshape(colors.shape) if need[3] else None,
-            g_bg if need[4] else None,
-            *([None] * 5),
-        )
-
-
-def composite(
-    means2d,
-    conics,
-    opacities,
-    colors,
-    depths,
-    radii,
-    backgrounds,
-    width,
-    height,
-    *,
-    pair_budget=PAIR_BUDGET,
-):
-    """Composite I images: inputs [I, N, ...] -> (colours [I, H, W, D], alphas [I, H, W, 1]).
-
-    Pairs are enumerated without gradient and composited a chunk of at most ``pair_budget``
-    candidate pairs at a time; with gradients, :class:`_Composite` keeps only each composited
-    pair's indices, α and transmittance for its analytic backward.
-    """
-    I, N, D = colors.shape
-    needs_grad = torch.is_grad_enabled() and any(
-        t.requires_grad for t in (means2d, conics, opacities, colors, backgrounds)
-    )
-    if needs_grad:
-        return _Composite.apply(
-            means2d, conics, opacities, colors, backgrounds, depths, radii, width, height,
-            pair_budget,
-        )  # fmt: skip
-    rgb, t_final, _ = _composite_forward(
-        means2d, conics, opacities, colors, depths, radii, backgrounds, width, height, pair_budget
-    )
-    return rgb.reshape(I, height, width, D), (1 - t_final).reshape(I, height, width, 1)
-
-
-def composite_dense(means2d, conics, opacities, colors, depths, radii, backgrounds, width, height):
-    """Test oracle: every pixel against every Gaussian, front to back, exactly as gsplat's
-    per-pixel loop (including early termination). Small inputs only."""
-    I, N, D = colors.shape
-    ys, xs = torch.meshgrid(torch.arange(height), torch.arange(width), indexing="ij")
-    px = xs.reshape(-1).to(means2d.dtype) + 0.5
-    py = ys.reshape(-1).to(means2d.dtype) + 0.5
-    rgb, alphas = [], []
-    for i in range(I):
-        T = torch.ones_like(px)
-        done = torch.zeros_like(px, dtype=torch.bool)
-        out = torch.zeros(px.shape[0], D, dtype=colors.dtype)
-        for g in torch.argsort(depths[i].detach(), stable=True).tolist():
-            if not bool(radii[i, g].any()):
-                continue
-            dx, dy = means2d[i, g, 0] - px, means2d[i, g, 1] - py
-            a, b, c = conics[i, g]
-            sigma = 0.5 * (a * dx * dx + c * dy * dy) + b * dx * dy
-            alpha = torch.clamp(opacities[i, g] * torch.exp(-sigma), max=MAX_ALPHA)
-            use = ~done & (sigma >= 0) & (alpha >= ALPHA_THRESHOLD)
-            next_t = T * (1 - alpha)
-            done = done | (use & (next_t <= T_THRESHOLD))
-            use = use & (next_t > T_THRESHOLD)
-            out = out + torch.where(use[:, None], (alpha * T)[:, None] * colors[i, g], 0.0)
-            T = torch.where(use, next_t, T)
-        rgb.append((out + T[:, None] * backgrounds[i]).reshape(height, width, D))
-        alphas.append((1 - T).reshape(height, width, 1))
-    return torch.stack(rgb), torch.stack(alphas)
+def describe() -> str:
+    """Which renderer draws (for logs and state files)."""
+    return "torch rasterizer (chord.render.torch_backend)"
 
 
 def rasterize(
-    means,
-    quats,
-    scales,
-    opacities,
-    colors,
-    viewmats,
-    Ks,
-    width,
-    height,
+    inputs: RasterInputs,
+    settings: RasterSettings,
     *,
-    near_plane=0.01,
-    far_plane=1e10,
-    sh_degree=None,
-    backgrounds=None,
-    eps2d=0.3,
-    antialiased=True,
-    dense=False,
-    pair_budget=PAIR_BUDGET,
-):
-    """The torch backend of :func:`chord.render.rasterizer.rasterize` (flattened batch: B
-    leading)."""
-    B, N = means.shape[:2]
-    C = viewmats.shape[1]
+    antialiased: bool = True,
+    dense: bool = False,
+    pair_budget: int = PAIR_BUDGET,
+) -> tuple[Tensor, Tensor, dict]:
+    """Render ``inputs`` into colours [..., C, H, W, D] and alphas [..., C, H, W, 1]; the meta
+    dict holds :func:`~chord.render.projection.project`'s outputs with the leading batch dims
+    folded into one, B. ``dense``: the per-pixel test oracle
+    (:func:`~chord.render.compositor.composite_dense`), small inputs only; ``pair_budget``:
+    candidate pairs per chunk of images (:func:`~chord.render.compositor.composite`)."""
+    batch = inputs.means.shape[:-2]
+    B = math.prod(batch)
+    x = inputs.map(lambda t: t.reshape(B, *t.shape[len(batch) :]))  # batch dims folded: [B, ...]
+    width, height = settings.width, settings.height
+    C = x.viewmats.shape[1]
     proj = project(
-        means,
-        quats,
-        scales,
-        opacities,
-        viewmats,
-        Ks,
+        x.means,
+        x.quats,
+        x.scales,
+        x.opacities,
+        x.viewmats,
+        x.Ks,
         width,
         height,
-        near_plane=near_plane,
-        far_plane=far_plane,
-        eps2d=eps2d,
+        near_plane=settings.near_plane,
+        far_plane=settings.far_plane,
+        eps2d=settings.eps2d,
         antialiased=antialiased,
     )
-    if colors.dim() == means.dim() + (0 if sh_degree is None else 1):
+    colors, sh_degree, backgrounds = x.colors, x.sh_degree, x.backgrounds
+    if colors.dim() == x.means.dim() + (0 if sh_degree is None else 1):
         colors = colors[:, None].expand(B, C, *colors.shape[1:])  # shared by every camera
     if sh_degree is not None:
-        campos = -torch.einsum("bcji,bcj->bci", viewmats[..., :3, :3], viewmats[..., :3, 3])
-        dirs = means[:, None] - campos[:, :, None]  # [B, C, N, 3]
+        R, t = x.viewmats[..., :3, :3], x.viewmats[..., :3, 3]
+        campos = -torch.einsum("bcji,bcj->bci", R, t)
+        dirs = x.means[:, None] - campos[:, :, None]  # [B, C, N, 3]
         colors = torch.clamp_min(spherical_harmonics(sh_degree, dirs, colors) + 0.5, 0.0)
     D = colors.shape[-1]
     if backgrounds is None:
@@ -495,6 +92,6 @@ def rasterize(
         height,
         **kw,
     )
-    rgb = rgb.reshape(B, C, height, width, D)
-    alpha = alpha.reshape(B, C, height, width, 1)
+    rgb = rgb.reshape(*batch, C, height, width, D)
+    alpha = alpha.reshape(*batch, C, height, width, 1)
     return rgb, alpha, proj

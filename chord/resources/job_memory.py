@@ -13,7 +13,6 @@ from chord.resources.peak_memory import (
     CPU_PROXY,
     DIT_PER_TOKEN_DIM,
     DIT_PER_TOKEN_FFN,
-    FRAGMENTATION,
     HOST_BASE_GIB,
     MODELS,
     GiB,
@@ -25,6 +24,7 @@ from chord.resources.peak_memory import (
     memory_config,
     read_json,
     safetensors_numel,
+    summary,
     tokens,
 )
 
@@ -109,19 +109,9 @@ def preview_estimate(
         "denoise": static + window + parts["latents"] + parts["dit_activations"],
         "decode": static + parts["latents"] + parts["decode"],
     }
-    phase = max(phases, key=phases.get)
-    return {
-        "gpu_bytes": int(phases[phase]),
-        "reserved_bytes": int(phases[phase] * FRAGMENTATION),
-        "host_bytes": preview_host_bytes(f, model=s, expert_bytes=expert_bytes),
-        "phase": phase,
-        "phases": {k: int(v) for k, v in phases.items()},
-        "parts": {k: int(v) for k, v in parts.items()},
-        "width": W,
-        "height": H,
-        "tokens": L,
-        "mode": "mmgp" if f.enable_mmgp else "gpu",
-    }
+    host = preview_host_bytes(f, model=s, expert_bytes=expert_bytes)
+    mode = "mmgp" if f.enable_mmgp else "gpu"
+    return summary(phases, parts, host, width=W, height=H, tokens=L, mode=mode)
 
 
 def preview_mem_mb(flags, *, ceiling_mb: int, model: str | ModelShape = "A14B") -> int:

@@ -172,6 +172,29 @@ def model_for(ckpt_dir) -> ModelShape:
     return ModelShape.from_folder(ckpt_dir) if ckpt_dir else A14B
 
 
+def transformer_kwargs(shape: ModelShape, *, rope_max_seq_len: int = 1024) -> dict:
+    """diffusers ``WanTransformer3DModel`` arguments of an expert of ``shape`` (those
+    :meth:`ModelShape.from_folder` reads back) with Wan 2.2 I2V's fixed choices
+    (transformer/config.json of the diffusers release: no image embedding, RMS norm across
+    heads)."""
+    return {
+        "patch_size": tuple(shape.patch),
+        "num_attention_heads": shape.heads,
+        "attention_head_dim": shape.head_dim,
+        "in_channels": shape.in_channels,
+        "out_channels": shape.out_channels,
+        "text_dim": shape.text_dim,
+        "freq_dim": shape.freq_dim,
+        "ffn_dim": shape.ffn,
+        "num_layers": shape.layers,
+        "cross_attn_norm": True,
+        "qk_norm": "rms_norm_across_heads",
+        "eps": 1e-6,
+        "image_dim": None,
+        "rope_max_seq_len": rope_max_seq_len,
+    }
+
+
 #: CPU proxy coefficients in bytes (``python bench/scaling.py memory-fit``, BENCHMARKS.md).
 CPU_PROXY = {
     "render_per_gaussian": 506.0,  # per frame and Gaussian: deform, SH and projection graph
@@ -380,25 +403,26 @@ def estimate(
         else:
             back = parts["render_graph"] + parts["encoder_graph"]
         phases["sds_backward"] = between + parts["targets"] + back
-    phase = max(phases, key=phases.get)
-    gpu = phases[phase]
     # one expert in host RAM: a switch drops the other before loading (chord.guidance.wan)
     host = expert + HOST_BASE_GIB * GiB
     if f.enable_mmgp:
         host += expert // 2  # mmgp's pinned staging of the active expert's blocks
     host *= int(gpus)  # one process per GPU, each with its expert, scene and loaders
+    return summary(phases, parts, host, width=W, height=H, tokens=L, batch=B, gpus=int(gpus))
+
+
+def summary(phases: dict, parts: dict, host: int, **shape) -> dict:
+    """An estimate's mapping: the peak phase's GPU bytes (allocated and, with the allocator's
+    margin, reserved), the host bytes, the phases and parts (bytes), then ``shape``."""
+    phase = max(phases, key=phases.get)
     return {
-        "gpu_bytes": int(gpu),
-        "reserved_bytes": int(gpu * FRAGMENTATION),
+        "gpu_bytes": int(phases[phase]),
+        "reserved_bytes": int(phases[phase] * FRAGMENTATION),
         "host_bytes": int(host),
         "phase": phase,
         "phases": {k: int(v) for k, v in phases.items()},
         "parts": {k: int(v) for k, v in parts.items()},
-        "width": W,
-        "height": H,
-        "tokens": L,
-        "batch": B,
-        "gpus": int(gpus),
+        **shape,
     }
 
 

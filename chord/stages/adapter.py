@@ -102,3 +102,26 @@ def scene_spec(config: dict, name: str) -> cfg.SceneSpec:
     """The typed spec of a scene, or of a run ``<scene>/seed_<s>`` of its seed sweep (its own
     seed), from the workflow config mapping."""
     return scene_plan.run_spec(cfg.load(config), name)
+
+
+def trained_run(snakemake, inp: dict) -> dict:
+    """What the stages after a training take first (export, evaluate): the trained run's files
+    in the rule's input record ``inp`` (:func:`chord.plan.scene_plan.record`) and its method."""
+    return {
+        "scene_json": inp["scene_json"],
+        "plys": inp["plys"],
+        "voxels": inp["voxels"],
+        "state_path": inp["state"],
+        "method": scene_spec(snakemake.config, snakemake.wildcards.run).method,
+    }
+
+
+def tiered_job(snakemake, run: str) -> dict:
+    """What a job on a memory tier takes (a training, the teacher preview): the config, the
+    ``run``, this attempt's tier (a resource, never a param: DESIGN §6) and the environment."""
+    return {
+        "conf": cfg.load(snakemake.config),
+        "scene": run,
+        "tier": snakemake.resources.tier,
+        "env": os.environ,
+    }

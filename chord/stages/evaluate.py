@@ -190,7 +190,7 @@ def run(
         )
     g0 = trained_scene.scene_frames(scene, 1, objects=scene.names)
     view = cameras.method_reference_view(method, cameras.scene_target(method, doc))
-    from chord.export.videos import render_frames
+    from chord.render.views import render_frames
 
     bg = cameras.background_for(method.invert_bg_prob)
     frame0 = media.to_uint8(render_frames(g0, view, cameras.intrinsics(width, height, method.fovy),

@@ -1,7 +1,10 @@
 """Stage ``export`` (METHOD §19–§20): the trained scene as videos (reference view, orbit,
 four fixed views) at ``export_size``, a GIF preview, the animated ``dynamic_scene.glb`` (morph
 targets), ``dynamic_scene_skinned.glb`` (a skin on the control points), a per-frame 3DGS PLY
-sequence and ``dynamic_splats.glb`` (the Gaussians, skinned on the same control points)."""
+sequence, ``dynamic_splats.glb`` (the Gaussians, skinned on the same control points),
+``dynamic_splats_rigid.glb`` (the Gaussians under nodes keyed with rigid poses), each dynamic
+object's rigid pose per frame (``trajectories.npz`` and its ``trajectories.json``) and
+the scene as USD (``scene.usda``)."""
 
 from __future__ import annotations
 
@@ -13,10 +16,11 @@ import torch
 
 from chord.config.result_keys import stage_config
 from chord.core import media
-from chord.export import trained_scene, videos
+from chord.export import rigid_motion, sequences, trained_scene, trajectories, usd
 from chord.gaussians import gaussian_set, ply
 from chord.plan import results_layout
 from chord.render import cameras
+from chord.render.views import render_frames
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +50,10 @@ def run(
     out_skinned_glb: Path,
     out_ply_dir: Path,
     out_splats_glb: Path,
+    out_splats_rigid_glb: Path,
+    out_trajectories: Path,
+    out_trajectories_json: Path,
+    out_usd: Path,
 ) -> dict:
     """Render and write every export of a trained scene, the videos at ``export_size``
     (default: the SDS ``size``)."""
@@ -68,16 +76,14 @@ def run(
     elev = (method.elev_l + method.elev_r) / 2.0
 
     def video(path: Path, viewmats: torch.Tensor) -> np.ndarray:
-        images = media.to_uint8(
-            videos.render_frames(g, viewmats, K, width, height, bg, chunk=chunk)
-        )
+        images = media.to_uint8(render_frames(g, viewmats, K, width, height, bg, chunk=chunk))
         media.write_mp4(path, images, fps)
         logger.info("%s: %d frames", path, len(images))
         return images
 
     ref = cameras.method_reference_view(method, target)
     ref_images = video(out_ref_view, ref)
-    videos.write_gif(out_gif, ref_images, fps)
+    sequences.write_gif(out_gif, ref_images, fps)
     azim = method.ref_azim + torch.arange(T, dtype=torch.float64) * 360.0 / T
     video(
         out_orbit,
@@ -96,12 +102,22 @@ def run(
         )
     sets = {n: ply.read_ply(plys[n], sh_degree_cap=method.sh_degree) for n in scene.names}
     rest = gaussian_set.concat([sets[n] for n in scene.names])
-    videos.write_ply_sequence(out_ply_dir, rest, g["means"], g["quats"])
+    sequences.write_ply_sequence(out_ply_dir, rest, g["means"], g["quats"])
     kw = {"doc": doc, "scene": scene, "sources": sources, "frames": T, "fps": method.save_fps}
     glb = trained_scene.write_glb(out_glb, **kw)
     skinned = trained_scene.write_glb(out_skinned_glb, skinned=True, **kw)
     splats = trained_scene.write_splats_glb(
         out_splats_glb, doc=doc, scene=scene, gaussians=sets, frames=T, fps=method.save_fps
+    )
+    splats_rigid = rigid_motion.write_rigid_splats_glb(
+        out_splats_rigid_glb, doc=doc, scene=scene, gaussians=sets, frames=T, fps=method.save_fps
+    )
+    trajectories.write_trajectories(
+        out_trajectories, out_trajectories_json, doc=doc, scene=scene, frames=T,
+        fps=method.save_fps,
+    )  # fmt: skip
+    scene_usd = usd.write_usd(
+        out_usd, doc=doc, scene=scene, sources=sources, frames=T, fps=method.save_fps
     )
     logger.info(
         "%s: iteration %d, %d frames at %dx%d (%d per render), %d fps; GLB with %d morph "
@@ -127,4 +143,6 @@ def run(
         **glb,
         "skinned": skinned,
         "splats": splats,
+        "splats_rigid": splats_rigid,
+        "usd": scene_usd,
     }

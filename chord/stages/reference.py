@@ -14,7 +14,8 @@ from chord.core import media
 from chord.core.errors import InputError
 from chord.gaussians import gaussian_set, ply
 from chord.render import cameras
-from chord.render.rasterizer import render_views, splat_tensors
+from chord.render.rasterizer import splat_tensors
+from chord.render.views import render_views
 from chord.scene import ingestion as sc
 
 logger = logging.getLogger(__name__)

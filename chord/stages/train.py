@@ -13,7 +13,7 @@ import torch
 from chord.config import settings
 from chord.config.result_keys import stage_config, training_hash
 from chord.plan import results_layout, scene_plan
-from chord.render.rasterizer import describe_backend
+from chord.render.backend import describe_backend
 from chord.resources import job_size, out_of_memory, tiers
 from chord.training import (
     checkpoint,

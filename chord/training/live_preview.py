@@ -17,8 +17,8 @@ import torch
 
 from chord.core import media
 from chord.core.atomic_files import atomic_path
-from chord.export.videos import render_frames
 from chord.render import cameras
+from chord.render.views import render_frames
 
 logger = logging.getLogger(__name__)
 

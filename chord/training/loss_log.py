@@ -10,9 +10,11 @@ from pathlib import Path
 # Beside a configuration's checkpoints: its loss log across attempts (copied to the output).
 LOSS_HISTORY = "losses.tsv"
 # nan: NaN entries of the teacher's velocities; nonfinite_entries: NaN or ±inf entries of them and
-# of the averaged gradients (any skips the step: README "Non-finite steps")
+# of the averaged gradients (any skips the step: README "Non-finite steps"); contact: the contact
+# loss (chord.motion.contact; 0 where lambda_contact is 0)
 LOG_FIELDS = (
-    "it", "sds", "ground", "temporal", "arap", "t", "cfg", "skipped", "nan", "nonfinite_entries"
+    "it", "sds", "ground", "temporal", "arap", "contact", "t", "cfg", "skipped", "nan",
+    "nonfinite_entries",
 )  # fmt: skip
 # the phases a run with memory.log_run_time times (chord.training.phase_clock)
 TIMED_PHASES = ("regularisers", "sds", "all_reduce")

@@ -15,7 +15,7 @@ from chord.guidance import oracle
 from chord.guidance import text as text_cond
 from chord.motion.model import build_scene
 from chord.render import cameras
-from chord.render.rasterizer import resolve_backend
+from chord.render.backend import resolve_backend
 from chord.scene import ingestion as sc
 from chord.training.distributed import Group
 from chord.training.trainer import Trainer
@@ -68,6 +68,12 @@ def build(
             [trimesh.Trimesh(p.vertices, p.faces, process=False) for p in parts]
         )
     ground = method.ground_level if method.ground_level is not None else doc["ground_level"]
+    grid = None
+    static = [o["name"] for o in doc["objects"] if o["role"] == "static"]
+    if method.lambda_contact > 0 and static and scene.dynamic:
+        from chord.motion import contact
+
+        grid = contact.signed_distance_grid([_mesh(scene_json, doc, n) for n in static])
     return Trainer(
         scene=scene,
         guidance=teacher,
@@ -83,4 +89,14 @@ def build(
         meshes=meshes,
         surface_voxel_size={n: float(v["surface_voxel_size"]) for n, v in vox.items()},
         backend=backend,
+        contact_grid=grid,
     )
+
+
+def _mesh(scene_json: Path, doc: dict, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """An object's normalised mesh, its parts as one: vertices [V, 3], faces [F, 3]."""
+    parts = sc.load_parts(sc.mesh_path(scene_json, doc, name))
+    mesh = trimesh.util.concatenate(
+        [trimesh.Trimesh(p.vertices, p.faces, process=False) for p in parts]
+    )
+    return np.asarray(mesh.vertices, dtype=np.float64), np.asarray(mesh.faces, dtype=np.int64)

@@ -13,11 +13,12 @@ import torch
 from torch import Tensor
 
 from chord.guidance import rfsds
-from chord.motion import fenwick
+from chord.motion import contact, fenwick
 from chord.motion import regularisers as losses
 from chord.motion.model import MotionScene, plan_second_layer
 from chord.render import cameras
-from chord.render.rasterizer import render_video, resolve_backend
+from chord.render.backend import resolve_backend
+from chord.render.views import render_video
 from chord.resources import cuda_settings
 from chord.training import optimiser, rng
 from chord.training.distributed import Group
@@ -49,6 +50,9 @@ class Trainer:
     # the
     # float32 fallback's experts are loaded; a CPU's experts are float32 already
     host_memory_bytes: int | None = None
+    # the static objects' signed distance (chord.motion.contact.DistanceGrid), built once per run
+    # where lambda_contact > 0 (chord.training.scene_trainer.build); None: no contact loss
+    contact_grid: object = None
 
     def __post_init__(self):
         m = self.method
@@ -74,6 +78,9 @@ class Trainer:
             for name, obj in self.scene.dynamic.items()
         }
         self.arap_connectivity = {}
+        self.contact_rest = {}  # obj -> the depth of its surface set at rest [V]
+        if self.contact_grid is not None:
+            self.contact_grid = self.contact_grid.to(self.device)
         self.nonfinite = 0
         self.float32_fallback = False  # the guidance computes in float32 (checkpointed)
         self.teacher_nan = 0  # NaN entries of the teacher's velocities this iteration
@@ -146,10 +153,11 @@ class Trainer:
 
     # -- losses ----------------------------------------------------------------------------
     def regularisers(self, it: int, cams: dict) -> dict[str, float]:
-        """METHOD §16: ground, temporal and ARAP losses, one backward; returns the values."""
+        """METHOD §16: ground, temporal and ARAP losses, and the contact loss (ours,
+        :mod:`chord.motion.contact`), one backward; returns the values."""
         m, B = self.method, len(cams["viewmats"])
         total = 0.0
-        out = {"ground": 0.0, "temporal": 0.0, "arap": 0.0}
+        out = {"ground": 0.0, "temporal": 0.0, "arap": 0.0, "contact": 0.0}
         lam_t = losses.time_weight(
             it,
             lambda_dis_time=m.lambda_dis_time,
@@ -206,6 +214,15 @@ class Trainer:
                 loss = losses.arap_energy(X, nbr, mask, sample) * lam_a / B
                 total = total + loss
                 out["arap"] += float(loss.detach())
+            if m.lambda_contact > 0 and self.contact_grid is not None:
+                if name not in self.contact_rest:
+                    self.contact_rest[name] = contact.depth(self.contact_grid, obj.surface)
+                X, _ = obj.deform(self.frames, points="surface", detach_weights=True)
+                loss = m.lambda_contact * contact.contact_loss(
+                    self.contact_grid, X, self.contact_rest[name]
+                )
+                total = total + loss
+                out["contact"] += float(loss.detach())
         if torch.is_tensor(total) and total.requires_grad:
             total.backward()
         return out
@@ -336,6 +353,7 @@ class Trainer:
             t(centres), t(surface), mult_rot_way=m.mult_rot_way, detach_first=m.add_cp_detach_first
         )
         self.arap_connectivity.pop(name, None)
+        self.contact_rest.pop(name, None)
         optimiser.add_groups(self.optimizers[name], obj.param_groups(), m, it)
         logger.info("it %d: %s gets a second layer of %d control points", it, name, len(centres))
 

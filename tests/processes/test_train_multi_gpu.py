@@ -20,22 +20,13 @@ from chord.stages import train as train_stage
 from chord.training import run_loop
 from chord.training.trainer import Trainer
 from tests.conftest import REPO
-from tests.stages.test_geometry_stages import train_inputs
+from tests.stages.test_geometry_stages import TINY_TRAINING, train_inputs
 
 TINY = {
-    "gs_init_num": 800,
-    "surface_target_num": 300,
-    "cp_num": 12,
-    "size": "48*32",
-    "frame_num": 5,
-    "iterations": 4,
+    **TINY_TRAINING,
     "early_stop": False,  # all 4 (the shipped early stop would end them at 2)
     "batch_size": 2,
-    "seed": 3,
     "save_interval": 2,
-    "prev_frame_number": 2,
-    "back_iter": 3,
-    "arap_sample_num": 64,
 }
 TIERS = {"solo": {"gpu_mem_gb": 24}, "duo": {"gpu_mem_gb": 24, "gpus": 2}}
 

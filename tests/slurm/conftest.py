@@ -19,6 +19,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 import yaml
 
 from tests import components
@@ -190,6 +191,20 @@ def tres(job: dict) -> dict[str, str]:
 
 def gpu_kinds(job: dict) -> set[str]:
     return {k.split(":", 1)[1] for k in tres(job) if k.startswith("gres/gpu:")}
+
+
+def assert_same_state(state: Path, reference: dict, iterations: int) -> None:
+    """The training state file ``state`` holds ``reference`` (the state of the same training
+    run locally without interruption) to the bit: ``iterations`` done, its motion and its
+    optimisers' states."""
+    got = torch.load(state, weights_only=True)
+    assert got["iteration"] == reference["iteration"] == iterations
+    for key, value in reference["motion"].items():
+        assert torch.equal(got["motion"][key], value), key
+    for name, opt in reference["optimizers"].items():
+        for i, st in opt["state"].items():
+            for k, v in st.items():
+                assert torch.equal(got["optimizers"][name]["state"][i][k], v), (name, i, k)
 
 
 def minutes(timelimit: str) -> int:

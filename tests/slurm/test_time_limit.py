@@ -17,6 +17,7 @@ import torch
 import yaml
 
 from tests.slurm.conftest import (
+    assert_same_state,
     copy_workdir,
     minutes,
     rule_jobs,
@@ -91,14 +92,7 @@ def test_a_training_longer_than_its_time_limit_requeues_and_ends_as_one_run(
     resumed = [int(n) for n in re.findall(r"resuming coarse from iteration (\d+)", train_log)]
     assert len(resumed) == len(runs) - 1 and resumed == sorted(set(resumed)), resumed
 
-    got = torch.load(work / TARGET, weights_only=True)
     want = torch.load(local / TARGET, weights_only=True)
-    assert got["iteration"] == want["iteration"] == LONG["iterations"]
-    for key, value in want["motion"].items():
-        assert torch.equal(got["motion"][key], value), key
-    for name, opt in want["optimizers"].items():
-        for i, st in opt["state"].items():
-            for k, v in st.items():
-                assert torch.equal(got["optimizers"][name]["state"][i][k], v), (name, i, k)
+    assert_same_state(work / TARGET, want, LONG["iterations"])
     rows = [(w / "results/hop/train/coarse_losses.tsv").read_text() for w in (work, local)]
     assert rows[0] == rows[1]  # every iteration logged once, as in one run

@@ -6,59 +6,42 @@ from chord.resources.job_size import condition_gpus
 from chord.stages import condition
 
 
-def test_condition_with_the_seeded_tiny_encoder(tmp_path):
-    method = cc.method_from_mapping({})
-    guidance = cc.guidance_from_mapping({"backend": "oracle"})
-    meta = condition.run(
-        out=tmp_path / "text.safetensors",
-        prompt="a block hops",
-        n_prompt=".",
+def encode(out, guidance, method=None, *, prompt="a plant sways", n_prompt=".", env=None):
+    """``condition.run`` of scene "s" (the default method unless ``method``)."""
+    return condition.run(
+        out=out,
+        prompt=prompt,
+        n_prompt=n_prompt,
         guidance=guidance,
-        method=method,
-        scene="toy",
+        method=method or cc.method_from_mapping({}),
+        scene="s",
+        env=env,
     )
+
+
+def test_condition_with_the_seeded_tiny_encoder(tmp_path):
+    guidance = cc.guidance_from_mapping({"backend": "oracle"})
+    meta = encode(tmp_path / "text.safetensors", guidance, prompt="a block hops")
     tensors, saved = text.read(tmp_path / "text.safetensors")
     assert tensors["prompt"].shape == (512, tiny_models.TINY_TEXT_DIM)
     assert saved["encoder"].startswith("tiny random umt5 (seed 0")
     assert saved["negative_prompt"] == text.DEFAULT_NEGATIVE_PROMPT == meta["negative_prompt"]
     again = tmp_path / "again.safetensors"
-    condition.run(
-        out=again,
-        prompt="a block hops",
-        n_prompt=".",
-        guidance=guidance,
-        method=method,
-        scene="toy",
-    )
+    encode(again, guidance, prompt="a block hops")
     assert text.read(again)[0]["prompt"].equal(tensors["prompt"])  # seeded: reproducible
 
 
 def test_condition_with_a_wan_folder(tmp_path):
     folder = tiny_models.write_tiny_wan(tmp_path / "wan")
-    method = cc.method_from_mapping({})
     guidance = cc.guidance_from_mapping({"backend": "wan", "ckpt_dir": str(folder)})
-    meta = condition.run(
-        out=tmp_path / "t.safetensors",
-        prompt="a plant sways",
-        n_prompt="blurry",
-        guidance=guidance,
-        method=method,
-        scene="s",
-    )
+    meta = encode(tmp_path / "t.safetensors", guidance, n_prompt="blurry")
     assert meta["encoder"] == f"umt5 from {folder}" and meta["negative_prompt"] == "blurry"
 
 
 def test_wan_backend_without_a_folder_is_a_clear_error(tmp_path):
     guidance = cc.guidance_from_mapping({"backend": "wan"})
     with pytest.raises(ValueError, match="guidance.ckpt_dir: the wan backend needs"):
-        condition.run(
-            out=tmp_path / "t.safetensors",
-            prompt="p",
-            n_prompt=".",
-            guidance=guidance,
-            method=cc.method_from_mapping({}),
-            scene="s",
-        )
+        encode(tmp_path / "t.safetensors", guidance, prompt="p")
     assert not (tmp_path / "t.safetensors").exists()
 
 
@@ -82,26 +65,15 @@ def test_the_job_takes_a_free_gpu_for_the_wan_encoder_and_hides_cuda_otherwise(
     assert condition_gpus(wan, on_gpu) == 1
     assert condition_gpus(wan, on_cpu) == condition_gpus(oracle, on_gpu) == 0
 
-    def encode(guidance, method, env):
-        return condition.run(
-            out=tmp_path / "t.safetensors",
-            prompt="a plant sways",
-            n_prompt=".",
-            guidance=guidance,
-            method=method,
-            scene="s",
-            env=env,
-        )
-
     # GPU 0 is held by a training: the condition job takes GPU 1
     with gpus.gpu_set(["0"], 1, tmp_path / "locks"):
         env = {"CUDA_VISIBLE_DEVICES": "0,1,2"}
-        encode(wan, on_gpu, env)
+        encode(tmp_path / "t.safetensors", wan, on_gpu, env=env)
         assert env["CUDA_VISIBLE_DEVICES"] == "1"
     metas = {}
     for guidance, method in ((wan, on_cpu), (oracle, on_gpu)):
         env = {"CUDA_VISIBLE_DEVICES": "0,1,2"}
-        metas[guidance.backend] = encode(guidance, method, env)
+        metas[guidance.backend] = encode(tmp_path / "t.safetensors", guidance, method, env=env)
         assert env["CUDA_VISIBLE_DEVICES"] == "" and metas[guidance.backend]["device"] == "cpu"
     # on the CPU the Wan encoder computes in float32 (bf16 only on a GPU)
     assert metas["wan"]["dtype"] == "float32"

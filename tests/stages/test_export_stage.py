@@ -21,18 +21,18 @@ from chord.config import result_keys as rk
 from chord.config import settings as cc
 from chord.core import media
 from chord.export import trained_scene
-from chord.export.videos import render_frames
 from chord.gaussians import gaussian_set, ply
 from chord.gltf import container
 from chord.plan import results_layout
 from chord.render import cameras
+from chord.render.views import render_frames
 from chord.scene import demo
 from chord.stages import aggregate, evaluate, reference
 from chord.stages import export as export_stage
 from chord.stages import train as train_stage
 from tests.conftest import validate_glb
 from tests.unit.gltf.test_animated import float32_tolerance, skinned_vertices
-from tests.unit.gltf.test_splats import same_rotation, skinned_splats
+from tests.unit.gltf.test_splats import no_warnings, same_rotation, skinned_splats
 
 T, W, H = 5, 32, 16
 F32 = float(np.finfo(np.float32).eps)
@@ -102,6 +102,10 @@ def exported(sway):
         "out_skinned_glb": results_layout.dynamic_skinned_glb(res, s),
         "out_ply_dir": results_layout.ply_sequence_dir(res, s),
         "out_splats_glb": results_layout.dynamic_splats_glb(res, s),
+        "out_splats_rigid_glb": results_layout.dynamic_splats_rigid_glb(res, s),
+        "out_trajectories": results_layout.trajectories_npz(res, s),
+        "out_trajectories_json": results_layout.trajectories_json(res, s),
+        "out_usd": results_layout.scene_usda(res, s),
     }
     summary = export_stage.run(
         **sway.inputs,
@@ -128,7 +132,18 @@ def test_export_writes_videos_gif_and_ply_sequence(sway, exported):
             **skinned,
             "frames": T,
         },
+        "splats_rigid": {
+            "gaussians": 3 * 300,
+            "sh_degree": 0,
+            "animated": 2,
+            "frames": T,
+            "residual_max": summary["splats_rigid"]["residual_max"],
+            "residual_relative": summary["splats_rigid"]["residual_relative"],
+        },
+        "usd": summary["usd"],
     }
+    assert summary["usd"]["frames"] == T and summary["usd"]["objects"]["obj_1"] == "static"
+    assert set(summary["usd"]["objects"]) == {"obj_0", "obj_1", "obj_2"}
     videos = [outs["out_ref_view"], outs["out_orbit"], *outs["out_views"].values()]
     assert sorted(outs["out_views"]) == ["back", "front", "left", "right"]
     frames = {}
@@ -440,7 +455,7 @@ def test_exported_splats_follow_the_ply_sequence(sway, exported, gltf_validator,
         rest = ply.read_ply(frames[0]).means[rows[name]].astype(np.float64) / s + c
         assert np.abs(x - rest).max() > 1e-4  # the trained motion moves it
     report = validate_glb(gltf_validator, outs["out_splats_glb"], tmp_path)
-    assert report["numWarnings"] == 0
+    no_warnings(report)
     assert {m["code"] for m in report["messages"] if m["severity"] == 0} == {
         "MESH_PRIMITIVE_INVALID_ATTRIBUTE"  # KhronosGroup/glTF-Validator#252
     }
@@ -485,6 +500,87 @@ def test_skinned_glb_keeps_morph_targets_for_a_second_layer(
     assert report["numErrors"] == 0 and report["numWarnings"] == 0, report["messages"]
 
 
+def test_exported_rigid_splats_play_the_trajectories_poses(sway, exported):
+    """dynamic_splats_rigid.glb: each object's node at the centre of its Gaussians, the
+    dynamic ones keyed with the rigid poses of trajectories.npz (the same rotations; the same
+    motion of the rest points, T_k·T_0⁻¹), the residual it leaves out stated per object; no
+    skin, no morph targets."""
+    from tests.unit.export.test_rigid_motion import world_splats
+
+    summary, outs = exported
+    doc, blob = container.read_glb(outs["out_splats_rigid_glb"])
+    assert "skins" not in doc and all("targets" not in m["primitives"][0] for m in doc["meshes"])
+    c, s = _normalisation(sway)
+    with np.load(outs["out_trajectories"], allow_pickle=False) as z:
+        a = {k: z[k] for k in z.files}
+    rigid = summary["splats_rigid"]
+    for name in ("obj_0", "obj_1", "obj_2"):
+        (node,) = [d for d in doc["nodes"] if d["name"] == name]
+        rest = ply.read_ply(sway.inputs["plys"][name]).means.astype(np.float64) / s + c
+        np.testing.assert_allclose(
+            node["translation"], (rest.min(0) + rest.max(0)) / 2, rtol=0, atol=1e-6
+        )
+        if name == "obj_1":
+            assert "extras" not in node and name not in rigid["residual_max"]
+            continue
+        residual = float(a[f"{name}/residual"].max())
+        assert rigid["residual_max"][name] == pytest.approx(residual, rel=1e-9, abs=1e-15)
+        assert node["extras"]["CHORD_rigid_motion"]["residual_max"] == rigid["residual_max"][name]
+        assert rigid["residual_relative"][name] >= 0
+        T_ = a[f"{name}/T"]
+        for k in range(T):
+            M = T_[k] @ np.linalg.inv(T_[0])
+            want = rest @ M[:3, :3].T + M[:3, 3]
+            tol = 16 * F32 * max(1.0, np.abs(want).max())
+            got = world_splats(doc, blob, name, k)
+            np.testing.assert_allclose(got, want, rtol=0, atol=tol, err_msg=f"{name} {k}")
+
+
+# --- trajectories and USD --------------------------------------------------------------------
+
+
+def test_exported_trajectories_and_usd_follow_the_trained_motion(sway, exported):
+    """trajectories.npz opens with numpy alone and fits the control points' tracks of
+    deform(); scene.usda's points at each time code equal deform() of the source meshes."""
+    from pxr import Usd
+
+    from chord.export import usd
+    from tests.unit.export.test_usd import _world_points
+
+    _, outs = exported
+    _, scene, _ = trained_scene.load_trained(
+        **sway.inputs, state_path=results_layout.train_state(sway.res, sway.s, "coarse")
+    )
+    c, s = _normalisation(sway)
+    with np.load(outs["out_trajectories"], allow_pickle=False) as z:
+        a = {k: z[k] for k in z.files}
+    side = json.loads(outs["out_trajectories_json"].read_text())
+    assert a["names"].tolist() == ["obj_0", "obj_2"] and side["frames"] == T
+    assert a["fps"] == sway.m.save_fps == side["fps"]
+    stage = Usd.Stage.Open(str(outs["out_usd"]))
+    assert (stage.GetStartTimeCode(), stage.GetEndTimeCode()) == (0, T - 1)
+    assert stage.GetTimeCodesPerSecond() == sway.m.save_fps
+    for name in ("obj_0", "obj_1", "obj_2"):
+        v_w, _, _ = usd.source_mesh(sway.sources[name])
+        X = v_w[None].repeat(T, 0)
+        if name in scene.dynamic:
+            obj = scene.dynamic[name]
+            X = _deformed_world(obj, v_w, c, s)
+            with torch.no_grad():
+                cp, _ = obj.deform(torch.arange(T), obj.layer1.centres)
+            np.testing.assert_allclose(a[f"{name}/tracks"], cp.double().numpy() / s + c)
+            assert a[f"{name}/T"].shape == (T, 4, 4) and a[f"{name}/residual"][0] == 0
+        want = X @ usd.Y_UP_TO_Z_UP.T
+        kind = stage.GetPrimAtPath(f"/World/{name}").GetCustomDataByKey("chord:motion")
+        # exact but for the rigid kind, which leaves out at most its residual's worth
+        tol = 64 * F32 * max(1.0, np.abs(want).max())
+        if kind == "rigid":
+            tol += 8 * float(a[f"{name}/residual"].max())
+        for k in range(T):
+            got = _world_points(stage, name, k)
+            np.testing.assert_allclose(got, want[k], rtol=0, atol=tol, err_msg=f"{name} {k}")
+
+
 # --- export_size -----------------------------------------------------------------------------
 
 
@@ -500,6 +596,10 @@ def test_export_renders_its_videos_at_export_size(sway, tmp_path):
         "out_skinned_glb": tmp_path / "s.glb",
         "out_ply_dir": tmp_path / "ply",
         "out_splats_glb": tmp_path / "splats.glb",
+        "out_splats_rigid_glb": tmp_path / "splats_rigid.glb",
+        "out_trajectories": tmp_path / "trajectories.npz",
+        "out_trajectories_json": tmp_path / "trajectories.json",
+        "out_usd": tmp_path / "scene.usda",
     }
     export_stage.run(
         **sway.inputs,

@@ -19,17 +19,28 @@ def run_all(data, results, scene, method):
     return out["doc"], out["stats"]
 
 
+#: the tiny training of the demo hop scene the training tests run (each adds its own keys)
+TINY_TRAINING = {
+    "gs_init_num": 800,
+    "surface_target_num": 300,
+    "cp_num": 12,
+    "size": "48*32",
+    "frame_num": 5,
+    "iterations": 4,
+    "batch_size": 1,
+    "seed": 3,
+    "prev_frame_number": 2,
+    "back_iter": 3,
+    "arap_sample_num": 64,
+}
+
+
 def train_inputs(data, results, scene, method) -> dict:
     """Run the geometry stages; the inputs of ``chord.training.scene_trainer.build`` (oracle
     guidance)."""
-    out = upstream_train.prepare_geometry(data=data, results=results, scene=scene, method=method)
-    return {
-        "scene_json": results_layout.scene_json(results, scene),
-        "plys": out["plys"],
-        "voxels": out["voxels"],
-        "text_path": None,
-        "data_dir": data,
-    }
+    return upstream_train.oracle_train_inputs(
+        data=data, results=results, scene=scene, method=method
+    )
 
 
 def test_toy_scene_through_the_three_stages(toy_scene, tmp_path):

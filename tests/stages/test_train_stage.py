@@ -18,36 +18,21 @@ from chord.config import settings as cc
 from chord.core import media
 from chord.gaussians import ply
 from chord.render import gsplat_backend
-from chord.render.rasterizer import BackendUnavailable
+from chord.render.backend import BackendUnavailable
 from chord.scene import demo
 from chord.scene import ingestion as sc
 from chord.stages import train as train_stage
 from chord.stages.adapter import stage_logging
 from chord.training import progress, run_loop, scalars, scene_trainer
 from tests.components import TENSORBOARD, missing
-from tests.stages.test_geometry_stages import train_inputs
+from tests.stages.test_geometry_stages import TINY_TRAINING, train_inputs
 
 
 @pytest.fixture(scope="module")
 def hop(tmp_path_factory):
     root = tmp_path_factory.mktemp("train")
     data = demo.write_demo_scene("hop", root / "data", frame_num=5)
-    m = cc.method_from_mapping(
-        {
-            "gs_init_num": 800,
-            "surface_target_num": 300,
-            "cp_num": 12,
-            "size": "48*32",
-            "frame_num": 5,
-            "iterations": 4,
-            "batch_size": 1,
-            "seed": 3,
-            "save_interval": 2,
-            "prev_frame_number": 2,
-            "back_iter": 3,
-            "arap_sample_num": 64,
-        }
-    )
+    m = cc.method_from_mapping({**TINY_TRAINING, "save_interval": 2})
     inputs = train_inputs(data, root / "results", "hop", m)
     return root, m, inputs
 

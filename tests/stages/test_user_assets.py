@@ -20,7 +20,7 @@ from chord.stages import gaussians, ingest
 from chord.stages.adapter import input_error_once
 from tests import components
 from tests import gltf_corpus as corpus
-from tests.conftest import KHRONOS, validate_glb, write_config, write_still_motion
+from tests.conftest import validate_glb, write_config, write_still_motion
 from tests.stages.test_bad_input import ingest_error, run_cli
 from tests.unit.gltf.test_animated import bend
 
@@ -46,11 +46,11 @@ def run_ingest(data: Path, out: Path) -> dict:
     )  # fmt: skip
 
 
-def test_ingest_reads_a_compressed_scene_as_the_plain_one(tmp_path):
+def test_ingest_reads_a_compressed_scene_as_the_plain_one(tmp_path, khronos):
     """scene.glb and objects Draco- and meshopt-compressed: the normalisation and each object's
     bounds and faces as the plain files give them (within a step of the 14-bit grid), and
     scene.json names what was decoded."""
-    duck = KHRONOS / "Duck.glb"
+    duck = khronos / "Duck.glb"
     box = corpus.write_glb(corpus.textured_box((3.0, 0.2, 3.0), (0, 0, 0)), tmp_path / "box.glb")
     plain = run_ingest(scene_folder(tmp_path / "plain", [duck, box]), tmp_path / "out_plain")
     packed = [
@@ -122,13 +122,13 @@ def test_the_gaussians_take_the_colours_the_material_defines(tmp_path, feature):
 
 
 @pytest.mark.parametrize("command", ["draco", "meshopt", "quantize", "instance"])
-def test_the_export_writes_what_ingest_read(tmp_path, command, gltf_validator):
+def test_the_export_writes_what_ingest_read(tmp_path, command, gltf_validator, request):
     """The animated GLB of a compressed, quantised or instanced source: validator-clean, with
     the rest pose (frame 0) at the plain source's vertices."""
     src = (
         corpus.shared_mesh_nodes(tmp_path / "shared.glb")[0]
         if command == "instance"
-        else KHRONOS / "Duck.glb"
+        else request.getfixturevalue("khronos") / "Duck.glb"
     )
     packed = corpus.transform(command, src, tmp_path / f"{command}.glb")
     outs = {}

@@ -38,8 +38,7 @@ from chord.render import cameras
 from chord.render.rasterizer import rasterize
 from chord.stages import viewer
 from tests import components
-from tests.components import skip_without
-from tests.conftest import REPO, assert_npm_build_is_committed, box, write_scene
+from tests.conftest import REPO, assert_npm_build_is_committed, box, needs_npm_build, write_scene
 
 VIEWER_DIR = REPO / "chord" / "viewer"
 FRAMES, FPS = 5, 2.0  # keys at 0, 0.5, ..., 2.0 s; the clip lasts 2 s
@@ -234,11 +233,7 @@ def test_the_bundle_leaves_room_for_a_scene():
     assert viewer.BUNDLE.stat().st_size < 0.8e6
 
 
-@skip_without(
-    components.NODE,
-    bool(shutil.which("node") and shutil.which("npm")),
-    "node and npm build the bundle that is checked against src/",
-)
+@needs_npm_build
 def test_the_committed_bundle_is_the_build_of_the_source(tmp_path):
     """`npm ci && npm run build` on a copy of chord/viewer gives the committed dist/viewer.js."""
     assert_npm_build_is_committed(VIEWER_DIR, viewer.BUNDLE, tmp_path)

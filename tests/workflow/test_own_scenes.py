@@ -14,17 +14,17 @@ import yaml
 
 from chord.guidance import tiny_models
 from tests import gltf_corpus as corpus
-from tests.conftest import KHRONOS, REPO
+from tests.conftest import REPO
 from tests.workflow.test_scale import copy_workflow, snakemake
 
 PROMPT = "a rubber duck bobs on a textured box"
 
 
-def own_scene(work: Path) -> Path:
+def own_scene(work: Path, khronos: Path) -> Path:
     """data/duck: the duck Draco-compressed as scene.glb and obj_0.glb, and a box made plain
     again as obj_1.gltf with its .bin and PNG beside it, meshopt-compressed on the way."""
     data = work / "data" / "duck"
-    duck = corpus.transform("draco", KHRONOS / "Duck.glb", data / "obj_0.glb")
+    duck = corpus.transform("draco", khronos / "Duck.glb", data / "obj_0.glb")
     box = corpus.write_glb(corpus.textured_box((3.0, 0.2, 3.0), (0, 0, 0)), work / "box.glb")
     meshopt = corpus.transform("meshopt", box, work / "box_meshopt.glb")
     corpus.transform("copy", meshopt, data / "obj_1.gltf")
@@ -47,11 +47,11 @@ def readme_steps(work: Path, *, wan: bool) -> Path:
 
 
 @pytest.fixture
-def work(tmp_path) -> Path:
+def work(tmp_path, khronos) -> Path:
     copy_workflow(tmp_path)
     (tmp_path / "config").mkdir()
     (tmp_path / "config/config.yaml").write_text((REPO / "config/config.yaml").read_text())
-    own_scene(tmp_path)
+    own_scene(tmp_path, khronos)
     return tmp_path
 
 

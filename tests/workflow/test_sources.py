@@ -7,16 +7,24 @@ Each file's wiring is read per file from what the code jobs were given (their lo
 inputs); the re-plans are dry runs, one per set of files with the same stages (all of them
 edited at once: the same stages re-plan whichever one changed). Each edit appends a comment and
 is undone (content and time) before the next.
+
+The README's upgrade commands (section "Upgrading") run on a copy of that run after a simulated
+release that moves a module and rewrites every other: they keep every result and leave the new
+digests.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
+import shlex
+import shutil
 from pathlib import Path
 
 from chord.plan import code_sources as cs
 from chord.plan import results_layout as P
+from tests.conftest import REPO
 from tests.workflow.test_scale import snakemake
 from tests.workflow.test_workflow import planned_jobs
 
@@ -101,3 +109,89 @@ def test_editing_a_source_reruns_exactly_the_stages_that_depend_on_it(finished):
     assert {cs.module_file(name, pkg) for name in cs.EXEMPT} <= set(others)
     assert dry_run_after_editing(work, others) == {}
     assert planned_jobs(snakemake(work, "-n")) == {}  # every edit undone
+
+
+# README "Upgrading": the line before its commands' bash block
+UPGRADE_LINE = "To keep finished results, run once after upgrading"
+# the module the simulated upgrade moves (most stages use it); it is named only by this dotted
+# name, in both import forms, so a text replace moves every reference
+MOVED = ("chord.config.sheet", "chord.config.scene_sheet")
+
+
+def upgrade_commands() -> list[list[str]]:
+    """The README's upgrade commands (the first bash block after UPGRADE_LINE), each as
+    Snakemake's arguments: the test runs what the note says."""
+    text = (REPO / "README.md").read_text()
+    after = text.split(f"\n{UPGRADE_LINE}", 1)[1]
+    block = after.split("```bash\n", 1)[1].split("\n```", 1)[0]
+    commands = [shlex.split(c) for c in re.split(r"&&|\n", block) if c.strip()]
+    assert commands and all(c[0] == "snakemake" for c in commands), block
+    return [c[1:] for c in commands]
+
+
+def simulate_upgrade(wf: Path) -> None:
+    """What a release that moves modules does to a checkout (issue 35): MOVED's file goes to
+    its new name with every reference rewritten (the stages' file sets change), and every
+    package module and adapter is rewritten (their contents and times change)."""
+    src = cs.module_file(MOVED[0], wf / "chord")
+    src.rename(src.with_name(MOVED[1].rpartition(".")[2] + ".py"))
+    for path in [*(wf / "chord").rglob("*.py"), *(wf / "rules").glob("*.smk")]:
+        text = path.read_text()
+        if MOVED[0] in text:
+            path.write_text(text.replace(MOVED[0], MOVED[1]))
+    for path in [*(wf / "chord").rglob("*.py"), *(wf / "workflow/scripts").glob("*.py")]:
+        path.write_text(path.read_text() + "\n# upgraded\n")
+
+
+def results_files(work: Path) -> dict[str, tuple[str, int]]:
+    """Each file under results/: its sha256 and inode (an atomic rewrite is a new inode)."""
+    return {
+        p.relative_to(work).as_posix(): (
+            hashlib.sha256(p.read_bytes()).hexdigest(),
+            p.stat().st_ino,
+        )
+        for p in sorted((work / "results").rglob("*"))
+        if p.is_file()
+    }
+
+
+def test_the_readme_upgrade_keeps_finished_results_and_live_digests(finished, tmp_path):
+    """README "Upgrading": after a release that moves modules, every code digest changes and
+    everything would re-run; the README's commands write the new digests and keep every result
+    (same bytes, not rewritten: Snakemake's touch only updates times); then nothing is planned
+    and a later edit re-plans what it should. On a copy of the finished run: nothing shared."""
+    work = tmp_path / "upgrade"
+    shutil.copytree(finished[0], work, symlinks=True, copy_function=shutil.copy2)
+    # the code jobs record their inputs by absolute path: in the copy they re-run once and
+    # write the same digests, so nothing else does (a moved checkout does the same)
+    assert set(planned_jobs(snakemake(work, "--until", "code"))) <= {"code"}
+    assert planned_jobs(snakemake(work, "-n")) == {}
+    pkg = work / "wf/chord"
+    readers = rule_graph(work)
+    stages = sorted(stage for stage in cs.STAGES if stage_rules(stage, readers))
+
+    def digests() -> dict[str, str]:
+        return {s: P.code_digest(work / "resources", s).read_text().strip() for s in stages}
+
+    before, old_digests = results_files(work), digests()
+    old_sources, old_file = cs.sources_by_stage(stages, root=pkg), cs.module_file(MOVED[0], pkg)
+    simulate_upgrade(work / "wf")
+    new_sources, new_file = cs.sources_by_stage(stages, root=pkg), cs.module_file(MOVED[1], pkg)
+    users = [s for s in stages if old_file in old_sources[s]]  # their file sets change
+    assert users and users == [s for s in stages if new_file in new_sources[s]]
+    for stage in stages:  # and every stage's contents
+        assert cs.digest(new_sources[stage], root=pkg) != old_digests[stage], stage
+    # without the README's commands everything re-runs, training included
+    everything = planned_jobs(snakemake(work, "-n", "--forceall"))
+    assert planned_jobs(snakemake(work, "-n")) == everything
+    assert "train_coarse" in everything
+    for args in upgrade_commands():
+        snakemake(work, *args)
+    assert planned_jobs(snakemake(work, "-n")) == {}
+    assert results_files(work) == before  # every result kept: same bytes, same file
+    # the digests are the new code's, not the old ones kept
+    assert digests() == {s: cs.digest(new_sources[s], root=pkg) for s in stages}
+    # and live: editing one stage's module re-plans that stage and what follows it
+    expected = {"code"} | downstream(stage_rules("export", readers), readers)
+    jobs = dry_run_after_editing(work, [pkg / "stages/export.py"])
+    assert set(jobs) == expected and jobs["code"] == 1, jobs

@@ -4,18 +4,13 @@ from pathlib import Path
 from chord.plan import results_layout
 from chord.plan import scene_plan
 from chord.stages import export
-from chord.stages.adapter import scene_spec, stage_logging
+from chord.stages.adapter import stage_logging, trained_run
 
 with stage_logging(snakemake.log[0]):
-    spec = scene_spec(snakemake.config, snakemake.wildcards.run)
     inp, out = scene_plan.record(snakemake.input.items()), snakemake.output
     export.run(
-        scene_json=inp["scene_json"],
-        plys=inp["plys"],
-        voxels=inp["voxels"],
-        state_path=inp["state"],
+        **trained_run(snakemake, inp),
         sources=inp["sources"],
-        method=spec.method,
         out_ref_view=Path(out.ref_view),
         out_orbit=Path(out.orbit),
         out_views={v: Path(getattr(out, v)) for v in results_layout.FIXED_VIEWS},
@@ -23,5 +18,9 @@ with stage_logging(snakemake.log[0]):
         out_glb=Path(out.glb),
         out_skinned_glb=Path(out.skinned),
         out_splats_glb=Path(out.splats),
+        out_splats_rigid_glb=Path(out.splats_rigid),
+        out_trajectories=Path(out.trajectories),
+        out_trajectories_json=Path(out.trajectories_json),
+        out_usd=Path(out.usd),
         out_ply_dir=Path(out.ply),
     )

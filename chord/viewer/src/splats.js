@@ -3,8 +3,9 @@
 //
 // GLTFLoader builds the joints and the animation (three.js ignores the splat attributes);
 // this file reads the splat accessors itself, poses every Gaussian on the CPU at the mixer's
-// time (positions by glTF's skinning rule, rotations by our convention q = N(Σ w_i q_j) ⊗
-// q_rest, scales unchanged), sorts them back to front and draws one quad each. The shader
+// time (skinned: positions by glTF's skinning rule, rotations by our convention q =
+// N(Σ w_i q_j) ⊗ q_rest, scales unchanged; otherwise morphed, then placed by the node's world
+// transform, as KHR_gaussian_splatting says), sorts them back to front and draws one quad each. The shader
 // follows gsplat's conventions as chord.render.torch_backend does: EWA projection with the
 // Jacobian clamped to 1.3x the frustum, Σ2D + 0.3·I with the opacity compensated
 // (antialiased mode), alpha = min(0.999, o·exp(−σ)) kept from 1/255, the box
@@ -23,6 +24,7 @@ import {
   Mesh,
   OneFactor,
   OneMinusSrcAlphaFactor,
+  Quaternion,
   ShaderMaterial,
   Vector2,
   Vector3,
@@ -74,10 +76,12 @@ async function loadObject(parser, nodeIndex) {
     obj.bind = obj.joints.map((_, j) => new Matrix4().fromArray(ibm, 16 * j));
     obj.jointIndex = await accessor(parser, a.JOINTS_0);
     obj.weight = await accessor(parser, a.WEIGHTS_0);
-  } else if (prim.targets && prim.targets.length) {
-    obj.node = await parser.getDependency("node", nodeIndex); // holds morphTargetInfluences
+  } else {
+    // its world transform places the splats (the writer puts it at the object's centre); it
+    // holds the morph weights
+    obj.node = await parser.getDependency("node", nodeIndex);
     obj.targets = await Promise.all(
-      prim.targets.map(async (t) => ({
+      (prim.targets || []).map(async (t) => ({
         position: await accessor(parser, t.POSITION),
         rotation: await accessor(parser, t[`${EXT}:ROTATION`]),
       })),
@@ -116,11 +120,17 @@ function hamilton(ax, ay, az, aw, b, i, out, o) {
   out[o + 3] = aw * bw - ax * bx - ay * by - az * bz;
 }
 
-// Pose every Gaussian at the mixer's current time (the caller updated the joints' world
-// matrices): world positions [N, 3] and unit rotations [N, 4] (x, y, z, w) into `pose`.
+// Pose every Gaussian at the mixer's current time (the caller updated the nodes' world
+// matrices): world positions [N, 3], unit rotations [N, 4] (x, y, z, w) and scale factors [N]
+// into `pose`. A node's world transform moves, turns and scales its splats (a non-uniform
+// scale by its geometric mean: a splat stays an ellipsoid of its own axes).
 export function posed(objects, pose) {
   let g = 0;
   const m = new Matrix4();
+  const at = new Vector3(),
+    turn = new Quaternion(),
+    size = new Vector3(),
+    local = new Float32Array(4);
   for (const obj of objects) {
     const { count, position: p, rotation: r } = obj;
     const P = pose.position,
@@ -160,9 +170,13 @@ export function posed(objects, pose) {
         P[3 * g + 1] = y;
         P[3 * g + 2] = z;
         hamilton(qx / n, qy / n, qz / n, qw / n, r, 4 * i, R, 4 * g);
+        pose.factor[g] = 1; // the skin matrices are rigid
       }
     } else {
-      const weights = obj.targets ? obj.node.morphTargetInfluences : [];
+      const weights = obj.targets.length ? obj.node.morphTargetInfluences : [];
+      const e = obj.node.matrixWorld.elements; // column-major
+      obj.node.matrixWorld.decompose(at, turn, size);
+      const factor = Math.cbrt(Math.abs(size.x * size.y * size.z));
       for (let i = 0; i < count; i++, g++) {
         const v = [p[3 * i], p[3 * i + 1], p[3 * i + 2], r[4 * i], r[4 * i + 1], r[4 * i + 2]];
         v.push(r[4 * i + 3]);
@@ -173,8 +187,12 @@ export function posed(objects, pose) {
           for (let c = 0; c < 4; c++) v[3 + c] += w * t.rotation[4 * i + c];
         });
         const n = Math.hypot(v[3], v[4], v[5], v[6]);
-        for (let c = 0; c < 3; c++) P[3 * g + c] = v[c];
-        for (let c = 0; c < 4; c++) R[4 * g + c] = v[3 + c] / n;
+        for (let c = 0; c < 3; c++) {
+          P[3 * g + c] = e[c] * v[0] + e[4 + c] * v[1] + e[8 + c] * v[2] + e[12 + c];
+        }
+        for (let c = 0; c < 4; c++) local[c] = v[3 + c] / n;
+        hamilton(turn.x, turn.y, turn.z, turn.w, local, 0, R, 4 * g);
+        pose.factor[g] = factor;
       }
     }
   }
@@ -281,6 +299,7 @@ export function splatMesh(objects) {
   const bases = Math.min(...objects.map((obj) => obj.sh.length));
   if (bases > 16) console.warn(`chord-viewer: SH above degree 3 is drawn as degree 3`);
   const pose = { position: new Float32Array(3 * N), rotation: new Float32Array(4 * N) };
+  pose.factor = new Float32Array(N);
   const rest = { scale: new Float32Array(3 * N), opacity: new Float32Array(N), sh: [] };
   for (let k = 0; k < Math.min(bases, 16); k++) rest.sh.push(new Float32Array(3 * N));
   let g = 0;
@@ -362,7 +381,7 @@ export function splatMesh(objects) {
         [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
         [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)],
       ];
-      const s2 = [0, 1, 2].map((k) => rest.scale[3 * i + k] ** 2);
+      const s2 = [0, 1, 2].map((k) => (rest.scale[3 * i + k] * pose.factor[i]) ** 2);
       const cov = (r, c) =>
         R[r][0] * s2[0] * R[c][0] + R[r][1] * s2[1] * R[c][1] + R[r][2] * s2[2] * R[c][2];
       out.covA[3 * s] = cov(0, 0);

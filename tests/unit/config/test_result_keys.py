@@ -81,7 +81,8 @@ def test_a_stage_config_has_its_keys_only(stage):
     method = cc.method_from_mapping({})
     narrowed = rk.stage_config(method, stage)
     assert [f.name for f in dataclasses.fields(narrowed)] == list(rk.STAGE_KEYS[stage])
-    assert dataclasses.asdict(narrowed) == rk.stage_params(method, stage)
+    unhashed = {k: v for k, v in rk.UNHASHED_DEFAULTS.items() if k in rk.STAGE_KEYS[stage]}
+    assert dataclasses.asdict(narrowed) == {**rk.stage_params(method, stage), **unhashed}
     assert rk.stage_config(narrowed, stage) is narrowed
     assert pickle.loads(pickle.dumps(narrowed)) == narrowed  # a training's ranks get it so
     other = next(k for k in rk.METHOD_STAGES if k not in rk.STAGE_KEYS[stage])
@@ -180,6 +181,21 @@ def test_editing_a_method_key_changes_exactly_the_stages_that_read_it():
         if expected & {"train", *rk.TRAIN_INPUTS}:
             expected |= {"train", "preview"}
         assert changed_stages(before, after) == expected, key
+
+
+def test_a_key_added_after_the_hash_is_left_out_of_it_at_its_default():
+    """x-default-unhashed keys (issue 36's lambda_contact): at their default the params and the
+    hash are those made before the key existed (pinned above); set, they key the training."""
+    assert rk.UNHASHED_DEFAULTS == {"lambda_contact": 0.0}
+    method, guidance = cc.method_from_mapping({}), cc.guidance_from_mapping({})
+    assert "lambda_contact" not in rk.stage_params(method, "train")
+    assert rk.stage_config(method, "train").lambda_contact == 0.0  # the trainer reads it
+    on = cc.method_from_mapping({"lambda_contact": 1000.0})
+    assert rk.stage_params(on, "train")["lambda_contact"] == 1000.0
+    assert rk.training_hash(on, guidance) != rk.training_hash(method, guidance)
+    assert rk.training_hash(cc.method_from_mapping({"lambda_contact": 0}), guidance) == (
+        "8740ef82f8fae857"
+    )
 
 
 def test_values_hash_is_stable():

@@ -321,6 +321,8 @@ def test_skinned_glb_reproduces_the_skinning(skinned_scene):
     src, src_blob = container.read_glb(S.source)
     src_world = container.world_matrices(src, src["scenes"][0]["nodes"])
     src_placed = [src_world[n] for n in sorted(src_world) if "mesh" in src["nodes"][n]]
+    (src_prim,) = src["meshes"][0]["primitives"]  # the one mesh both placements share
+    v_l = container.read_accessor(src, src_blob, src_prim["attributes"]["POSITION"])
     (anim,) = doc["animations"]
     for s in anim["samplers"]:
         assert s["interpolation"] == "LINEAR"
@@ -337,10 +339,12 @@ def test_skinned_glb_reproduces_the_skinning(skinned_scene):
         assert doc["accessors"][prim["attributes"]["JOINTS_0"]]["componentType"] == 5121
         W = container.read_accessor(doc, blob, prim["attributes"]["WEIGHTS_0"])
         np.testing.assert_array_equal(W[:, 3], 0.0)  # K = 3, padded to 4
-        v_l = container.read_accessor(doc, blob, prim["attributes"]["POSITION"])
         v_w = v_l @ M[:3, :3].T + M[:3, 3]  # the source placement
         X = lbs(S.sk, (v_w - S.c) * S.s) / S.s + S.c  # [F, n, 3] world
         tol = float32_tolerance(np.abs(X).max(), np.abs(S.c).max())
+        # the vertices are stored placed (world coordinates), the IBMs hold no M_node
+        got_v = container.read_accessor(doc, blob, prim["attributes"]["POSITION"])
+        np.testing.assert_allclose(got_v, v_w, rtol=0, atol=F32 * max(1.0, np.abs(v_w).max()))
         for k in range(S.F):
             (got,) = skinned_vertices(doc, blob, n, k)
             np.testing.assert_allclose(got, X[k], rtol=0, atol=tol, err_msg=f"key {k}")
@@ -443,11 +447,11 @@ def test_skinned_glb_moves_the_mesh_of_a_node_with_children(tmp_path, gltf_valid
     names = [got["nodes"][n].get("name") for n in got["scenes"][0]["nodes"]]
     assert names[0] == "obj_0" and "obj_0_skinned" in names
     world = container.world_matrices(doc, doc["scenes"][0]["nodes"])
+    (src_prim,) = doc["meshes"][0]["primitives"]
+    v_l = container.read_accessor(doc, blob, src_prim["attributes"]["POSITION"])
     for n, M in ((0, world[0]), (1, world[1])):  # the two placements, in node order
         moved = [r for r in got["scenes"][0]["nodes"] if "skin" in got["nodes"][r]][n]
-        (prim,) = got["meshes"][got["nodes"][moved]["mesh"]]["primitives"]
-        v = container.read_accessor(got, got_blob, prim["attributes"]["POSITION"])
-        X = lbs(sk, v @ M[:3, :3].T + M[:3, 3])
+        X = lbs(sk, v_l @ M[:3, :3].T + M[:3, 3])
         (x,) = skinned_vertices(got, got_blob, moved, F - 1)
         np.testing.assert_allclose(x, X[F - 1], atol=float32_tolerance(np.abs(X).max()))
     assert any(node.get("name") == "tip" for node in got["nodes"])

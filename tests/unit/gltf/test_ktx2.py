@@ -11,8 +11,7 @@ from chord.core.errors import InputError
 from chord.gltf import ktx2
 from tests import components
 from tests import gltf_corpus as corpus
-from tests.components import skip_without
-from tests.conftest import assert_npm_build_is_committed
+from tests.conftest import assert_npm_build_is_committed, needs_npm_build
 
 BASIS_DIR = ktx2.BUNDLE.parents[1]
 
@@ -57,11 +56,7 @@ def test_without_node_the_reason_says_what_to_install(monkeypatch, tmp_path):
         ktx2.to_rgba(b"", "t.glb")
 
 
-@skip_without(
-    components.NODE,
-    bool(shutil.which("node") and shutil.which("npm")),
-    "node and npm build the bundle that is checked against src/",
-)
+@needs_npm_build
 def test_the_committed_bundle_is_the_build_of_the_source(tmp_path):
     """`npm ci && npm run build` on a copy of chord/basis gives the committed bundle."""
     assert_npm_build_is_committed(BASIS_DIR, ktx2.BUNDLE, tmp_path)

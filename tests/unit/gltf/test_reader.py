@@ -18,7 +18,7 @@ from chord.gltf import container, ktx2, reader
 from chord.scene import ingestion as sc
 from tests import components
 from tests import gltf_corpus as corpus
-from tests.conftest import KHRONOS, validate_glb
+from tests.conftest import empty_glb, validate_glb
 
 F32 = np.finfo(np.float32).eps
 POSITION_BITS, TEXCOORD_BITS = 14, 12  # glTF Transform's defaults (draco, quantize, meshopt)
@@ -128,7 +128,7 @@ def test_sparse_accessors_are_substituted(tmp_path):
 def textured(request, tmp_path) -> Path:
     """A textured GLB: a box over a texture of solid cells, or the Khronos sample asset."""
     if request.param == "BoxTextured":
-        return KHRONOS / "BoxTextured.glb"
+        return request.getfixturevalue("khronos") / "BoxTextured.glb"
     return corpus.write_glb(corpus.textured_box(), tmp_path / "box.glb")
 
 
@@ -256,7 +256,7 @@ def test_files_without_a_surface_are_refused_naming_the_file(tmp_path, make, mes
 
 
 def test_a_folder_where_a_file_should_be_is_refused(tmp_path):
-    (tmp_path / "scene.glb").write_bytes((KHRONOS / "Duck.glb").read_bytes())
+    (tmp_path / "scene.glb").write_bytes(empty_glb())  # its content is not read
     (tmp_path / "obj_0.glb").mkdir()
     with pytest.raises(sc.SceneError, match="obj_0.glb: is a folder, not a glTF file"):
         sc.discover_objects(tmp_path)

@@ -17,7 +17,7 @@ import trimesh
 
 from chord.config import settings
 from chord.core.errors import InputError
-from chord.export import trained_scene, videos
+from chord.export import sequences, trained_scene
 from chord.gaussians import gaussian_set as gs
 from chord.gaussians import ply
 from chord.gltf import container, splats
@@ -91,7 +91,7 @@ def splat_scene(tmp_path_factory):
     shake(obj2.layer2, gen)
     g = trained_scene.scene_frames(scene, F, objects=scene.names)
     rest = gs.concat([sets[n] for n in scene.names])
-    frames = videos.write_ply_sequence(tmp / "ply", rest, g["means"], g["quats"])
+    frames = sequences.write_ply_sequence(tmp / "ply", rest, g["means"], g["quats"])
     out = tmp / "dynamic_splats.glb"
     summary = trained_scene.write_splats_glb(
         out, doc=doc, scene=scene, gaussians=sets, frames=F, fps=fps
@@ -176,7 +176,8 @@ def test_skinned_splats_reproduce_the_trained_deformation(splat_scene):
                          "morphed": 1, "targets": S.F - 1, "frames": S.F}  # fmt: skip
     doc, blob = container.read_glb(S.out)
     node = node_of(doc, "obj_0_splats")
-    assert node in doc["scenes"][0]["nodes"] and not set(doc["nodes"][node]) & set(container.TRS)
+    assert node in doc["scenes"][0]["nodes"]
+    assert not set(doc["nodes"][node]) & set(container.TRS)  # untransformed: see splats' doc
     (prim,) = doc["meshes"][doc["nodes"][node]["mesh"]]["primitives"]
     assert prim["extras"] == splats.SKINNING_EXTRAS
     rows = sequence_slice(S, "obj_0")
@@ -210,8 +211,11 @@ def test_skinned_splats_reproduce_the_trained_deformation(splat_scene):
 
 
 def doc_rest(doc: dict, blob: bytes, node: int) -> np.ndarray:
+    """The rest positions as a viewer without skins places them: POSITION under the node's
+    translation."""
     (prim,) = doc["meshes"][doc["nodes"][node]["mesh"]]["primitives"]
-    return container.read_accessor(doc, blob, prim["attributes"]["POSITION"])
+    at = np.array(doc["nodes"][node].get("translation", [0.0, 0.0, 0.0]))
+    return container.read_accessor(doc, blob, prim["attributes"]["POSITION"]) + at
 
 
 def test_morphed_splats_reproduce_the_second_layer(splat_scene):
@@ -220,7 +224,9 @@ def test_morphed_splats_reproduce_the_second_layer(splat_scene):
     S = splat_scene
     doc, blob = container.read_glb(S.out)
     node = node_of(doc, "obj_2")
-    assert "skin" not in doc["nodes"][node] and not set(doc["nodes"][node]) & set(container.TRS)
+    assert "skin" not in doc["nodes"][node]
+    assert set(doc["nodes"][node]) & set(container.TRS) == {"translation"}
+    origin = np.array(doc["nodes"][node]["translation"])
     mesh = doc["meshes"][doc["nodes"][node]["mesh"]]
     (prim,) = mesh["primitives"]
     assert len(prim["targets"]) == S.F - 1 and mesh["weights"] == [0.0] * (S.F - 1)
@@ -231,7 +237,7 @@ def test_morphed_splats_reproduce_the_second_layer(splat_scene):
     assert sampler["interpolation"] == "STEP"
     weights = container.read_accessor(doc, blob, sampler["output"]).reshape(S.F, S.F - 1)
     a = prim["attributes"]
-    base_x = container.read_accessor(doc, blob, a["POSITION"])
+    base_x = container.read_accessor(doc, blob, a["POSITION"]) + origin  # the node's place
     base_q = container.read_accessor(doc, blob, a[f"{EXT}:ROTATION"])
     dx = [container.read_accessor(doc, blob, t["POSITION"]) for t in prim["targets"]]
     dq = [container.read_accessor(doc, blob, t[f"{EXT}:ROTATION"]) for t in prim["targets"]]
@@ -255,7 +261,7 @@ def test_static_splats_are_unanimated(splat_scene):
     doc, blob = container.read_glb(S.out)
     node = node_of(doc, "obj_1")
     assert node in doc["scenes"][0]["nodes"]
-    assert set(doc["nodes"][node]) == {"name", "mesh"}  # no transform, no skin
+    assert set(doc["nodes"][node]) == {"name", "mesh", "translation"}  # no skin
     (prim,) = doc["meshes"][doc["nodes"][node]["mesh"]]["primitives"]
     assert "targets" not in prim and "extras" not in prim
     assert not {k for k in prim["attributes"] if k.startswith(("JOINTS_", "WEIGHTS_"))}
@@ -272,6 +278,37 @@ def test_static_splats_are_unanimated(splat_scene):
     for k in (0, S.F - 1):  # the PLY sequence holds it still as well
         seq = ply.read_ply(S.frames[k]).means[rows].astype(np.float64) / S.s + S.c
         np.testing.assert_allclose(got, seq, rtol=0, atol=F32 * max(1.0, np.abs(want).max()))
+
+
+def test_each_objects_node_is_at_its_centre(splat_scene):
+    """Every unskinned object's node sits at the middle of its splats' world bounds (three.js
+    sorts whole objects by their nodes' positions), its POSITION is relative to it, and node
+    plus POSITION is the splat's world position, as stored before (x_n/s + c, then float32).
+    A skinned object's node stays untransformed, its POSITION the world position (a viewer
+    ignoring the skin, Babylon.js 9, ignores a skinned node's transform too)."""
+    S = splat_scene
+    doc, blob = container.read_glb(S.out)
+    node = doc["nodes"][node_of(doc, "obj_0_splats")]
+    assert not set(node) & set(container.TRS)
+    (prim,) = doc["meshes"][node["mesh"]]["primitives"]
+    world = container.read_accessor(doc, blob, prim["attributes"]["POSITION"])
+    want = S.sets["obj_0"].means.astype(np.float64) / S.s + S.c
+    np.testing.assert_array_equal(world, want.astype(np.float32))
+    for name, node_name in (("obj_1", "obj_1"), ("obj_2", "obj_2")):
+        node = doc["nodes"][node_of(doc, node_name)]
+        want = S.sets[name].means.astype(np.float64) / S.s + S.c  # world rest positions
+        centre = (want.min(0) + want.max(0)) / 2
+        magnitude = max(1.0, np.abs(want).max())
+        np.testing.assert_allclose(node["translation"], centre, rtol=0, atol=F32 * magnitude)
+        (prim,) = doc["meshes"][node["mesh"]]["primitives"]
+        rel = container.read_accessor(doc, blob, prim["attributes"]["POSITION"])
+        half = (want.max(0) - want.min(0)) / 2
+        np.testing.assert_allclose(np.abs(rel).max(0), half, rtol=0, atol=F32 * magnitude)
+        # float32 storage of the world position rounded by eps/2 of its magnitude; of the
+        # relative one by less, plus the sum's rounding: eps of the magnitude bounds both
+        world32 = want.astype(np.float32).astype(np.float64)
+        got = rel + node["translation"]
+        np.testing.assert_allclose(got, world32, rtol=0, atol=F32 * magnitude)
 
 
 def test_splat_attributes_read_back_the_ply(splat_scene):
@@ -328,9 +365,13 @@ def test_splats_pass_the_khronos_validator(splat_scene, gltf_validator, tmp_path
     """The validator (2.0.0-dev.3.10) rejects every extension-prefixed attribute name
     (KhronosGroup/glTF-Validator#252: glTF's core text allows them only after glTF#2514):
     those are its only errors. With the same attributes given application-specific names
-    (``_...``), so that it checks their accessors too, the file has no error or warning."""
+    (``_...``), so that it checks their accessors too, the file has no other error and no
+    warning."""
     report = validate_glb(gltf_validator, splat_scene.out, tmp_path)
-    assert report["numWarnings"] == 0, report["messages"]
+    doc, blob = container.read_glb(splat_scene.out)
+    skinned = [f"/nodes/{i}" for i, n in enumerate(doc["nodes"]) if "skin" in n]
+    assert skinned == [f"/nodes/{node_of(doc, 'obj_0_splats')}"]
+    no_warnings(report)
     errors = [m for m in report["messages"] if m["severity"] == 0]
     assert len(errors) == report["numErrors"] > 0
     for m in errors:
@@ -338,7 +379,6 @@ def test_splats_pass_the_khronos_validator(splat_scene, gltf_validator, tmp_path
         assert m["pointer"].rsplit("/", 1)[1].startswith(f"{EXT}:"), m
     infos = [m["code"] for m in report["messages"] if m["severity"] == 2]
     assert infos == ["UNSUPPORTED_EXTENSION"]
-    doc, blob = container.read_glb(splat_scene.out)
     rename = lambda attrs: {k.replace(f"{EXT}:", f"_{EXT}_"): v for k, v in attrs.items()}  # noqa: E731
     for mesh in doc["meshes"]:
         for p in mesh["primitives"]:
@@ -349,7 +389,13 @@ def test_splats_pass_the_khronos_validator(splat_scene, gltf_validator, tmp_path
     plain = tmp_path / "plain.glb"
     plain.write_bytes(container.glb_bytes(doc, blob))
     report = validate_glb(gltf_validator, plain, tmp_path)
-    assert report["numErrors"] == 0 and report["numWarnings"] == 0, report["messages"]
+    assert report["numErrors"] == 0, report["messages"]
+    no_warnings(report)
+
+
+def no_warnings(report: dict) -> None:
+    """The report has no warning (a skinned splat node is untransformed)."""
+    assert report["numWarnings"] == 0, report["messages"]
 
 
 def test_splats_share_the_skinned_glbs_joints_and_keys(splat_scene, tmp_path):
@@ -380,11 +426,11 @@ def test_splats_share_the_skinned_glbs_joints_and_keys(splat_scene, tmp_path):
                     s["interpolation"],
                 )
         skel = doc["nodes"][node_of(doc, "obj_0_skeleton")]
-        return out, {k: skel[k] for k in ("translation", "scale")}
+        return out, {k: v for k, v in skel.items() if k != "children"}
 
     mesh_keys, mesh_skel = keys(mesh_out)
     splat_keys, splat_skel = keys(S.out)
-    assert mesh_skel == splat_skel
+    assert mesh_skel == splat_skel and not set(mesh_skel) & set(container.TRS)
     assert mesh_keys.keys() == splat_keys.keys() and len(mesh_keys) == 2 * 6
     for k, (rest, times, values, interp) in mesh_keys.items():
         rest2, times2, values2, interp2 = splat_keys[k]

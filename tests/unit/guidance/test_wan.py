@@ -113,18 +113,15 @@ def test_cfg_arithmetic_and_batched_equals_sequential(folder, guidance, embeddin
     x = torch.cat([z, torch.stack(ys)], 1)
     ts = torch.full((2,), 500.0)
     with torch.no_grad():
-        v_c = model(
-            hidden_states=x,
-            timestep=ts,
-            encoder_hidden_states=embeddings["prompt"][None].expand(2, -1, -1),
-            return_dict=False,
-        )[0]
-        v_u = model(
-            hidden_states=x,
-            timestep=ts,
-            encoder_hidden_states=embeddings["negative"][None].expand(2, -1, -1),
-            return_dict=False,
-        )[0]
+        v_c, v_u = (
+            model(
+                hidden_states=x,
+                timestep=ts,
+                encoder_hidden_states=embeddings[key][None].expand(2, -1, -1),
+                return_dict=False,
+            )[0]
+            for key in ("prompt", "negative")
+        )
     torch.testing.assert_close(v, v_u + 7.5 * (v_c - v_u), atol=1e-5, rtol=1e-5)
     sequential = wan.WanGuidance(folder, sds_cfg_batch=False)
     torch.testing.assert_close(

@@ -148,6 +148,89 @@ def test_exempt_modules_exist_and_are_no_source(by_stage):
         assert set(full[stage]) - set(files) <= via_exempt, stage
 
 
+ANY = None  # every name of the module
+# Each exempt module that stages' sources import, the names they take from it, and why none of
+# those can change a result. Which modules and names the stages take is derived from their
+# imports (test below); a module that a stage computes with (a loss, the seeds, the cameras)
+# cannot be exempted by adding it to EXEMPT alone: its uses fail here until declared, with a
+# reason they could not honestly have.
+NEUTRAL_USES = {
+    "chord.core.errors": ({"InputError"}, "raised on bad input: the stage stops"),
+    "chord.core.atomic_files": (
+        {"atomic_path", "atomic_dir", "read_json", "write_json"},
+        "how a file is written (or a JSON read) whole, not what it holds",
+    ),
+    "chord.plan.results_layout": (ANY, "output names: a new name is a new target"),
+    "chord.resources.peak_memory": (
+        ANY,
+        "the memory model: which tier a job asks for, whether the float32 fallback fits "
+        "(if not, the run stops)",
+    ),
+    "chord.resources.job_memory": ({"preview_estimate"}, "a job's memory estimate, logged"),
+    "chord.resources.gpus": ({"Node", "job_gpu", "job_gpus", "matches"}, "which GPUs a job takes"),
+    "chord.resources.cuda_settings": ({"empty_cache"}, "frees cached GPU memory"),
+    "chord.resources.machine": ({"host_bytes"}, "the host RAM the float32 fallback checks"),
+    "chord.checks.preflight": ({"preflight"}, "a training passes its checks or stops"),
+    "chord.checks.capacity": ({"control_points"}, "a count for the preflight's memory check"),
+    "chord.training.device_report": (
+        {"describe_device", "gpu_peak_gb", "log_measured_memory", "log_memory_estimate"},
+        "the device and memory lines of the log and the progress records",
+    ),
+}
+
+
+def exempt_uses(path: Path) -> dict[str, set[str]]:
+    """The exempt modules the package file ``path`` imports, each with the names it takes from
+    it: ``from <module> import <name>``, and ``<alias>.<name>`` where the module itself is
+    imported (``from chord.x import m``, ``import chord.x.m as a``, ``import chord.x.m``)."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    tree = ast.parse(path.read_bytes())
+    taken: dict[str, set[str]] = {}
+    aliases = {}  # a name bound to an exempt module -> that module
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parts, *([node.module] if node.module else [])])
+            for alias in node.names:
+                if base in EXEMPT:
+                    taken.setdefault(base, set()).add(alias.name)
+                elif f"{base}.{alias.name}" in EXEMPT:
+                    aliases[alias.asname or alias.name] = f"{base}.{alias.name}"
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name in EXEMPT:
+                    aliases[alias.asname or alias.name] = alias.name
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            owner = aliases.get(ast.unparse(node.value))
+            if owner is not None:
+                taken.setdefault(owner, set()).add(node.attr)
+    return taken
+
+
+def test_stages_use_exempt_modules_only_in_their_declared_neutral_ways(by_stage):
+    """Every exempt module that a stage's sources import is in NEUTRAL_USES, and they take no
+    name from it beyond those declared: a module the training computes with, added to EXEMPT,
+    fails here (its edits would re-run nothing)."""
+    sources = sorted({f for files in by_stage.values() for f in files if f.suffix == ".py"})
+    wrong = []
+    for path in sources:
+        for module, names in sorted(exempt_uses(path).items()):
+            allowed = NEUTRAL_USES.get(module, (set(), None))[0]
+            extra = set() if allowed is ANY else names - allowed
+            if extra:
+                wrong.append(f"{module_name(path)} takes {sorted(extra)} from exempt {module}")
+    assert not wrong, "a source computes with an exempt module:\n" + "\n".join(wrong)
+    assert set(NEUTRAL_USES) <= set(EXEMPT)
+    # the walk sees the uses it must: the training's, through each import form
+    uses = exempt_uses(cs.module_file("chord.training.trainer"))
+    assert uses["chord.resources.cuda_settings"] == {"empty_cache"}
+    assert "chord.core.errors" in exempt_uses(cs.module_file("chord.training.run_loop"))
+
+
 def test_the_schemas_come_with_the_config_module(by_stage):
     from chord.config import settings
 

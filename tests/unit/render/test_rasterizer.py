@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from chord.render import cameras, torch_backend
+from chord.render.raster_inputs import RasterInputs, RasterSettings
 from chord.render.rasterizer import rasterize
 from tests import components
 from tests.components import skip_without
@@ -120,32 +121,10 @@ def test_sparse_equals_dense_including_early_termination():
     view = cameras.orbit_viewmats(torch.tensor([10.0, 35.0]), torch.tensor([0.0, 200.0]), 2.0)
     K = cameras.intrinsics(40, 30).expand(2, 3, 3)
     bg = torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]], dtype=D64)
-    kw = dict(near_plane=0.01, far_plane=100.0, backgrounds=bg[None])
-    sparse = torch_backend.rasterize(
-        means[None],
-        quats[None],
-        scales[None],
-        opac[None],
-        colors[None],
-        view[None],
-        K[None],
-        40,
-        30,
-        **kw,
-    )
-    dense = torch_backend.rasterize(
-        means[None],
-        quats[None],
-        scales[None],
-        opac[None],
-        colors[None],
-        view[None],
-        K[None],
-        40,
-        30,
-        dense=True,
-        **kw,
-    )
+    inputs = RasterInputs(*(t[None] for t in (means, quats, scales, opac, colors, view, K, bg)))
+    settings = RasterSettings(40, 30, near_plane=0.01, far_plane=100.0)
+    sparse = torch_backend.rasterize(inputs, settings)
+    dense = torch_backend.rasterize(inputs, settings, dense=True)
     torch.testing.assert_close(sparse[0], dense[0], atol=1e-10, rtol=0)
     torch.testing.assert_close(sparse[1], dense[1], atol=1e-10, rtol=0)
     assert float(sparse[1].max()) > 1 - 2e-4  # some pixels did reach the threshold
@@ -169,9 +148,8 @@ def test_batched_frames_equal_frame_by_frame_and_chunking_is_exact():
             frames[t], quats, scales, opac, colors, view[t], K[t], 24, 20, backend="torch"
         )
         torch.testing.assert_close(rgb[t], one, atol=1e-12, rtol=0)
-    small = torch_backend.rasterize(
-        frames, rep(quats), rep(scales), rep(opac), rep(colors), view, K, 24, 20, pair_budget=10
-    )[0]
+    inputs = RasterInputs(frames, rep(quats), rep(scales), rep(opac), rep(colors), view, K)
+    small = torch_backend.rasterize(inputs, RasterSettings(24, 20), pair_budget=10)[0]
     torch.testing.assert_close(small, rgb, atol=1e-12, rtol=0)
 
 
@@ -184,18 +162,8 @@ def test_gradients_through_checkpointed_chunks_match_one_chunk():
     grads = []
     for budget in (10**9, 50):
         m = means.clone().requires_grad_(True)
-        rgb = torch_backend.rasterize(
-            m[None],
-            quats[None],
-            scales[None],
-            opac[None],
-            colors[None],
-            view,
-            K,
-            16,
-            12,
-            pair_budget=budget,
-        )[0]
+        inputs = RasterInputs(m[None], quats[None], scales[None], opac[None], colors[None], view, K)
+        rgb = torch_backend.rasterize(inputs, RasterSettings(16, 12), pair_budget=budget)[0]
         rgb.square().sum().backward()
         grads.append(m.grad)
     torch.testing.assert_close(grads[0], grads[1], atol=1e-12, rtol=0)
@@ -256,8 +224,8 @@ def test_gsplat_backend_on_cpu_is_a_clear_error():
 def test_auto_on_cuda_without_gsplat_kernels_fails_with_the_reason_and_the_fix(monkeypatch):
     """gsplat 1.5 without a CUDA toolkit has no kernels: "auto" must not quietly render with
     the torch rasterizer on the GPU."""
+    from chord.render import backend as render
     from chord.render import gsplat_backend
-    from chord.render import rasterizer as render
 
     reason = "gsplat 1.5.3 found no CUDA toolkit (nvcc under CUDA_HOME or on PATH)"
     monkeypatch.setattr(gsplat_backend, "unavailable_reason", lambda: reason)
@@ -281,6 +249,60 @@ def test_gsplat_probe_says_why_on_a_machine_without_cuda():
         components.missing(components.CPU_ONLY, "this machine has a GPU")
     assert "sees no CUDA GPU" in gsplat_backend.unavailable_reason()
     assert not gsplat_backend.available()
+
+
+def test_both_backends_implement_the_one_protocol():
+    from chord.render import gsplat_backend
+    from chord.render.backend import BACKENDS, IMPLEMENTATIONS, RenderBackend, describe_backend
+
+    assert IMPLEMENTATIONS == {"gsplat": gsplat_backend, "torch": torch_backend}
+    assert {"auto", *IMPLEMENTATIONS} == set(BACKENDS)
+    for name, module in IMPLEMENTATIONS.items():
+        assert isinstance(module, RenderBackend) and module.NAME == name
+    assert torch_backend.unavailable_reason() is None
+    assert describe_backend("torch") == "torch rasterizer (chord.render.torch_backend)"
+
+
+def test_the_settings_reach_the_backend():
+    """``rasterize``'s settings keywords are RasterSettings' fields: a far plane before the
+    Gaussian culls it, a name that is no setting is an error."""
+    m, q, s, o, c = tiny_scene(3)
+    view, K = torch.eye(4, dtype=D64)[None], cameras.intrinsics(16, 16)[None]
+    m[:, 2] += 2.0  # in front of the camera, z in (1.7, 2.3)
+    _, alpha, _ = rasterize(m, q, s, o, c, view, K, 16, 16, backend="torch")
+    assert float(alpha.max()) > 0.1
+    _, alpha, meta = rasterize(m, q, s, o, c, view, K, 16, 16, far_plane=1.5, backend="torch")
+    assert float(alpha.max()) == 0.0 and int(meta["radii"].abs().sum()) == 0
+    with pytest.raises(TypeError, match="far"):
+        rasterize(m, q, s, o, c, view, K, 16, 16, far=1.5, backend="torch")
+
+
+def test_gsplat_backend_passes_inputs_and_settings_to_gsplat(monkeypatch):
+    """Without a GPU: what the CUDA backend asks of gsplat's ``rasterization`` (faked)."""
+    import gsplat
+
+    from chord.render import gsplat_backend
+
+    calls = []
+
+    def rasterization(*args, **kw):
+        calls.append((args, kw))
+        return "rgb", "alpha", {}
+
+    monkeypatch.setattr(gsplat_backend, "unavailable_reason", lambda: None)
+    monkeypatch.setattr(gsplat, "rasterization", rasterization)
+    tensors = (*tiny_scene(2), identity_view(), cameras.intrinsics(8, 6)[None])
+    bg = torch.ones(1, 3, dtype=D64)
+    inputs = RasterInputs(*tensors, backgrounds=bg, sh_degree=0)
+    out = gsplat_backend.rasterize(inputs, RasterSettings(8, 6, far_plane=50.0))
+    assert out == ("rgb", "alpha", {})
+    ((args, kw),) = calls
+    assert all(a is b for a, b in zip(args[:7], tensors, strict=True))
+    assert args[7:] == (8, 6)
+    assert kw["backgrounds"] is bg and kw["sh_degree"] == 0
+    assert kw["near_plane"] == 0.01 and kw["far_plane"] == 50.0 and kw["eps2d"] == 0.3
+    assert kw["packed"] is False and kw["absgrad"] is True
+    assert kw["rasterize_mode"] == "antialiased"
 
 
 @skip_without(components.CUDA, torch.cuda.is_available(), "gsplat parity runs its kernels")

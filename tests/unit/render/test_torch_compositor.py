@@ -9,8 +9,7 @@ import math
 import pytest
 import torch
 
-from chord.render import cameras
-from chord.render import torch_backend as tb
+from chord.render import cameras, compositor, projection
 
 W, H = 40, 30
 
@@ -27,8 +26,8 @@ def projected(n: int, seed: int, dtype, *, thin: bool):
     opac = 0.05 + 0.94 * torch.rand(n, generator=g, dtype=dtype)
     view = cameras.orbit_viewmats(torch.tensor(15.0), torch.tensor(40.0), 2.0).to(dtype)
     K = cameras.intrinsics(W, H).to(dtype)
-    p = tb.project(means[None], quats[None], scales[None], opac[None], view[None, None],
-                   K[None, None], W, H)  # fmt: skip
+    p = projection.project(means[None], quats[None], scales[None], opac[None],
+                           view[None, None], K[None, None], W, H)  # fmt: skip
     colors = torch.rand(1, n, 3, generator=g, dtype=dtype)
     return {k: v[0, 0] for k, v in p.items()}, colors  # [N, ...] of the one image
 
@@ -44,8 +43,8 @@ def box_pairs(p) -> set[tuple[int, int]]:
                 dx = p["means2d"][i, 0] - (x + 0.5)
                 dy = p["means2d"][i, 1] - (y + 0.5)
                 sigma = 0.5 * (a * dx * dx + c * dy * dy) + b * dx * dy
-                alpha = torch.clamp(p["opacities"][i] * torch.exp(-sigma), max=tb.MAX_ALPHA)
-                if sigma >= 0 and alpha >= tb.ALPHA_THRESHOLD:
+                alpha = torch.clamp(p["opacities"][i] * torch.exp(-sigma), max=compositor.MAX_ALPHA)
+                if sigma >= 0 and alpha >= projection.ALPHA_THRESHOLD:
                     keep.add((i, y * W + x))
     return keep
 
@@ -53,7 +52,7 @@ def box_pairs(p) -> set[tuple[int, int]]:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_row_enumeration_keeps_every_pair_the_box_keeps(dtype):
     p, _ = projected(60, seed=1, dtype=dtype, thin=True)
-    gid, pix = tb._pairs(
+    gid, pix = compositor._pairs(
         *(p[k][None] for k in ("means2d", "conics", "opacities", "depths", "radii")), W, H
     )
     enumerated = set(zip(gid.tolist(), pix.tolist(), strict=True))
@@ -68,8 +67,8 @@ def test_sparse_matches_dense_for_thin_float32_gaussians():
     p, colors = projected(120, seed=2, dtype=torch.float32, thin=True)
     args = [p["means2d"][None], p["conics"][None], p["opacities"][None], colors,
             p["depths"][None], p["radii"][None], torch.tensor([[0.2, 0.4, 0.6]])]  # fmt: skip
-    sparse = tb.composite(*args, W, H)
-    dense = tb.composite_dense(*args, W, H)
+    sparse = compositor.composite(*args, W, H)
+    dense = compositor.composite_dense(*args, W, H)
     torch.testing.assert_close(sparse[0], dense[0], atol=2e-5, rtol=0)
     torch.testing.assert_close(sparse[1], dense[1], atol=2e-5, rtol=0)
 
@@ -88,7 +87,7 @@ def test_analytic_backward_equals_autograd_through_the_dense_oracle():
     w_rgb = torch.rand(1, H, W, 3, generator=g, dtype=torch.float64)
     w_alpha = torch.rand(1, H, W, 1, generator=g, dtype=torch.float64)
     grads = []
-    for fn in (tb.composite, tb.composite_dense):
+    for fn in (compositor.composite, compositor.composite_dense):
         leaves = {k: v.detach().clone().requires_grad_(True) for k, v in inputs.items()}
         rgb, alpha = fn(
             leaves["means2d"], leaves["conics"], leaves["opacities"], leaves["colors"],
@@ -104,6 +103,6 @@ def test_analytic_backward_equals_autograd_through_the_dense_oracle():
 def test_chunks_split_images_by_their_footprint_boxes():
     radii = torch.zeros(5, 3, 2, dtype=torch.int32)
     radii[:, 0] = 3  # one 7x7 box per image: 49 pairs
-    assert tb._chunks_of_images(radii, 100) == [(0, 2), (2, 4), (4, 5)]
-    assert tb._chunks_of_images(radii, 10) == [(i, i + 1) for i in range(5)]
-    assert tb._chunks_of_images(radii, 10**9) == [(0, 5)]
+    assert compositor._chunks_of_images(radii, 100) == [(0, 2), (2, 4), (4, 5)]
+    assert compositor._chunks_of_images(radii, 10) == [(i, i + 1) for i in range(5)]
+    assert compositor._chunks_of_images(radii, 10**9) == [(0, 5)]

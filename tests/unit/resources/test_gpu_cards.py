@@ -51,18 +51,7 @@ def by_id(rows):
 def write_a14b_configs(folder: Path) -> Path:
     """A Wan folder holding only the A14B experts' configs (diffusers' WanTransformer3DModel
     arguments): what the memory model reads; no weights."""
-    a = peak_memory.A14B
-    config = {
-        "num_layers": a.layers,
-        "num_attention_heads": a.heads,
-        "attention_head_dim": a.head_dim,
-        "ffn_dim": a.ffn,
-        "text_dim": a.text_dim,
-        "in_channels": a.in_channels,
-        "out_channels": a.out_channels,
-        "patch_size": list(a.patch),
-        "freq_dim": a.freq_dim,
-    }
+    config = peak_memory.transformer_kwargs(peak_memory.A14B)
     for expert in ("transformer", "transformer_2"):
         (folder / expert).mkdir(parents=True, exist_ok=True)
         (folder / expert / "config.json").write_text(json.dumps(config))

@@ -32,55 +32,33 @@ def tier_doc(name: str, **over) -> dict:
     return {**DOC, "width": w, "height": h, **over}
 
 
-def _diffusers_dit(**kw):
+SMALL = {"layers": 2, "heads": 3, "head_dim": 8, "ffn": 40, "text_dim": 24, "freq_dim": 32}
+
+
+@pytest.mark.parametrize("shape, rope", [({}, 1024), (SMALL, 64)], ids=["A14B", "small"])
+def test_expert_parameters_match_the_diffusers_model_exactly(shape, rope):
     from diffusers import WanTransformer3DModel
 
+    s = peak_memory.ModelShape(**{**vars(peak_memory.A14B), **shape})
     with torch.device("meta"):
-        return WanTransformer3DModel(
-            patch_size=(1, 2, 2),
-            in_channels=36,
-            out_channels=16,
-            cross_attn_norm=True,
-            qk_norm="rms_norm_across_heads",
-            eps=1e-6,
-            image_dim=None,
-            **kw,
-        )
+        m = WanTransformer3DModel(**peak_memory.transformer_kwargs(s, rope_max_seq_len=rope))
+    assert peak_memory.dit_params(s) == sum(p.numel() for p in m.parameters())
 
 
-def test_expert_parameters_match_the_diffusers_model_exactly():
-    m = _diffusers_dit(
-        num_attention_heads=40,
-        attention_head_dim=128,
-        text_dim=4096,
-        freq_dim=256,
-        ffn_dim=13824,
-        num_layers=40,
-        rope_max_seq_len=1024,
+def test_the_expert_arguments_come_from_the_model_shape():
+    kwargs = peak_memory.transformer_kwargs(peak_memory.A14B)
+    assert kwargs["num_layers"] == 40 and kwargs["num_attention_heads"] == 40
+    assert (kwargs["attention_head_dim"], kwargs["ffn_dim"], kwargs["text_dim"]) == (
+        128,
+        13824,
+        4096,
     )
-    assert peak_memory.dit_params(peak_memory.A14B) == sum(p.numel() for p in m.parameters())
+    assert (kwargs["in_channels"], kwargs["out_channels"]) == (36, 16)
+    assert kwargs["patch_size"] == (1, 2, 2) and kwargs["freq_dim"] == 256
+
+
+def test_an_a14b_expert_has_14_3_billion_parameters():
     assert peak_memory.dit_params(peak_memory.A14B) == 14_288_901_184  # 26.6 GiB in bf16
-    small = peak_memory.ModelShape(
-        layers=2,
-        heads=3,
-        head_dim=8,
-        ffn=40,
-        text_dim=24,
-        in_channels=36,
-        out_channels=16,
-        patch=(1, 2, 2),
-        freq_dim=32,
-    )
-    m = _diffusers_dit(
-        num_attention_heads=3,
-        attention_head_dim=8,
-        text_dim=24,
-        freq_dim=32,
-        ffn_dim=40,
-        num_layers=2,
-        rope_max_seq_len=64,
-    )
-    assert peak_memory.dit_params(small) == sum(p.numel() for p in m.parameters())
 
 
 def test_vae_parameter_counts_match_the_models():

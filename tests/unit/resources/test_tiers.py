@@ -157,6 +157,24 @@ def test_out_of_memory_record_notes_the_tier_and_clears_on_success(tmp_path):
     assert out_of_memory.read(record) == set()
 
 
+def test_each_retry_moves_past_every_tier_that_ran_out_of_memory(default_tiers, tmp_path):
+    """A training that runs out of memory on every tier: each attempt reads the record the ones
+    before wrote (as the workflow's attempt_tier does), so attempt n runs on the n-th tier (the
+    third not back on the first) and the leanest is kept once every tier has failed."""
+    record = tmp_path / "ckpt" / out_of_memory.RECORD
+    names = list(default_tiers)
+    tried = []
+    for attempt in range(1, len(names) + 2):
+        oom = out_of_memory.read(record) if attempt > 1 else ()
+        tier = tiers.for_attempt(names[0], attempt, default_tiers, oom)
+        tried.append(tier)
+        with pytest.raises(torch.OutOfMemoryError):
+            with out_of_memory.recorded(record, tier, order=names):
+                out_of_memory.inject(",".join(names), tier)
+    assert tried == [*names, names[-1]]
+    assert out_of_memory.read(record) == set(names)
+
+
 def test_out_of_memory_exits_with_its_own_status(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         with adapter.stage_logging(str(tmp_path / "x.log")):
@@ -182,27 +200,12 @@ def test_lowres_size_is_recorded_and_the_fine_stage_continues_at_it(tmp_path):
     hand-off; the fine stage, on a fuller tier, continues at that size."""
     from chord.scene import demo
     from chord.stages import train as train_stage
-    from tests.stages.test_geometry_stages import train_inputs
+    from tests.stages.test_geometry_stages import TINY_TRAINING, train_inputs
 
     data = demo.write_demo_scene("hop", tmp_path / "data", frame_num=5)
-    m = cc.method_from_mapping(
-        {
-            "gs_init_num": 600,
-            "surface_target_num": 300,
-            "cp_num": 8,
-            "size": "48*32",
-            "frame_num": 5,
-            "iterations": 4,
-            "batch_size": 1,
-            "seed": 3,
-            "prev_frame_number": 2,
-            "back_iter": 3,
-            "arap_sample_num": 64,
-            "add_cp_objs": ["obj_0"],
-            "add_cp_layer_iter": 3,
-            "add_cp_num": 12,
-        }
-    )
+    smaller = {"gs_init_num": 600, "cp_num": 8}
+    fine = {"add_cp_objs": ["obj_0"], "add_cp_layer_iter": 3, "add_cp_num": 12}
+    m = cc.method_from_mapping({**TINY_TRAINING, **smaller, **fine})
     inputs = train_inputs(data, tmp_path / "results", "hop", m)
     guidance = cc.guidance_from_mapping({"backend": "oracle"})
     t = tiers.parse({"full": {"gpu_mem_gb": 80}, "tiny": {"gpu_mem_gb": 8, "size": "32*16"}})

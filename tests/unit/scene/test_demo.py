@@ -374,31 +374,17 @@ def test_apply_motion_twist_and_bend_semantics():
         "rotations": [[1, 0, 0, 0]] * 2,
         "translations": [[0, 0, 0]] * 2,
     }
-    twist = {
-        "deformation": {
-            "kind": "twist",
-            "pivot": [0, 0, 0],
-            "axis": [0, 1, 0],
-            "height": 4.0,
-            "angles": [0.0, np.pi],
-        },
-        "rigid": rigid,
-    }
-    out = apply_motion(pts, twist, 1)
+
+    def deformed(kind, axis, height, angles):  # about the origin, with no rigid motion
+        d = dict(kind=kind, pivot=[0, 0, 0], axis=axis, height=height, angles=angles)
+        return {"deformation": d, "rigid": rigid}
+
+    out = apply_motion(pts, deformed("twist", [0, 1, 0], 4.0, [0.0, np.pi]), 1)
     # half height -> pi/2 about +y maps +x to -z; full height -> pi; below pivot -> unchanged
     np.testing.assert_allclose(
         out, [[0.0, 2.0, -1.0], [-1.0, 4.0, 0.0], [1.0, -1.0, 0.0]], atol=1e-12
     )
-    bend = {
-        "deformation": {
-            "kind": "bend",
-            "pivot": [0, 0, 0],
-            "axis": [0, 0, 1],
-            "height": 2.0,
-            "angles": [0.0, np.pi / 2],
-        },
-        "rigid": rigid,
-    }
+    bend = deformed("bend", [0, 0, 1], 2.0, [0.0, np.pi / 2])
     out = apply_motion(np.array([[0.0, 2.0, 0.0], [0.0, 1.0, 0.0]]), bend, 1)
     # full height: pi/2 about +z maps +y to -x; half height: pi/4
     s = np.sqrt(0.5)

@@ -14,7 +14,6 @@ import torch
 from chord.guidance import tiny_models, wan, wan_float32
 from chord.resources import peak_memory
 from chord.training import checkpoint, float32_fallback, run_loop
-from chord.training.trainer import Trainer
 from tests.unit.guidance.test_wan_diffusers import prompt_embeddings
 from tests.unit.training.test_run_loop import (
     FlakyTeacher,
@@ -130,16 +129,7 @@ def wan_trainer(folder, txt, m, *, broken):
     scene, mesh = tiny_scene()
     guidance = Bf16Breaks(folder, dtype=torch.bfloat16)  # as on CUDA (bf16 autocast)
     guidance.broken = broken
-    return Trainer(
-        scene=scene,
-        guidance=guidance,
-        text=txt,
-        method=m,
-        width=W,
-        height=H,
-        meshes={"obj_0": mesh},
-        surface_voxel_size={"obj_0": 0.05},
-    )
+    return make_trainer(m, scene, mesh, guidance=guidance, txt=txt)
 
 
 def motion(tr) -> dict:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,7 +19,7 @@ from chord.guidance.oracle import OracleGuidance
 from chord.motion.model import DynamicObject, MotionScene
 from chord.render.rasterizer import splat_tensors
 from chord.resources import cuda_settings
-from chord.training import checkpoint, float32_fallback, progress, run_loop
+from chord.training import checkpoint, float32_fallback, progress, resume, run_loop
 from chord.training.trainer import Trainer
 
 W, H, T = 32, 16, 5
@@ -210,13 +211,15 @@ def run_steps(tr, start, stop):
         tr.step(it)
 
 
-def make_trainer(m, scene=None, mesh=None, **kw):
+def make_trainer(m, scene=None, mesh=None, *, guidance=None, txt=None, **kw):
+    """A Trainer of ``scene`` (default: :func:`tiny_scene`) on ``guidance`` (default: its
+    oracle) with the text condition ``txt``."""
     if scene is None:
         scene, mesh = tiny_scene()
     return Trainer(
         scene=scene,
-        guidance=oracle_for(scene),
-        text=None,
+        guidance=oracle_for(scene) if guidance is None else guidance,
+        text=txt,
         method=m,
         width=W,
         height=H,
@@ -257,6 +260,28 @@ def test_training_moves_toward_the_oracle_target():
         pos, _ = obj.deform(range(T))
     lift = (pos[1:, :, 1] - obj.rest_means[:, 1]).mean()
     assert 0.02 < float(lift) < 0.2  # the block rose toward the target's +0.1
+
+
+@pytest.mark.parametrize("loss", ["temporal", "arap", "ground"])
+def test_the_regularisers_train_the_deformation_not_the_radii_or_rotations(loss):
+    """METHOD §16: the ground, temporal and ARAP losses see the skinning weights detached, so
+    their gradients reach the control points' deformations only, never their radii and
+    rotations (which SDS alone trains). Each loss alone, at an iteration where it is on."""
+    weights = {"lambda_dis_time": 0.0, "lambda_arap": 0.0, "lambda_ground": 0.0}
+    weights[{"temporal": "lambda_dis_time", "arap": "lambda_arap"}.get(loss, "lambda_ground")] = 1.0
+    m = method(iterations=8, batch_size=1, gl_objects=["obj_0"], **weights)
+    tr = make_trainer(m)
+    obj = tr.scene.dynamic["obj_0"]
+    with torch.no_grad():  # a motion to regularise, below the ground too
+        obj.layer1.cp_deform.normal_(0, 0.05, generator=torch.Generator().manual_seed(1))
+    tr.ground_level = 0.3
+    out = tr.regularisers(4, tr.cameras_at(4))
+    assert out[loss] > 0 and {k for k, v in out.items() if v} == {loss}
+    groups = obj.param_groups()
+    assert float(groups["cp_deform"].grad.abs().sum()) > 0
+    for name in ("cp_radius", "cp_rotation"):
+        grad = groups[name].grad
+        assert grad is None or not grad.any(), f"the {loss} loss trains {name}"
 
 
 def test_progressive_reset_zeroes_the_table_moments_and_keeps_the_step():
@@ -375,6 +400,41 @@ def test_sigterm_writes_a_checkpoint_and_stops(tmp_path):
     assert sorted(p.name for p in tmp_path.glob("ckpt_*")) == ["ckpt_000001.pt", "ckpt_000002.pt"]
     assert json.loads((tmp_path / "progress" / progress.LATEST).read_text())["event"] == "sigterm"
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # handler restored
+
+
+class Killed(Exception):
+    """The process killed outright (SIGKILL, ``scancel --full``): no handler runs."""
+
+
+def dies_at(trainer, at: int) -> None:
+    """``trainer`` is killed when iteration ``at`` starts, after finishing the ones before."""
+    step = trainer.step
+
+    def dying(it):
+        if it == at:
+            raise Killed(f"killed in iteration {it}")
+        return step(it)
+
+    trainer.step = dying
+
+
+def test_a_run_killed_between_save_points_keeps_its_newest_finished_iteration(tmp_path):
+    """Save points 1, 5 and 6 (N = 9, ⌊2N/3⌋ = 6): killed in iteration 5, the run has kept
+    iteration 4's checkpoint (each newest one replacing the one before) besides the save point
+    1's, and a resume starts from it with iteration 4's state."""
+    from chord.motion import state
+
+    tr = make_trainer(method(iterations=9, batch_size=1, save_interval=100))
+    assert run_loop.save_points(tr.method) == {1, 5, 6}
+    dies_at(tr, 5)
+    with pytest.raises(Killed):
+        run_loop.run(tr, 1, 10, config_hash="h", checkpoint_dir=tmp_path)
+    assert sorted(p.name for p in tmp_path.glob("ckpt_*")) == ["ckpt_000001.pt", "ckpt_000004.pt"]
+    newest = resume.newest_checkpoint(tmp_path)
+    assert newest["iteration"] == 4
+    now, _ = state.to_dict(tr.scene)  # the trainer after iteration 4: the kill came before 5
+    for k, v in now.items():
+        assert torch.equal(newest["motion"][k], v), k
 
 
 def test_split_render_backward_empties_the_cuda_cache_after_each_chunk(monkeypatch):
@@ -502,6 +562,69 @@ def test_the_log_projects_the_run_time_and_warns_past_the_tiers_runtime(
     assert run_loop.check_projection(3600.0, 1, 20, None, "full") is None  # no limit known
 
 
+class FakeTime:
+    """run_loop's clock: the wall clock and the timer both read ``clock[0]`` seconds."""
+
+    def __init__(self, clock):
+        self.clock = clock
+
+    def time(self):
+        return self.clock[0]
+
+    def perf_counter(self):
+        return self.clock[0]
+
+
+# What the stop at the time limit leaves for after the checkpoint's write: scontrol requeue
+# and the exit of the job's processes (slurm_time_limit.time_limit). A job still running at
+# its limit is killed, its last checkpoint perhaps half written.
+REQUEUE_AND_EXIT_S = 20.0
+
+
+def run_to_the_limit(monkeypatch, deadline: float, each_s=10.0, write_s=5.0):
+    """A run of iterations 1..30 on a fake clock from 0 s: each iteration takes ``each_s``,
+    each checkpoint write ``write_s`` more, the job ends at ``deadline``. Returns (the
+    TimeLimit raised, the iteration and the end time of each checkpoint written)."""
+    clock, written = [0.0], []
+    monkeypatch.setattr(run_loop, "time", FakeTime(clock))
+    monkeypatch.setattr(run_loop.checkpoint, "contents", lambda tr, it, h: {"iteration": it})
+
+    def write(path, ckpt):
+        clock[0] += write_s
+        written.append((ckpt["iteration"], clock[0]))
+
+    monkeypatch.setattr(run_loop, "save_checkpoint", write)
+    tr = ClockedTrainer(method(iterations=30, early_stop=False), clock, each_s, each_s)
+    with pytest.raises(run_loop.TimeLimit) as stop:
+        run_loop.run(tr, 1, 31, config_hash="h", checkpoint_dir=Path("unused"), deadline=deadline)
+    return stop.value, written
+
+
+@pytest.mark.parametrize("phase", [0.0, 2.5, 5.0, 7.5, 10.0, 12.5])
+def test_the_time_limit_stop_writes_its_checkpoint_with_time_to_spare(phase, monkeypatch):
+    """Iterations of 10 s, checkpoints of 5 s, the deadline anywhere in an iteration: the run
+    stops with its last iteration's checkpoint written at least REQUEUE_AND_EXIT_S before the
+    deadline, and not an iteration earlier than it must."""
+    deadline = 300.0 + phase
+    stop, written = run_to_the_limit(monkeypatch, deadline)
+    last, done = written[-1]
+    assert f"stopped after iteration {last}" in str(stop)
+    assert deadline - done >= REQUEUE_AND_EXIT_S, (last, done, deadline)
+    # and it kept no more than the rule's two iterations (15 s each) of slack besides
+    assert deadline - done < REQUEUE_AND_EXIT_S + 2 * 15.0
+
+
+def test_the_stop_keeps_two_of_the_slowest_iterations_and_the_margin_free(monkeypatch):
+    """The rule (run_loop.run): stop after the first iteration that leaves less than two of the
+    slowest iterations (15 s with the checkpoint) plus STOP_MARGIN_S = 20 s before the
+    deadline. Iteration k's work ends at 15k - 5 s: with the deadline half a second short of
+    iteration 10's 145 + 50 s it stops after 10; half a second past it, after 11."""
+    stop, written = run_to_the_limit(monkeypatch, 145.0 + 50.0 - 0.5)
+    assert written[-1][0] == 10 and "after iteration 10" in str(stop)
+    stop, written = run_to_the_limit(monkeypatch, 145.0 + 50.0 + 0.5)
+    assert written[-1][0] == 11 and "after iteration 11" in str(stop)
+
+
 def test_each_iteration_logs_its_count_of_non_finite_entries(tmp_path):
     """The loss log's nonfinite_entries: the NaN or ±inf entries of the teacher's velocities
     plus those of the averaged gradients, every iteration (0 when finite). NaNs in the
@@ -536,6 +659,64 @@ def test_each_iteration_logs_its_count_of_non_finite_entries(tmp_path):
     )
     assert rec["skipped"] == 1 and rec["nan"] == 0
     assert sum(size) < rec["nonfinite_entries"] <= sum(size) + grads
+
+
+def contact_scene():
+    """The tiny block on its slab, with 8 control points through the block and 400 surface
+    samples of it as its surface set (the contact loss acts on that set)."""
+    from chord.evaluation import metrics
+
+    mesh, dyn = box_splats((0.3, 0.5, 0.3), (0.0, 0.25, 0.0), 300, 0)
+    slab_mesh, slab = box_splats((1.2, 0.05, 1.0), (0.0, -0.025, 0.0), 150, 1)
+    surface = metrics.surface_samples(mesh.vertices, mesh.faces, 400, seed=1)
+    corners = [[x, y, z] for x in (-0.07, 0.07) for y in (0.1, 0.4) for z in (-0.07, 0.07)]
+    obj = DynamicObject(
+        "obj_0",
+        dyn["means"],
+        dyn["quats"],
+        torch.tensor(corners, dtype=torch.float32),
+        torch.as_tensor(surface, dtype=torch.float32),
+        frame_num=T,
+        arap_sample_num=64,
+    )
+    return MotionScene(["obj_0", "obj_1"], [dyn, slab], {"obj_0": obj}), mesh, slab_mesh
+
+
+def sinking_oracle(scene, depth):
+    """The oracle toward the block pushed ``depth`` down, into the slab, after frame 0."""
+    means = scene.means[None].repeat(T, 1, 1)
+    means[1:, scene.slices["obj_0"], 1] -= depth
+    target = {"means": means, "quats": scene.quats[None].expand(T, -1, -1)}
+    target.update({k: getattr(scene, k) for k in ("scales", "opacities", "sh", "sh_degree")})
+    return OracleGuidance(target, width=W, height=H, pool=4)
+
+
+def test_the_contact_loss_keeps_a_block_out_of_the_slab_its_teacher_pushes_it_into():
+    """Issue 36: with a teacher that sinks the block 0.04 into the slab, the evaluate stage's
+    penetration_excess of the trained motion is far smaller with lambda_contact than without;
+    the loss is logged, and 0 when off."""
+    from chord.evaluation import metrics
+    from chord.motion import contact
+
+    excess, logged = {}, {}
+    for lam in (0.0, 1e8):
+        scene, mesh, slab_mesh = contact_scene()
+        grid = contact.signed_distance_grid([(slab_mesh.vertices, slab_mesh.faces)])
+        m = method(iterations=20, batch_size=1, lambda_contact=lam)
+        tr = make_trainer(m, scene, mesh, guidance=sinking_oracle(scene, 0.04), contact_grid=grid)
+        logged[lam] = [tr.step(it)["contact"] for it in range(1, 21)]
+        S = metrics.surface_samples(mesh.vertices, mesh.faces, 1024, seed=0)
+        with torch.no_grad():
+            x = torch.as_tensor(S, dtype=torch.float32)
+            P, _ = scene.dynamic["obj_0"].deform(range(T), x, with_rotations=False)
+        pair = metrics.pair_interaction(P.double().numpy(), slab_mesh.vertices, slab_mesh.faces)
+        summary = metrics.interaction_summary(
+            [{"object": "obj_0", "other": "obj_1", **pair}], rest_tolerance=0.005
+        )
+        excess[lam] = summary["penetration_excess"]
+    assert excess[0.0] > 0.003  # the teacher does push it in (0.0049 when written)
+    assert excess[1e8] < excess[0.0] / 5  # 0.0003 when written
+    assert set(logged[0.0]) == {0.0} and max(logged[1e8]) > 0
 
 
 # --- the loop's bookkeeping on a trainer that trains nothing ------------------------------

@@ -1,81 +1,18 @@
-"""Exports of an animated scene (METHOD §19–§20): per-frame renders into videos and a GIF,
-and per-frame 3DGS PLY sequences (the animated glTF: :mod:`chord.gltf.morphed`).
+"""Exports of an animated scene (METHOD §19–§20): its per-frame renders
+(:func:`chord.render.views.render_frames`) as a GIF, and per-frame 3DGS PLY sequences (the
+animated glTF: :mod:`chord.gltf.morphed`).
 """
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import numpy as np
-import torch
 from PIL import Image
-from torch import Tensor
 
 from chord.core.atomic_files import atomic_dir, atomic_path
 from chord.gaussians import gaussian_set as gs
 from chord.gaussians import ply
-from chord.render.rasterizer import rasterize
-
-logger = logging.getLogger(__name__)
-
-# --- renders ----------------------------------------------------------------------------------
-
-
-def render_frames(
-    frames: dict,
-    viewmats: Tensor,
-    K: Tensor,
-    width: int,
-    height: int,
-    background,
-    *,
-    chunk: int = 4,
-    backend: str = "auto",
-) -> Tensor:
-    """Render per-frame Gaussians, each frame from its own camera, without gradient.
-
-    Args:
-        frames: means [F, N, 3], quats [F, N, 4], constant scales [N, 3], opacities [N],
-            sh [N, K, 3] and sh_degree (:meth:`chord.motion.model.MotionScene.frame_gaussians`).
-        viewmats: world-to-camera [F, 4, 4] (one per frame) or [4, 4] (the same for all).
-        K: intrinsics [3, 3].
-        background: RGB in [0, 1].
-
-    Returns:
-        images [F, H, W, 3] in [0, 1] (float32, on the CPU).
-    """
-    F = frames["means"].shape[0]
-    dtype, device = frames["scales"].dtype, frames["scales"].device
-    if viewmats.ndim == 2:
-        viewmats = viewmats[None].expand(F, 4, 4)
-    if viewmats.shape[0] != F:
-        raise ValueError(f"viewmats: {viewmats.shape[0]} cameras for {F} frames")
-    bg = torch.as_tensor(background, dtype=dtype, device=device)
-    out = []
-    with torch.no_grad():
-        for s in range(0, F, chunk):
-            n = min(chunk, F - s)
-
-            def rep(x: Tensor, n=n) -> Tensor:  # constant over frames
-                return x[None].expand(n, *x.shape)
-
-            rgb, _, _ = rasterize(
-                frames["means"][s : s + n].to(dtype),
-                frames["quats"][s : s + n].to(dtype),
-                rep(frames["scales"]),
-                rep(frames["opacities"]),
-                rep(frames["sh"]),
-                viewmats[s : s + n, None].to(dtype=dtype, device=device),  # [n, 1, 4, 4]
-                K.to(dtype=dtype, device=device)[None, None].expand(n, 1, 3, 3),
-                width,
-                height,
-                sh_degree=frames["sh_degree"],
-                backgrounds=bg[None, None].expand(n, 1, 3),
-                backend=backend,
-            )
-            out.append(rgb[:, 0].clamp(0, 1).float().cpu())  # [n, H, W, 3]
-    return torch.cat(out)
 
 
 def write_gif(path: Path | str, frames, fps: float, *, max_side: int = 320) -> None:
