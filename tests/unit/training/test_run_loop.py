@@ -625,6 +625,15 @@ def test_the_stop_keeps_two_of_the_slowest_iterations_and_the_margin_free(monkey
     assert written[-1][0] == 11 and "after iteration 11" in str(stop)
 
 
+def test_the_time_limit_stop_says_how_much_time_was_left(monkeypatch):
+    stop, written = run_to_the_limit(monkeypatch, 194.0)  # stops after 10, written at 150 s
+    assert written[-1] == (10, 150.0)
+    assert str(stop) == (
+        "time limit in 44 s, the slowest iteration took 15.0 s: stopped after iteration 10; "
+        "checkpoint written"
+    )
+
+
 def test_each_iteration_logs_its_count_of_non_finite_entries(tmp_path):
     """The loss log's nonfinite_entries: the NaN or ±inf entries of the teacher's velocities
     plus those of the averaged gradients, every iteration (0 when finite). NaNs in the
