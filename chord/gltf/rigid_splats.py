@@ -21,8 +21,8 @@ import numpy as np
 
 from chord.core.errors import InputError
 from chord.gaussians.gaussian_set import GaussianSet
-from chord.gltf.animated_scene import joint_channels, key_times, open_scene, write_glb
-from chord.gltf.splats import EXTENSION, add_splat_mesh, splat_values
+from chord.gltf.animated_scene import joint_channels, key_times, write_glb
+from chord.gltf.splats import add_splat_mesh, open_splat_scene, splat_values
 
 
 class RigidMotion(Protocol):
@@ -86,12 +86,7 @@ def rigid_splats_glb(
     Returns a summary: {"gaussians", "sh_degree", "animated", "frames", "residual_max"
     ({name: the largest residual of each animated object, world units})}.
     """
-    out = open_scene(out_path, objects, frames)
-    if not (np.isfinite(scale) and scale > 0):
-        raise ValueError(f"scale: expected a positive normalisation scale, got {scale}")
-    c = np.asarray(centre, dtype=np.float64)
-    degree = max(g.sh_degree for _, g, _ in objects)
-    out.doc["extensionsUsed"] = [EXTENSION]
+    out, c, degree = open_splat_scene(out_path, objects, frames, centre, scale)
     roots: list[int] = []
     tracks: list = []
     residuals: dict[str, float] = {}

@@ -122,6 +122,18 @@ def splat_values(
     }
 
 
+def open_splat_scene(out_path, objects, frames: int, centre, scale: float):
+    """The splat writers' start: the scene (:func:`open_scene`) with KHR_gaussian_splatting
+    used, the normalisation centre as float64 and the highest SH degree among the objects
+    (every object is written at it); a non-positive ``scale`` is a ValueError."""
+    out = open_scene(out_path, objects, frames)
+    if not (np.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale: expected a positive normalisation scale, got {scale}")
+    out.doc["extensionsUsed"] = [EXTENSION]
+    degree = max(g.sh_degree for _, g, _ in objects)
+    return out, np.asarray(centre, dtype=np.float64), degree
+
+
 def centred(values: dict) -> tuple[np.ndarray, dict]:
     """An object's node goes to its centre o (the middle of its splats' bounds, world): o and
     ``values`` (:func:`splat_values`) with the positions relative to it. KHR_gaussian_splatting
@@ -245,12 +257,7 @@ def dynamic_splats_glb(
     Returns a summary: {"gaussians", "sh_degree", "skinned", "joints", "morphed", "targets",
     "frames"}.
     """
-    out = open_scene(out_path, objects, frames)
-    if not (np.isfinite(scale) and scale > 0):
-        raise ValueError(f"scale: expected a positive normalisation scale, got {scale}")
-    c = np.asarray(centre, dtype=np.float64)
-    degree = max(g.sh_degree for _, g, _ in objects)
-    out.doc["extensionsUsed"] = [EXTENSION]
+    out, c, degree = open_splat_scene(out_path, objects, frames, centre, scale)
     roots: list[int] = []
     skinned: list[int] = []
     morphed: list[int] = []
