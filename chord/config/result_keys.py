@@ -137,25 +137,35 @@ def guidance_config(guidance: Any, stage: str) -> Any:
     return _narrow("Guidance", guidance, stage)
 
 
-#: method keys added after results were keyed by these params (``x-default-unhashed`` in the
-#: schema) and their defaults: at its default such a key is left out of the params and so of the
-#: training hash, which then equal those made before it existed (a run that does not use it
-#: re-runs nothing); set away from it, it is in them like any other key
-UNHASHED_DEFAULTS: dict[str, Any] = {
-    key: spec["default"]
+#: method keys added after results were keyed by these params (``x-unhashed-at`` in the
+#: schema) and the value at which each trains what the code before it trained: at that value
+#: such a key is left out of the params and so of the training hash, which then equal those made
+#: before it existed (a run that does not use it re-runs nothing); any other value, its default
+#: included, is in them like any other key's
+UNHASHED_AT: dict[str, Any] = {
+    key: spec["x-unhashed-at"]
     for key, spec in cc.read_schema(cc.CONFIG_SCHEMA)["properties"]["method"]["properties"].items()
-    if spec.get("x-default-unhashed")
+    if "x-unhashed-at" in spec
 }
+
+
+def _numbers(value: Any) -> Any:
+    """A number or list of numbers as floats, so that 1 equals 1.0 and a tuple its list (any
+    other value as it is)."""
+    try:
+        return [float(x) for x in value] if isinstance(value, (list, tuple)) else float(value)
+    except (TypeError, ValueError):
+        return value
+
+
+def _unhashed(method: Any, key: str) -> bool:
+    return key in UNHASHED_AT and _numbers(getattr(method, key)) == _numbers(UNHASHED_AT[key])
 
 
 def stage_params(method: Any, stage: str) -> dict:
     """The method values that change ``stage``'s result: its config's fields (the rule's
-    ``params:``), but an ``x-default-unhashed`` key at its default (:data:`UNHASHED_DEFAULTS`)."""
-    return {
-        key: getattr(method, key)
-        for key in STAGE_KEYS[stage]
-        if not (key in UNHASHED_DEFAULTS and getattr(method, key) == UNHASHED_DEFAULTS[key])
-    }
+    ``params:``), but an ``x-unhashed-at`` key at that value (:data:`UNHASHED_AT`)."""
+    return {key: getattr(method, key) for key in STAGE_KEYS[stage] if not _unhashed(method, key)}
 
 
 def guidance_params(guidance: Any, stage: str) -> dict:

@@ -15,6 +15,7 @@ from scipy.ndimage import gaussian_filter
 from torch import Tensor
 
 from chord.motion import regularisers
+from chord.motion.contact import surface_samples  # noqa: F401  (the training's contact points)
 
 PSNR_CAP = 100.0  # dB, for identical images (MSE 0)
 
@@ -131,23 +132,6 @@ def ssim(a, b, *, sigma: float = 1.5) -> float:
 # and of the deformation (~1e-7 at the scene's size), so a block resting on a slab is not
 # "inside" it by a rounding error; it is far below a pixel (~0.004 at the default camera).
 CONTACT_BAND = 1e-5
-
-
-def surface_samples(vertices: np.ndarray, faces: np.ndarray, n: int, seed: int) -> np.ndarray:
-    """``n`` points [n, 3] uniformly distributed over a triangle mesh's area ([V, 3], [F, 3]):
-    a face with probability ∝ its area, then uniform barycentrics (square-root trick),
-    deterministic for ``seed``. A ValueError when the mesh has zero area."""
-    v = np.asarray(vertices, dtype=np.float64)
-    tri = v[np.asarray(faces, dtype=np.int64)]  # [F, 3, 3]
-    area = 0.5 * np.linalg.norm(np.cross(tri[:, 1] - tri[:, 0], tri[:, 2] - tri[:, 0]), axis=1)
-    total = float(area.sum())
-    if not np.isfinite(total) or total <= 0:
-        raise ValueError("surface_samples: the mesh has zero (or non-finite) total area")
-    rng = np.random.default_rng(seed)
-    face = rng.choice(len(area), size=n, p=area / total)
-    r1, r2 = np.sqrt(rng.random(n)), rng.random(n)
-    a, b, c = tri[face, 0], tri[face, 1], tri[face, 2]  # [n, 3] each
-    return (1 - r1)[:, None] * a + (r1 * (1 - r2))[:, None] * b + (r1 * r2)[:, None] * c
 
 
 def _against(P: np.ndarray, V: np.ndarray, F: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

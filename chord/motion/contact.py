@@ -1,5 +1,10 @@
-"""Contact loss (ours, issue 36; METHOD §16 penalises no penetration): a dynamic object's
-surface set entering the scene's static objects, beyond the overlap its rest pose already has.
+"""Contact and support losses (ours, issue 36; METHOD §16 penalises no penetration): a dynamic
+object's surface entering the scene's static objects beyond the overlap its rest pose already
+has, and an object resting on them rising off them.
+
+The points are the evaluation's own: :func:`surface_samples` of the object's mesh (area-uniform,
+seeded by the object's id), deformed as the Gaussians are, so the loss and the metric judge the
+same points.
 
 The static objects' signed distance (negative inside) is sampled once per run on a regular
 grid of nodes (libigl, at build only); in the loop it is read by trilinear interpolation
@@ -31,6 +36,15 @@ PAD_CELLS = 4
 # the interpolation and the deformation), as the evaluation's CONTACT_BAND (a test keeps them
 # equal).
 CONTACT_BAND = 1e-5
+# Surface samples per dynamic object: the evaluation's INTERACTION_SAMPLES (a test keeps them
+# equal), so the training's points are the metric's.
+CONTACT_SAMPLES = 2048
+# A dynamic object rests on the static ones when its lowest point is within SUPPORT_GATE_CELLS
+# grid cells of them at frame 0 (the grid resolves a cell); its resting points are those within
+# SUPPORT_BAND (scene units) of that lowest one, the evaluation's REST_TOLERANCE (a test keeps
+# them equal).
+SUPPORT_GATE_CELLS = 2.0
+SUPPORT_BAND = 0.005
 
 
 @dataclass
@@ -41,6 +55,11 @@ class DistanceGrid:
     values: Tensor
     lo: Tensor
     hi: Tensor
+
+    @property
+    def cell(self) -> float:
+        """The side of a cell (cubic)."""
+        return float((self.hi[0] - self.lo[0]) / (self.values.shape[-1] - 1))
 
     def to(self, device) -> DistanceGrid:
         return DistanceGrid(self.values.to(device), self.lo.to(device), self.hi.to(device))
@@ -53,6 +72,23 @@ class DistanceGrid:
         vol = self.values.to(points.dtype)[None, None]
         out = F.grid_sample(vol, u, mode="bilinear", padding_mode="border", align_corners=True)
         return out.reshape(shape)
+
+
+def surface_samples(vertices: np.ndarray, faces: np.ndarray, n: int, seed: int) -> np.ndarray:
+    """``n`` points [n, 3] uniformly distributed over a triangle mesh's area ([V, 3], [F, 3]):
+    a face with probability ∝ its area, then uniform barycentrics (square-root trick),
+    deterministic for ``seed``. A ValueError when the mesh has zero area."""
+    v = np.asarray(vertices, dtype=np.float64)
+    tri = v[np.asarray(faces, dtype=np.int64)]  # [F, 3, 3]
+    area = 0.5 * np.linalg.norm(np.cross(tri[:, 1] - tri[:, 0], tri[:, 2] - tri[:, 0]), axis=1)
+    total = float(area.sum())
+    if not np.isfinite(total) or total <= 0:
+        raise ValueError("surface_samples: the mesh has zero (or non-finite) total area")
+    rng = np.random.default_rng(seed)
+    face = rng.choice(len(area), size=n, p=area / total)
+    r1, r2 = np.sqrt(rng.random(n)), rng.random(n)
+    a, b, c = tri[face, 0], tri[face, 1], tri[face, 2]  # [n, 3] each
+    return (1 - r1)[:, None] * a + (r1 * (1 - r2))[:, None] * b + (r1 * r2)[:, None] * c
 
 
 def signed_distance_grid(
@@ -93,7 +129,7 @@ def depth(grid: DistanceGrid, points: Tensor) -> Tensor:
 def contact_loss(grid: DistanceGrid, X: Tensor, rest: Tensor) -> Tensor:
     """mean over frames t ≥ 1 and points i of max(depth(X_t[i]) − rest[i] − b, 0)² (b: the
     :data:`CONTACT_BAND`): X [T, V, 3] a
-    dynamic object's surface set over frames (frame 0 the rest pose), ``rest`` [V] its depth at
+    dynamic object's contact points over frames (frame 0 the rest pose), ``rest`` [V] its depth at
     rest (:func:`depth` of X_0). A point already inside at rest may stay as deep (objects that
     touch or overlap at rest are not pushed apart); only what the motion adds is penalised, as
     the evaluation's ``penetration_excess`` measures it. Its gradient moves a point along the
@@ -102,3 +138,19 @@ def contact_loss(grid: DistanceGrid, X: Tensor, rest: Tensor) -> Tensor:
         return X.sum() * 0.0
     excess = (depth(grid, X[1:]) - rest.to(X.dtype) - CONTACT_BAND).clamp(min=0)
     return excess.square().mean()
+
+
+def support_loss(grid: DistanceGrid, X: Tensor, rest: Tensor) -> Tensor:
+    """mean over frames t ≥ 1 of max(s_t − s_0 − b, 0)² (b: :data:`SUPPORT_BAND`), where s_t
+    is the least signed distance over the object's resting points at frame t: X [T, V, 3] its
+    contact points over frames, ``rest`` [V] the signed distance of X_0. An object whose lowest
+    point s_0 is farther than :data:`SUPPORT_GATE_CELLS` cells from the static objects rests
+    on none: 0. The resting points are those within b of s_0, so the object may slide, turn or
+    rock on its support, but not rise off it: the evaluation's floating (``float_gap``: the
+    pair's separation growing from frame 0) on the contact points."""
+    s0 = rest.min() if rest.numel() else rest.new_tensor(math.inf)
+    if X.shape[0] < 2 or not bool(s0 <= SUPPORT_GATE_CELLS * grid.cell):
+        return X.sum() * 0.0
+    resting = rest <= s0 + SUPPORT_BAND
+    s = grid(X[1:, resting]).amin(dim=1)  # [T - 1]
+    return (s - s0.to(X.dtype) - SUPPORT_BAND).clamp(min=0).square().mean()

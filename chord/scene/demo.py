@@ -43,6 +43,7 @@ from chord.scene.demo_meshes import (
     checker_texture,
     column_part,
     column_texture,
+    join_parts,
     slab_part,
     textured_mesh,
 )
@@ -83,7 +84,29 @@ DEMO_SCENES: dict[str, dict] = {
             "(0.8 sin^2(pi s) rad at the top) while sliding 0.15 towards -z and back."
         ),
     },
+    "slide": {
+        "objects": 2,
+        "prompt": (
+            "a toy block with a painted face slides straight back across a checkered table "
+            "and stops against the wall behind it"
+        ),
+        "description": (
+            "obj_0: a striped toy block (0.28 x 0.36 x 0.28) with a face on its front that "
+            "slides along -z towards a wall; obj_1: a static checkered slab (2.0 x 1.4) with a "
+            "checkered wall (0.7 wide, 0.45 tall, 0.20 thick) standing on it behind the block, "
+            "one static object. The block "
+            "touches the wall after 0.22; motion.json, what the oracle teacher renders, "
+            "overshoots by SLIDE_OVERSHOOT (0.06) into the wall and stays there, as a video "
+            "model lets a box pass into a wall (issue 36: the contact loss's scene)."
+        ),
+    },
 }
+
+# The slide scene: how far the block travels before it touches the wall, and how far the
+# teacher's scripted motion pushes it on through the wall (world units; the scene's
+# normalisation scale is 0.6, so 0.06 is 0.036 scene units, 3.6x the penetration threshold).
+SLIDE_CONTACT = 0.22
+SLIDE_OVERSHOOT = 0.06
 
 _ROUND = 9  # decimals kept in motion.json
 
@@ -361,9 +384,54 @@ def _build_sway(frame_num: int) -> tuple[list[_DemoObject], dict]:
     return objects, motion
 
 
+def _build_slide(frame_num: int) -> tuple[list[_DemoObject], dict]:
+
+    ext = (0.28, 0.36, 0.28)
+    image, rects = block_texture()
+    subdiv = {f: (6, 8) for f in BOX_FACES}
+    block = textured_mesh(box_part(ext, subdiv, rects), image, "block")
+    base = np.array([0.0, SLAB_TOP_Y, 0.15])
+    block_tf = _yaw_matrix(0.0, base)
+
+    # the wall: a box on the slab behind the block (-z, away from the reference camera at
+    # azimuth 60°, so it hides nothing), its +z face SLIDE_CONTACT beyond the block's -z face;
+    # one static object with the slab (static_id 1), so one mesh and one checker texture
+    wall_ext = (0.70, 0.45, 0.20)  # thicker than twice the overshoot: its depth is the nearer face
+    wall_z = base[2] - ext[2] / 2 - SLIDE_CONTACT - wall_ext[2] / 2
+    quarter = {f: (0.0, 0.0, 0.5, 0.5) for f in BOX_FACES}
+    wall = box_part(wall_ext, {f: (4, 3) for f in BOX_FACES}, quarter)
+    wall.vertices = wall.vertices + [base[0], SLAB_TOP_Y, wall_z]
+    ground = textured_mesh(join_parts([slab_part(), wall]), checker_texture(), "slab_and_wall")
+
+    s = np.linspace(0.0, 1.0, frame_num)
+    # the teacher's slide: eased to SLIDE_CONTACT + SLIDE_OVERSHOOT by s = 0.7, then held; it
+    # crosses the contact at s ~ 0.55, so the last 40 % of the frames are inside the wall
+    travel = (SLIDE_CONTACT + SLIDE_OVERSHOOT) * _ease(np.minimum(s / 0.7, 1.0))
+    trans = np.stack([np.zeros_like(s), np.zeros_like(s), -travel], -1)
+    rots = np.tile([1.0, 0.0, 0.0, 0.0], (frame_num, 1))
+    motion = _motion_doc(
+        frame_num,
+        {
+            "obj_0": {
+                "deformation": {
+                    "kind": "none",
+                    "pivot": _r(base),
+                    "axis": [0.0, 0.0, 1.0],
+                    "height": ext[1],
+                    "angles": [0.0] * frame_num,
+                },
+                "rigid": {"pivot": _r(base), "rotations": _r(rots), "translations": _r(trans)},
+            },
+        },
+    )
+    objects = [_DemoObject("obj_0", block, block_tf), _DemoObject("obj_1", ground, np.eye(4))]
+    return objects, motion
+
+
 _BUILDERS: dict[str, Callable[[int], tuple[list[_DemoObject], dict]]] = {
     "hop": _build_hop,
     "sway": _build_sway,
+    "slide": _build_slide,
 }
 
 

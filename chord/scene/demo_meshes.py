@@ -75,6 +75,11 @@ def _concat(parts: list[tuple[np.ndarray, ...]]) -> Part:
     )
 
 
+def join_parts(parts: list[Part]) -> Part:
+    """One part of several (their tags become the part's index)."""
+    return _concat([(p.vertices, p.faces, p.uv) for p in parts])
+
+
 def box_part(extents, subdiv: Mapping[str, tuple[int, int]], rects: Mapping[str, tuple]) -> Part:
     """Box ``extents`` ``(w, h, d)`` centred in x/z with its base at y = 0; faces in
     :data:`BOX_FACES` order, each a subdivided grid with its own uv rectangle."""

@@ -11,9 +11,9 @@ from pathlib import Path
 LOSS_HISTORY = "losses.tsv"
 # nan: NaN entries of the teacher's velocities; nonfinite_entries: NaN or ±inf entries of them and
 # of the averaged gradients (any skips the step: README "Non-finite steps"); contact: the contact
-# loss (chord.motion.contact; 0 where lambda_contact is 0)
+# loss and support: the support loss (chord.motion.contact; 0 where their lambda is 0)
 LOG_FIELDS = (
-    "it", "sds", "ground", "temporal", "arap", "contact", "t", "cfg", "skipped", "nan",
+    "it", "sds", "ground", "temporal", "arap", "contact", "support", "t", "cfg", "skipped", "nan",
     "nonfinite_entries",
 )  # fmt: skip
 # the phases a run with memory.log_run_time times (chord.training.phase_clock)

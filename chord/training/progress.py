@@ -30,7 +30,7 @@ TAG = "progress"  # a progress line's first word
 EVENT_TAG = "progress-event"  # an event line's first word
 #: the fields of a progress line, in order (losses: :data:`LOSSES`, between eta and cfg)
 HEAD = ("scene", "stage", "it", "pct", "s_per_it", "eta")
-LOSSES = ("sds", "ground", "temporal", "arap")
+LOSSES = ("sds", "ground", "temporal", "arap", "contact", "support")
 TAIL = ("cfg", "gpu_peak_gb", "rss_gb", "tier", "attempt")
 FIELDS = HEAD + LOSSES + TAIL
 # the iterations the time per iteration is averaged over (the newest of this process)

@@ -12,7 +12,7 @@ from chord.config.settings import ConfigError
 
 FOLDER = "tensorboard"
 #: the loss record's keys drawn (those present)
-KEYS = ("sds", "ground", "temporal", "arap", "contact", "cfg", "t", "skipped")
+KEYS = ("sds", "ground", "temporal", "arap", "contact", "support", "cfg", "t", "skipped")
 
 
 def summary_writer():

@@ -68,12 +68,17 @@ def build(
             [trimesh.Trimesh(p.vertices, p.faces, process=False) for p in parts]
         )
     ground = method.ground_level if method.ground_level is not None else doc["ground_level"]
-    grid = None
+    grid, points = None, {}
     static = [o["name"] for o in doc["objects"] if o["role"] == "static"]
-    if method.lambda_contact > 0 and static and scene.dynamic:
+    if (method.lambda_contact > 0 or method.lambda_support > 0) and static and scene.dynamic:
         from chord.motion import contact
 
         grid = contact.signed_distance_grid([_mesh(scene_json, doc, n) for n in static])
+        ids = {o["name"]: o["id"] for o in doc["objects"]}
+        points = {  # the evaluation's samples (seeded by the object's id): the metric's points
+            n: contact.surface_samples(*_mesh(scene_json, doc, n), contact.CONTACT_SAMPLES, ids[n])
+            for n in scene.dynamic
+        }
     return Trainer(
         scene=scene,
         guidance=teacher,
@@ -90,6 +95,7 @@ def build(
         surface_voxel_size={n: float(v["surface_voxel_size"]) for n, v in vox.items()},
         backend=backend,
         contact_grid=grid,
+        contact_points=points,
     )
 
 

@@ -51,8 +51,11 @@ class Trainer:
     # float32 fallback's experts are loaded; a CPU's experts are float32 already
     host_memory_bytes: int | None = None
     # the static objects' signed distance (chord.motion.contact.DistanceGrid), built once per run
-    # where lambda_contact > 0 (chord.training.scene_trainer.build); None: no contact loss
+    # where lambda_contact or lambda_support > 0 (chord.training.scene_trainer.build), and the
+    # points of each dynamic object it is read at (its mesh's surface samples, rest pose [n, 3]);
+    # None / {}: no contact terms
     contact_grid: object = None
+    contact_points: dict = field(default_factory=dict)
 
     def __post_init__(self):
         m = self.method
@@ -78,9 +81,13 @@ class Trainer:
             for name, obj in self.scene.dynamic.items()
         }
         self.arap_connectivity = {}
-        self.contact_rest = {}  # obj -> the depth of its surface set at rest [V]
+        self.contact_rest = {}  # obj -> the signed distance of its contact points at rest [n]
         if self.contact_grid is not None:
             self.contact_grid = self.contact_grid.to(self.device)
+        self.contact_points = {
+            k: torch.as_tensor(v, dtype=self.scene.means.dtype, device=self.device)
+            for k, v in self.contact_points.items()
+        }
         self.nonfinite = 0
         self.float32_fallback = False  # the guidance computes in float32 (checkpointed)
         self.teacher_nan = 0  # NaN entries of the teacher's velocities this iteration
@@ -153,11 +160,12 @@ class Trainer:
 
     # -- losses ----------------------------------------------------------------------------
     def regularisers(self, it: int, cams: dict) -> dict[str, float]:
-        """METHOD §16: ground, temporal and ARAP losses, and the contact loss (ours,
-        :mod:`chord.motion.contact`), one backward; returns the values."""
+        """METHOD §16: ground, temporal and ARAP losses, and the contact and support losses
+        (ours, :mod:`chord.motion.contact`, on ``contact_landmarks``), one backward; returns the
+        values."""
         m, B = self.method, len(cams["viewmats"])
         total = 0.0
-        out = {"ground": 0.0, "temporal": 0.0, "arap": 0.0, "contact": 0.0}
+        out = {"ground": 0.0, "temporal": 0.0, "arap": 0.0, "contact": 0.0, "support": 0.0}
         lam_t = losses.time_weight(
             it,
             lambda_dis_time=m.lambda_dis_time,
@@ -171,6 +179,12 @@ class Trainer:
             landmarks=m.arap_landmarks,
             steps=m.landmark_steps,
             n_iters=m.iterations,
+        )
+        lam_c, lam_s = (
+            lam * losses.landmark_value(it, m.landmark_steps, m.contact_landmarks, m.iterations)
+            if lam > 0 and self.contact_grid is not None
+            else 0.0
+            for lam in (m.lambda_contact, m.lambda_support)
         )
         for name, obj in self.scene.dynamic.items():
             if m.lambda_ground > 0 and name in m.gl_objects:
@@ -214,15 +228,21 @@ class Trainer:
                 loss = losses.arap_energy(X, nbr, mask, sample) * lam_a / B
                 total = total + loss
                 out["arap"] += float(loss.detach())
-            if m.lambda_contact > 0 and self.contact_grid is not None:
-                if name not in self.contact_rest:
-                    self.contact_rest[name] = contact.depth(self.contact_grid, obj.surface)
-                X, _ = obj.deform(self.frames, points="surface", detach_weights=True)
-                loss = m.lambda_contact * contact.contact_loss(
-                    self.contact_grid, X, self.contact_rest[name]
-                )
-                total = total + loss
-                out["contact"] += float(loss.detach())
+            if (lam_c > 0 or lam_s > 0) and name in self.contact_points:
+                points = self.contact_points[name]
+                if name not in self.contact_rest:  # their signed distance at rest
+                    self.contact_rest[name] = self.contact_grid(points).detach()
+                rest = self.contact_rest[name]
+                X, _ = obj.deform(self.frames, points, detach_weights=True, with_rotations=False)
+                if lam_c > 0:
+                    depth = (-rest).clamp(min=0)
+                    loss = lam_c * contact.contact_loss(self.contact_grid, X, depth)
+                    total = total + loss
+                    out["contact"] += float(loss.detach())
+                if lam_s > 0:
+                    loss = lam_s * contact.support_loss(self.contact_grid, X, rest)
+                    total = total + loss
+                    out["support"] += float(loss.detach())
         if torch.is_tensor(total) and total.requires_grad:
             total.backward()
         return out
@@ -353,7 +373,6 @@ class Trainer:
             t(centres), t(surface), mult_rot_way=m.mult_rot_way, detach_first=m.add_cp_detach_first
         )
         self.arap_connectivity.pop(name, None)
-        self.contact_rest.pop(name, None)
         optimiser.add_groups(self.optimizers[name], obj.param_groups(), m, it)
         logger.info("it %d: %s gets a second layer of %d control points", it, name, len(centres))
 

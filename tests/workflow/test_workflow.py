@@ -22,6 +22,12 @@ from chord.guidance import text
 from tests.conftest import REPO, validate_glb
 
 
+# The demo scenes of the shipped sheet, as the README's main job runs them; slide is issue 36's
+# contact scene, whose teacher (its motion.json) passes through the wall by design
+DEMO = tuple(pd.read_csv(REPO / "config/scenes.tsv", sep="\t")["scene"])
+CONTACT_SCENE = "slide"
+
+
 def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
     cmd = [
         sys.executable,
@@ -91,7 +97,7 @@ def demo_run(tmp_path_factory):
     workdir = demo_workdir(tmp_path_factory.mktemp("demo"))
     path = workdir / "config/config.yaml"
     conf = yaml.safe_load(path.read_text())
-    conf["scene_overrides"] = {"hop": dict(HALF), "sway": dict(HALF)}
+    conf["scene_overrides"] = {scene: dict(HALF) for scene in DEMO}
     path.write_text(yaml.safe_dump(conf, sort_keys=False))
     snakemake(workdir)
     return workdir
@@ -115,18 +121,19 @@ def test_snakefmt_is_clean():
 def test_dry_run_plans_every_stage(tmp_path):
     proc = snakemake(demo_workdir(tmp_path), "-n")
     jobs = planned_jobs(proc)
-    # hop: 2 or 3 objects, sway: 3 objects; obj_1 is static in both.
-    assert jobs["ingest"] == 2
-    assert jobs["demo_hop"] == 1 and jobs["demo_sway"] == 1
-    assert jobs["gaussians"] >= 5 and jobs["voxelize"] == jobs["gaussians"] - 2
+    # hop and slide: 2 objects, sway: 3 objects; obj_1 is static in each.
+    assert DEMO == ("hop", "sway", "slide")
+    assert jobs["ingest"] == 3
+    assert all(jobs[f"demo_{scene}"] == 1 for scene in DEMO)
+    assert jobs["gaussians"] == 7 and jobs["voxelize"] == jobs["gaussians"] - 3
     for rule in ("reference", "condition", "train_coarse", "export", "viewer", "evaluate"):
-        assert jobs[rule] == 2, rule
+        assert jobs[rule] == 3, rule
     assert jobs["aggregate"] == 1 and "train_fine" not in jobs  # no add_cp_objs in the demo
 
 
 def test_demo_run_writes_the_geometry_contract(demo_run):
     conf = yaml.safe_load((demo_run / "config/config.yaml").read_text())
-    for scene in ("hop", "sway"):
+    for scene in DEMO:
         method = {**conf["method"], **conf["presets"]["cpu_demo"]}  # the sheet's preset
         surface_target = method["surface_target_num"]
         doc = json.loads((demo_run / f"results/{scene}/scene/scene.json").read_text())
@@ -260,10 +267,11 @@ def test_demo_trains_and_recovers_the_scripted_motion(demo_run):
     """Issue 6's bound: the oracle-distilled motion of every demo scene is within 10% of its
     scripted motion (mean position error over frames / mean scripted displacement)."""
     table = pd.read_csv(demo_run / "results/metrics.tsv", sep="\t", index_col="scene")
-    assert sorted(table.index) == ["hop", "sway"]
-    for scene in ("hop", "sway"):
+    assert sorted(table.index) == sorted(DEMO)
+    for scene in DEMO:
         m = json.loads((demo_run / f"results/{scene}/metrics.json").read_text())
-        assert m["recovery_relative"] <= 0.10, (scene, m["recovery_relative"])
+        if scene != CONTACT_SCENE:  # its teacher passes into the wall: not a motion to recover
+            assert m["recovery_relative"] <= 0.10, (scene, m["recovery_relative"])
         assert table.loc[scene, "recovery_relative"] == pytest.approx(m["recovery_relative"])
         assert m["psnr_frame0"] >= 40.0  # the rest pose reproduces ref.png
         export = demo_run / f"results/{scene}/export"
@@ -293,7 +301,7 @@ def check_interaction(demo_run, table):
 
     conf = yaml.safe_load((demo_run / "config/config.yaml").read_text())
     threshold = {**conf["method"], **conf["presets"]["cpu_demo"]}["penetration_threshold"]
-    for scene in ("hop", "sway"):
+    for scene in DEMO:
         m = json.loads((demo_run / f"results/{scene}/metrics.json").read_text())
         for col in INTERACTION_COLUMNS:
             assert table.loc[scene, col] == pytest.approx(m[col], rel=1e-5), (scene, col)
@@ -316,12 +324,12 @@ def test_preview_target_writes_a_teacher_preview_per_scene(demo_run, tmp_path):
     shutil.copytree(demo_run, work, symlinks=True)
     jobs = planned_jobs(snakemake(work, "preview", "-n"))
     # nothing upstream re-runs; the preview stage's code digest is new (not a default target)
-    assert jobs == {"code": 1, "teacher_preview": 2, "preview": 1}
+    assert jobs == {"code": 1, "teacher_preview": len(DEMO), "preview": 1}
     snakemake(work, "preview")
     conf = yaml.safe_load((work / "config/config.yaml").read_text())
     method = {**conf["method"], **conf["presets"]["cpu_demo"]}
     w, h = (int(v) for v in method["size"].split("*"))
-    for scene in ("hop", "sway"):
+    for scene in DEMO:
         frames, meta = media.read_mp4(work / f"results/{scene}/preview/teacher.mp4")
         assert frames.shape == (method["frame_num"], h, w, 3) and meta["fps"] == 10
         with Image.open(work / f"results/{scene}/preview/teacher.png") as im:
@@ -342,7 +350,7 @@ def test_demo_exports_both_glbs_and_videos_at_the_export_size(
     method = {**conf["method"], **conf["presets"]["cpu_demo"]}
     w, h = (int(v) for v in method["export_size"].split("*"))
     assert (w, h) == tuple(2 * int(v) for v in method["size"].split("*"))
-    for scene in ("hop", "sway"):
+    for scene in DEMO:
         export = demo_run / f"results/{scene}/export"
         frames, _ = media.read_mp4(export / "ref_view.mp4")
         assert frames.shape[1:] == (h, w, 3)

@@ -81,8 +81,11 @@ def test_a_stage_config_has_its_keys_only(stage):
     method = cc.method_from_mapping({})
     narrowed = rk.stage_config(method, stage)
     assert [f.name for f in dataclasses.fields(narrowed)] == list(rk.STAGE_KEYS[stage])
-    unhashed = {k: v for k, v in rk.UNHASHED_DEFAULTS.items() if k in rk.STAGE_KEYS[stage]}
-    assert dataclasses.asdict(narrowed) == {**rk.stage_params(method, stage), **unhashed}
+    unhashed = {k for k in rk.UNHASHED_AT if k in rk.STAGE_KEYS[stage]}
+    params = rk.stage_params(method, stage)
+    assert {k: v for k, v in dataclasses.asdict(narrowed).items() if k not in params} == {
+        k: getattr(method, k) for k in unhashed if k not in params
+    }
     assert rk.stage_config(narrowed, stage) is narrowed
     assert pickle.loads(pickle.dumps(narrowed)) == narrowed  # a training's ranks get it so
     other = next(k for k in rk.METHOD_STAGES if k not in rk.STAGE_KEYS[stage])
@@ -183,19 +186,27 @@ def test_editing_a_method_key_changes_exactly_the_stages_that_read_it():
         assert changed_stages(before, after) == expected, key
 
 
-def test_a_key_added_after_the_hash_is_left_out_of_it_at_its_default():
-    """x-default-unhashed keys (issue 36's lambda_contact): at their default the params and the
-    hash are those made before the key existed (pinned above); set, they key the training."""
-    assert rk.UNHASHED_DEFAULTS == {"lambda_contact": 0.0}
-    method, guidance = cc.method_from_mapping({}), cc.guidance_from_mapping({})
-    assert "lambda_contact" not in rk.stage_params(method, "train")
-    assert rk.stage_config(method, "train").lambda_contact == 0.0  # the trainer reads it
-    on = cc.method_from_mapping({"lambda_contact": 1000.0})
-    assert rk.stage_params(on, "train")["lambda_contact"] == 1000.0
-    assert rk.training_hash(on, guidance) != rk.training_hash(method, guidance)
-    assert rk.training_hash(cc.method_from_mapping({"lambda_contact": 0}), guidance) == (
-        "8740ef82f8fae857"
-    )
+def test_a_key_added_after_the_hash_is_left_out_of_it_at_its_old_behaviours_value():
+    """x-unhashed-at keys (issue 36's contact terms): at the value with which they train what the
+    code before them trained, the params and the hash are those made before the keys existed
+    (the pin below is the hash of the defaults before issue 36); any other value keys the
+    training, the default included."""
+    assert rk.UNHASHED_AT == {
+        "lambda_contact": 0.0,
+        "lambda_support": 0.0,
+        "contact_landmarks": [1, 1, 1, 1, 1],
+    }
+    guidance = cc.guidance_from_mapping({})
+    old = cc.method_from_mapping({"lambda_contact": 0, "lambda_support": 0.0})
+    assert rk.training_hash(old, guidance) == "8740ef82f8fae857"
+    assert not set(rk.UNHASHED_AT) & set(rk.stage_params(old, "train"))
+    assert list(rk.stage_config(old, "train").contact_landmarks) == [1] * 5  # the trainer reads it
+    for key, value in [("lambda_contact", 1000.0), ("lambda_support", 1.0)]:
+        on = cc.method_from_mapping({key: value})
+        assert rk.stage_params(on, "train")[key] == value
+        assert rk.training_hash(on, guidance) != rk.training_hash(old, guidance)
+    ramp = cc.method_from_mapping({"lambda_contact": 0, "contact_landmarks": [0, 1, 1, 1, 1]})
+    assert list(rk.stage_params(ramp, "train")["contact_landmarks"]) == [0, 1, 1, 1, 1]
 
 
 def test_values_hash_is_stable():

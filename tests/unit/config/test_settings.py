@@ -63,10 +63,10 @@ def test_method_defaults_match_method_md():
 
 def test_default_workflow_config_loads():
     conf = cc.load(yaml.safe_load((REPO / "config/config.yaml").read_text()), base=REPO)
-    assert set(conf.scenes) == {"hop", "sway"}
+    assert set(conf.scenes) == {"hop", "sway", "slide"}
     hop = conf.scenes["hop"].method
     assert hop.gs_init_num == 1500 and hop.frame_num == 21  # the demo's scene overrides
-    assert conf.scenes["sway"].method == hop  # one YAML anchor for both demo scenes
+    assert conf.scenes["sway"].method == conf.scenes["slide"].method == hop  # one preset
     assert conf.scenes["hop"].n_prompt == "."
     assert conf.guidance.backend == "oracle"
     assert list(conf.tiers)[:3] == ["full", "split", "offload"]

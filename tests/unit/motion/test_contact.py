@@ -126,3 +126,78 @@ def test_several_static_objects_are_their_union():
     grid = contact.signed_distance_grid([(a.vertices, a.faces), (b.vertices, b.faces)])
     d = grid(torch.tensor([[0.0, 0.0, 0.0], [0.5, 0.0, 0.0], [0.25, 0.0, 0.0]]))
     assert d[0] < 0 and d[1] < 0 and d[2] > 0
+
+
+# --- the support term ------------------------------------------------------------------------
+
+
+def resting_block():
+    """A block's bottom points 0.004 above the slab's top (resting), and its top 0.2 above."""
+    return np.array([[0.0, 0.004, 0.0], [0.1, 0.004, 0.0], [0.05, 0.004, 0.1], [0.05, 0.2, 0.05]])
+
+
+def test_the_support_band_is_the_evaluations_rest_tolerance():
+    from chord.stages import evaluate
+
+    assert contact.SUPPORT_BAND == evaluate.REST_TOLERANCE
+
+
+def test_support_costs_nothing_while_the_object_slides_turns_or_rocks_on_its_support(grid):
+    rest = resting_block()
+    X = frames(rest, (0.2, 0.0, -0.1), (-0.3, 0.0, 0.0))  # slides along the top
+    rocked = X[0].clone()
+    rocked[1, 1] += 0.05  # one bottom point lifts, the others stay down: rocking, not floating
+    X = torch.cat([X, rocked[None]])
+    sdf0 = grid(X[0])
+    assert float(contact.support_loss(grid, X, sdf0)) == 0.0
+
+
+def test_support_penalises_rising_off_the_support_and_grows_with_the_gap(grid):
+    rest = resting_block()
+    sdf0 = grid(frames(rest)[0])
+    gaps = (0.0, 0.004, 0.01, 0.02, 0.05)
+    losses = [float(contact.support_loss(grid, frames(rest, (0.0, g, 0.0)), sdf0)) for g in gaps]
+    assert losses[:2] == [0.0, 0.0]  # within the band: resting still
+    assert all(b > a for a, b in zip(losses[1:], losses[2:], strict=False)), losses
+    # the gap beyond the band, squared (one frame); the grid is exact for a plane
+    assert losses[3] == pytest.approx((0.02 - contact.SUPPORT_BAND) ** 2, rel=0.02)
+
+
+def test_an_object_not_resting_at_rest_has_no_support(grid):
+    rest = resting_block() + [0.0, 3 * grid.cell, 0.0]  # hovering: more than the gate above
+    sdf0 = grid(frames(rest)[0])
+    assert float(sdf0.min()) > contact.SUPPORT_GATE_CELLS * grid.cell
+    assert float(contact.support_loss(grid, frames(rest, (0.0, 0.3, 0.0)), sdf0)) == 0.0
+
+
+def test_the_support_gradient_pulls_a_lifted_object_down(grid):
+    rest = torch.as_tensor(resting_block(), dtype=torch.float64)
+    sdf0 = grid(rest)
+    rise = torch.tensor([0.03, 0.032, 0.034, 0.03], dtype=torch.float64)  # tilted: one lowest
+    lifted = (rest + rise[:, None] * torch.tensor([0.0, 1.0, 0.0])).requires_grad_()
+    loss = contact.support_loss(grid, torch.stack([rest, lifted]), sdf0)
+    (g,) = torch.autograd.grad(loss, lifted)
+    assert g[0, 1] > 0 and float(g[1:].abs().sum()) == 0.0  # down, through its lowest point
+    h = 1e-5
+    e = torch.zeros_like(rest)
+    e[0, 1] = h
+    up = contact.support_loss(grid, torch.stack([rest, lifted.detach() + e]), sdf0)
+    down = contact.support_loss(grid, torch.stack([rest, lifted.detach() - e]), sdf0)
+    assert float(g[0, 1]) == pytest.approx(float(up - down) / (2 * h), rel=1e-3)
+    stepped = lifted.detach() - 0.2 * g
+    assert contact.support_loss(grid, torch.stack([rest, stepped]), sdf0) < loss
+
+
+def test_the_grid_cell_is_its_node_spacing(grid):
+    W = grid.values.shape[-1]
+    assert grid.cell == pytest.approx(float(grid.hi[0] - grid.lo[0]) / (W - 1))
+    a = grid(torch.tensor([[0.1, 0.02, 0.1]]))
+    b = grid(torch.tensor([[0.1, 0.02 + grid.cell, 0.1]]))
+    assert float(b - a) == pytest.approx(grid.cell, rel=1e-3)  # a plane's distance: linear
+
+
+def test_the_contact_points_are_the_evaluations_samples():
+    from chord.stages import evaluate
+
+    assert contact.CONTACT_SAMPLES == evaluate.INTERACTION_SAMPLES
+    assert metrics.surface_samples is contact.surface_samples

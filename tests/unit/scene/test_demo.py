@@ -120,6 +120,7 @@ def test_some_placement_lives_in_node_transform(demo_dir):
 def test_objects_rest_on_slab(demo_dir, name):
     folder = demo_dir / name
     slab = _world_vertices(_load(folder / f"obj_{STATIC_ID}.glb"))
+    slab = slab[slab[:, 1] <= SLAB_TOP_Y + 1e-6]  # the slab without what stands on it (a wall)
     assert slab[:, 1].max() == pytest.approx(SLAB_TOP_Y, abs=1e-6)
     for key in _dynamic_objects(name):
         verts = _world_vertices(_load(folder / f"{key}.glb"))
@@ -234,6 +235,29 @@ def test_scene_motion_kinds(demo_dir):
     sway = load_motion(demo_dir / "sway" / "motion.json")
     kinds = {k: v["deformation"]["kind"] for k, v in sway["objects"].items()}
     assert kinds == {"obj_0": "bend", "obj_2": "twist"}
+
+
+def test_the_slide_teacher_pushes_the_block_through_the_wall_by_the_overshoot(demo_dir):
+    """Issue 36's contact scene: at rest the block is SLIDE_CONTACT from the wall; the scripted
+    motion (what the oracle teacher renders) ends SLIDE_OVERSHOOT inside it, measured by the
+    evaluate stage's own interaction metric in world units."""
+    from chord.evaluation import metrics
+    from chord.scene.demo import SLIDE_CONTACT, SLIDE_OVERSHOOT
+
+    static = _single_geometry(demo_dir / "slide" / f"obj_{STATIC_ID}.glb")
+    ((key, rest, frames, _),) = list(_trajectories(demo_dir, "slide"))
+    block = _single_geometry(demo_dir / "slide" / f"{key}.glb")
+    S = metrics.surface_samples(rest, block.faces, 2048, seed=0)
+    moved = np.stack([S + (f - rest).mean(0) for f in frames])  # rigid translation only
+    assert np.allclose(frames - frames[:, :1], rest - rest[:1], atol=1e-9)
+    pair = metrics.pair_interaction(moved, static.vertices, static.faces)
+    assert pair["depth"][0] == 0.0
+    assert max(pair["depth"]) == pytest.approx(SLIDE_OVERSHOOT, abs=1e-6)
+    travel = -(frames[:, 0, 2] - frames[0, 0, 2])
+    assert travel.max() == pytest.approx(SLIDE_CONTACT + SLIDE_OVERSHOOT, abs=1e-9)
+    inside = [d > 0 for d in pair["depth"]]
+    assert inside == [bool(t > SLIDE_CONTACT + 1e-6) for t in travel]  # in once past contact
+    assert sum(inside) >= len(inside) // 3  # and for long enough to matter
 
 
 def test_other_frame_num(tmp_path):

@@ -712,9 +712,16 @@ def test_the_contact_loss_keeps_a_block_out_of_the_slab_its_teacher_pushes_it_in
         scene, mesh, slab_mesh = contact_scene()
         grid = contact.signed_distance_grid([(slab_mesh.vertices, slab_mesh.faces)])
         m = method(iterations=20, batch_size=1, lambda_contact=lam)
-        tr = make_trainer(m, scene, mesh, guidance=sinking_oracle(scene, 0.04), contact_grid=grid)
-        logged[lam] = [tr.step(it)["contact"] for it in range(1, 21)]
         S = metrics.surface_samples(mesh.vertices, mesh.faces, 1024, seed=0)
+        tr = make_trainer(
+            m,
+            scene,
+            mesh,
+            guidance=sinking_oracle(scene, 0.04),
+            contact_grid=grid,
+            contact_points={"obj_0": S},
+        )
+        logged[lam] = [tr.step(it)["contact"] for it in range(1, 21)]
         with torch.no_grad():
             x = torch.as_tensor(S, dtype=torch.float32)
             P, _ = scene.dynamic["obj_0"].deform(range(T), x, with_rotations=False)
