@@ -95,7 +95,10 @@ def run(conf: cc.Config, env: Mapping[str, str]) -> list:
             continue
         tier = choice.tier
         choices.setdefault(choice.describe(), []).append(name)
-        e = job_size.estimate(spec.method, conf.memory, tier_table[tier], n, dyn, model)
+        contact = job_size.contact_points(spec.method, roles)  # its rows name it where on
+        e = job_size.estimate(
+            spec.method, conf.memory, tier_table[tier], n, dyn, model, contact_points=contact
+        )
         key = (tier, e["reserved_bytes"], e["host_bytes"])
         groups.setdefault(key, (e, []))[1].append(name)
     if not wan:

@@ -41,11 +41,14 @@ def preflight(
     control_point_count: int,
     checkpoint_dir: Path,
     env: Mapping[str, str] | None,
+    contact_points: int = 0,
 ) -> list[Check]:
     """The cheap checks of one training, at its start (no expert is loaded): the renderer,
     the Wan folder, the Tiny VAE file and its latent scale (a 5-frame test clip through it and
     the Wan VAE on ``device``), host RAM against the model, the allocator and the disk for its
-    checkpoints. Raises :class:`PreflightError` on a fatal failure."""
+    checkpoints (``contact_points``: the contact loss's in the memory model,
+    :func:`chord.resources.job_size.contact_points`). Raises :class:`PreflightError` on a fatal
+    failure."""
     import torch
 
     cuda = torch.device(device).type == "cuda"
@@ -56,7 +59,9 @@ def preflight(
     checks += [check_wan_folder(guidance), check_tiny_vae(guidance, [method], device=device)]
     if wan:
         model = peak_memory.model_for(guidance.ckpt_dir)
-        e = job_size.estimate(method, memory, None, gaussians, dynamic_gaussians, model)
+        e = job_size.estimate(
+            method, memory, None, gaussians, dynamic_gaussians, model, contact_points=contact_points
+        )
         host = host_bytes(env)
         if host_mem_gb is not None:
             host = min(host or host_mem_gb * GiB, int(host_mem_gb * GiB))

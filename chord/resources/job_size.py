@@ -77,15 +77,50 @@ def ply_vertex_count(path: Path) -> int:
     raise InputError(f"{path}: no 'element vertex' in the PLY header")
 
 
+def contact_points(method, roles: Mapping[str, str]) -> int:
+    """The surface-set points the contact loss (:mod:`chord.motion.contact`) reads per
+    iteration, all dynamic objects together: ``surface_target_num`` each, or for an object of
+    ``add_cp_objs`` its fine stage's second-layer set where larger (target
+    ``surface_target_num·add_cp_num // cp_num``, METHOD §7); 0 where ``lambda_contact`` is 0
+    or no object is static (no grid: :func:`chord.training.scene_trainer.build`)."""
+    if method.lambda_contact <= 0 or "static" not in roles.values():
+        return 0
+    total = 0
+    for obj, role in roles.items():
+        if role == "dynamic":
+            i = int(obj.split("_")[1])
+            cp = method.cp_nums[i] if i < len(method.cp_nums) else method.cp_num
+            second = method.surface_target_num * method.add_cp_num // cp
+            total += max(method.surface_target_num, second if obj in method.add_cp_objs else 0)
+    return total
+
+
+def trained_contact(method, scene, grid) -> dict:
+    """The contact keywords of :func:`estimate` for a built training: :func:`contact_points`
+    of ``scene``'s objects (a MotionScene: its ``names`` and ``dynamic``) and the node count of
+    its distance ``grid`` (:class:`chord.motion.contact.DistanceGrid`); none without one."""
+    if grid is None:
+        return {}
+    roles = {n: "dynamic" if n in scene.dynamic else "static" for n in scene.names}
+    points = contact_points(method, roles)
+    return {"contact_points": points, "contact_grid_nodes": int(grid.values.numel())}
+
+
 def memory_shape(
-    method, gaussians: int, dynamic_gaussians: int | None = None, gpus: int = 1
+    method,
+    gaussians: int,
+    dynamic_gaussians: int | None = None,
+    gpus: int = 1,
+    contact_points: int = 0,
 ) -> dict:
     """The keyword arguments of :func:`chord.resources.peak_memory.estimate` besides the flags: the
     method's
     SDS size, frame_num, use_tiny_vae, the Gaussian counts, and on ``gpus`` GPUs (a multi-GPU
     tier) the videos each holds, ``batch_size / gpus`` (rounded up where it does not divide:
-    :func:`chord.resources.tiers.per_gpu` reports that)."""
+    :func:`chord.resources.tiers.per_gpu` reports that); ``contact_points``: those of the
+    contact loss (:func:`contact_points`; 0: off)."""
     width, height = cc.parse_size(method.size, where="method: size")
+    contact = {"contact_points": contact_points} if contact_points else {}  # only where on
     return {
         "width": width,
         "height": height,
@@ -95,6 +130,7 @@ def memory_shape(
         "gaussians": gaussians,
         "dynamic_gaussians": dynamic_gaussians,
         "use_tiny_vae": method.use_tiny_vae,
+        **contact,
     }
 
 
@@ -105,6 +141,9 @@ def estimate(
     gaussians: int,
     dynamic_gaussians: int | None = None,
     model: peak_memory.ModelShape = peak_memory.A14B,
+    *,
+    contact_points: int = 0,
+    contact_grid_nodes: int | None = None,
 ) -> dict:
     """:func:`chord.resources.peak_memory.estimate` of a training of ``method`` with the memory
     flags ``mem``
@@ -113,14 +152,15 @@ def estimate(
     already applied, on one GPU), with the experts of ``model``
     (:func:`chord.resources.peak_memory.model_for`). On a multi-GPU tier the GPU figures are per
     GPU (its
-    ``batch_size / gpus`` videos) and the host RAM the job's (every rank holds an expert)."""
+    ``batch_size / gpus`` videos) and the host RAM the job's (every rank holds an expert).
+    ``contact_points`` (:func:`contact_points`; 0: off) and ``contact_grid_nodes`` (None: the
+    worst case): the contact loss's sizes."""
     gpus = 1
     if tier is not None:
         method, mem = apply(method, mem, tier)
         gpus = tier.gpus
-    return peak_memory.estimate(
-        mem, model=model, **memory_shape(method, gaussians, dynamic_gaussians, gpus)
-    )
+    shape = memory_shape(method, gaussians, dynamic_gaussians, gpus, contact_points)
+    return peak_memory.estimate(mem, model=model, contact_grid_nodes=contact_grid_nodes, **shape)
 
 
 @dataclass(frozen=True)
@@ -140,15 +180,24 @@ class ModelFits:
     dynamic_gaussians: int
     label: str = ""
     model: peak_memory.ModelShape = peak_memory.A14B
+    contact_points: int = 0  # the contact loss's (contact_points; 0: off)
 
     def __call__(self, tier: Tier) -> bool:
         m, mem = apply(self.method, self.mem, tier)
-        shape = memory_shape(m, self.gaussians, self.dynamic_gaussians, tier.gpus)
+        shape = memory_shape(
+            m, self.gaussians, self.dynamic_gaussians, tier.gpus, self.contact_points
+        )
         return peak_memory.fits(mem, self.gpu_gib, model=self.model, **shape)
 
     def describe(self, tier: Tier) -> str:
         e = estimate(
-            self.method, self.mem, tier, self.gaussians, self.dynamic_gaussians, self.model
+            self.method,
+            self.mem,
+            tier,
+            self.gaussians,
+            self.dynamic_gaussians,
+            self.model,
+            contact_points=self.contact_points,
         )
         where = f"{self.label}, " if self.label else ""
         return f"{where}tier {tier.name} predicted {peak_memory.describe(e)}"
@@ -176,7 +225,9 @@ def scene_fits(
     n, dynamic = gaussian_counts(method, roles, imported_counts(fitted, objects))
     if n <= 0:
         return None
-    return ModelFits(method, mem, node.total_bytes / peak_memory.GiB, n, dynamic, label, model)
+    gib = node.total_bytes / peak_memory.GiB
+    contact = contact_points(method, roles)
+    return ModelFits(method, mem, gib, n, dynamic, label, model, contact)
 
 
 def scene_start(
@@ -268,6 +319,7 @@ def table(
     dynamic_gaussians: int | None = None,
     model: peak_memory.ModelShape = peak_memory.A14B,
     gpus: int | None = None,
+    contact_points: int = 0,
 ) -> list[dict]:
     """One row per tier (``gpus`` overrides each tier's GPU count): the
     videos per GPU, the peak per GPU, what it needs with a CUDA context, whether that fits the
@@ -276,7 +328,9 @@ def table(
     for tier in tiers.values():
         if gpus is not None:
             tier = dataclasses.replace(tier, gpus=gpus)
-        e = estimate(method, memory, tier, gaussians, dynamic_gaussians, model)
+        e = estimate(
+            method, memory, tier, gaussians, dynamic_gaussians, model, contact_points=contact_points
+        )
         need = e["reserved_bytes"] / peak_memory.GiB + peak_memory.CUDA_CONTEXT_GIB
         rows.append(
             {
@@ -314,6 +368,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=4, help="method.batch_size: videos per step")
     p.add_argument("--gaussians", type=int, default=200_000, help="all objects' Gaussians")
     p.add_argument("--dynamic", type=int, default=100_000, help="the dynamic objects' share")
+    p.add_argument(
+        "--dynamic-objects", type=int, default=1, help="beside one static: the contact loss's sets"
+    )
     p.add_argument("--wan-vae", action="store_true", help="encode with the Wan VAE, not Tiny")
     p.add_argument("--gpus", type=int, default=None, help="every tier on this many GPUs")
     p.add_argument("--ckpt-dir", default=None, help="Wan folder: its experts' shapes (A14B)")
@@ -323,6 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     cc.validate_config(conf)
     method = cc.method_from_mapping(
         {
+            **(conf.get("method") or {}),  # lambda_contact, surface_target_num
             "size": args.size,
             "frame_num": args.frames,
             "batch_size": args.batch,
@@ -330,6 +388,8 @@ def main(argv: list[str] | None = None) -> int:
         }
     )
     memory = cc.memory_from_mapping(conf.get("memory") or {})
+    roles = {"obj_0": "static"} | {f"obj_{i + 1}": "dynamic" for i in range(args.dynamic_objects)}
+    contact = contact_points(method, roles)
     rows = table(
         parse(conf["tiers"]),
         method=method,
@@ -338,10 +398,12 @@ def main(argv: list[str] | None = None) -> int:
         dynamic_gaussians=args.dynamic,
         model=peak_memory.model_for(args.ckpt_dir),
         gpus=args.gpus,
+        contact_points=contact,
     )
     print(
         f"{args.size}, {args.frames} frames, batch_size {args.batch}, {args.gaussians} "
         f"Gaussians ({args.dynamic} dynamic), {'Wan' if args.wan_vae else 'Tiny'} VAE"
+        + (f", contact loss on {contact} surface points" if contact else "")
     )
     head = (
         f"{'tier':<12}{'gpus':>5}{'videos/GPU':>11}{'size':>9}{'allocated':>11}"

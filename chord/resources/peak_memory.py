@@ -23,15 +23,18 @@ largest phase:
   tokens = F'·(H/16)·(W/16), F' = (F − 1)/4 + 1;
 - **temporal loss**: the deformation graph of the dynamic Gaussians, a_d·F·N_dyn, and the
   compositor's share of their displacement render into all B cameras, B·b·(F − 1)·H·W (its
-  geometry is detached).
+  geometry is detached);
+- **contact loss** (``lambda_contact`` > 0, :mod:`chord.motion.contact`): the static objects'
+  distance grid, resident for the run, and its graph over F frames of the dynamic objects'
+  surface sets, :data:`CONTACT_PER_POINT` bytes per frame and point.
 
-Phases: the regularisers (weights + temporal graph); the default SDS (weights + render graph +
-encoder graph + max(condition, DiT activations)); with ``split_sds_backward`` a no-grad target
-pass (weights + max(no-grad render, no-grad encode, condition, DiT activations) + the B stored
-targets) and a backward pass (render graph + encoder graph; with ``split_render_backward`` the
-larger of the encoder graph plus the video leaf and the render graph of one
-``split_render_chunk_size`` chunk). Without mmgp the active expert stays resident through the
-backward (METHOD §15); with it, mmgp unloads it after the targets.
+Phases: the regularisers (weights + temporal and contact graphs); the default SDS (weights +
+render graph + encoder graph + max(condition, DiT activations)); with ``split_sds_backward`` a
+no-grad target pass (weights + max(no-grad render, no-grad encode, condition, DiT activations) +
+the B stored targets) and a backward pass (render graph + encoder graph; with
+``split_render_backward`` the larger of the encoder graph plus the video leaf and the render
+graph of one ``split_render_chunk_size`` chunk). Without mmgp the active expert stays resident
+through the backward (METHOD §15); with it, mmgp unloads it after the targets.
 
 Calibration. a, b, a_d, c, c′, g, g′ and d are least-squares fits of CPU proxy measurements
 (``python bench/scaling.py memory-fit``: autograd-graph RSS and transient peaks of the torch
@@ -218,6 +221,24 @@ CPU_PROXY = {
 #: DiT inference activations per token (bytes per unit of dim / ffn width), analytic.
 DIT_PER_TOKEN_DIM = 24.0
 DIT_PER_TOKEN_FFN = 4.0
+#: The contact loss's grid (chord.motion.contact's GRID_CELLS and PAD_CELLS; a test keeps them
+#: equal): cubic cells, CELLS along the longest side of the static objects' box, PAD more on
+#: each side. An axis has at most CELLS + 2·PAD + 2 nodes (its ends, and a ceil that rounds
+#: past CELLS + PAD), so a cube is any static scene's worst case: 138³ nodes, 10.5 MB.
+CONTACT_GRID_CELLS, CONTACT_PAD_CELLS = 128, 4
+#: Bytes per frame and surface point of the contact loss's graph at its peak, in grid_sample's
+#: backward (float32, analytic; chord.motion.contact.contact_loss's saved tensors): the deformed
+#: points (12; ARAP's, which the loss reads), grid_sample's normalised copy of them (12), the
+#: distance's gradient (4) and grid_sample's gradient w.r.t. the points (12). The forward keeps
+#: 36: the points, their copy and three [F, V] tensors (the clamps', the square's).
+CONTACT_PER_POINT = 12 + 12 + 4 + 12
+
+
+def contact_grid_bound(cells: int = CONTACT_GRID_CELLS, pad: int = CONTACT_PAD_CELLS) -> int:
+    """The most nodes the contact loss's grid has, for any static objects: a cube's."""
+    return (cells + 2 * pad + 2) ** 3
+
+
 #: reserved / allocated: the caching allocator's margin (small with expandable segments,
 #: which training sets, METHOD §15).
 FRAGMENTATION = 1.05
@@ -283,6 +304,8 @@ def estimate(
     use_tiny_vae: bool = True,
     expert_bytes: int = 2,
     gpus: int = 1,
+    contact_points: int = 0,
+    contact_grid_nodes: int | None = None,
 ) -> dict:
     """Peak GPU memory and host RAM of one training iteration.
 
@@ -302,6 +325,10 @@ def estimate(
             also doubles the DiT activations).
         gpus: the ranks of a data-parallel training (one process per GPU, METHOD §18): the
             GPU figures are per GPU, the host RAM is that of all ranks (each holds an expert).
+        contact_points: the dynamic objects' surface-set points the contact loss reads, all
+            together, once per iteration (``Trainer.regularisers``); 0: off, no contact parts.
+        contact_grid_nodes: the nodes of the static objects' grid (a built one's
+            ``values.numel()``); None: the worst case, :func:`contact_grid_bound`.
 
     Returns:
         {"gpu_bytes": peak allocated (per GPU), "reserved_bytes": with the fragmentation
@@ -380,11 +407,16 @@ def estimate(
         ),
     }
     static = parts["vae_weights"] + parts["tiny_vae_weights"] + parts["text"]
+    if contact_points > 0:  # the grid and each point's depth at rest, the loss's graph
+        nodes = contact_grid_bound() if contact_grid_nodes is None else int(contact_grid_nodes)
+        parts["contact_grid"] = 4 * (nodes + int(contact_points))
+        parts["contact_graph"] = CONTACT_PER_POINT * T * int(contact_points)
+        static += parts["contact_grid"]
     resident = static + window  # the expert stays between iterations without mmgp
     between = static + (0 if f.enable_mmgp else window)
     nograd_render = parts["video"] * 2  # the output plus the compositor's buffers
     dit_phase = max(parts["condition"], parts["dit_activations"])
-    phases = {"regularisers": between + parts["temporal_graph"]}
+    phases = {"regularisers": between + parts["temporal_graph"] + parts.get("contact_graph", 0)}
     if not f.split_sds_backward:
         if f.split_render_backward:
             encode = parts["video"] + parts["encoder_graph"] + dit_phase
@@ -454,8 +486,15 @@ def describe(e: dict) -> str:
     gpus = e.get("gpus", 1)
     each = f" per GPU ({e['batch']} video(s) on each of {gpus})" if gpus > 1 else ""
     ranks = f" ({gpus} ranks)" if gpus > 1 else ""
+    p = e["parts"]
+    contact = (
+        f"; contact loss {p['contact_grid'] / MiB:.1f} MiB resident (grid), "
+        f"{p['contact_graph'] / MiB:.1f} MiB in the regularisers"
+        if "contact_graph" in p
+        else ""
+    )
     return (
         f"{e['width']}x{e['height']}: peak {e['gpu_bytes'] / GiB:.1f} GiB allocated "
-        f"({e['reserved_bytes'] / GiB:.1f} reserved){each} in {e['phase']}; {parts} GiB; "
-        f"host {e['host_bytes'] / GiB:.0f} GiB{ranks}"
+        f"({e['reserved_bytes'] / GiB:.1f} reserved){each} in {e['phase']}; {parts} GiB"
+        f"{contact}; host {e['host_bytes'] / GiB:.0f} GiB{ranks}"
     )

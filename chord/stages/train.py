@@ -40,6 +40,7 @@ def run_preflight(
 
     counts = {name: job_size.ply_vertex_count(path) for name, path in inputs["plys"].items()}
     dynamic = list(inputs["voxels"])
+    roles = {name: "dynamic" if name in dynamic else "static" for name in counts}
     return preflight.preflight(
         method=method,
         memory=memory,
@@ -53,6 +54,7 @@ def run_preflight(
         control_point_count=capacity.control_points(method, dynamic),
         checkpoint_dir=Path(checkpoint_dir),
         env=env,
+        contact_points=job_size.contact_points(method, roles),
     )
 
 

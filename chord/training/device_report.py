@@ -40,7 +40,9 @@ def log_memory_estimate(trainer, method, guidance, tier: str | None) -> dict | N
     scene = trainer.scene
     dynamic = sum(scene.slices[n].stop - scene.slices[n].start for n in scene.dynamic)
     model = peak_memory.model_for(guidance.ckpt_dir)
-    e = job_size.estimate(method, trainer.memory, None, int(scene.means.shape[0]), dynamic, model)
+    contact = job_size.trained_contact(method, scene, getattr(trainer, "contact_grid", None))
+    n = int(scene.means.shape[0])
+    e = job_size.estimate(method, trainer.memory, None, n, dynamic, model, **contact)
     on = f" on tier {tier}" if tier else ""
     logger.info("memory model%s (experts: %s): %s", on, model.describe(), peak_memory.describe(e))
     return e

@@ -18,7 +18,7 @@ def problem(trainer) -> str | None:
         return "enable_mmgp keeps the experts in bf16"
     if trainer.gpu_memory_bytes is None and trainer.host_memory_bytes is None:
         return None
-    from chord.resources import peak_memory
+    from chord.resources import job_size, peak_memory
 
     GiB = peak_memory.GiB
     m = trainer.method
@@ -37,6 +37,7 @@ def problem(trainer) -> str | None:
         use_tiny_vae=getattr(g, "tiny_vae", None) is not None,
         expert_bytes=4,
         gpus=trainer.world_size,  # the host RAM of every rank on this node
+        **job_size.trained_contact(m, trainer.scene, getattr(trainer, "contact_grid", None)),
     )
     weights = e["parts"]["dit_weights"] / GiB
     problems = []

@@ -322,3 +322,32 @@ def test_the_preflight_counts_the_slurm_jobs_memory_not_the_nodes(tmp_path, wan_
     assert {c.name: c.status for c in preflight.preflight(**kw)}["host ram"] == "pass"
     with pytest.raises(report.PreflightError, match="host ram: .* 4 GiB available"):
         preflight.preflight(**{**kw, "env": {**ALLOCATOR_ON, "SLURM_MEM_PER_NODE": "4096"}})
+
+
+def test_the_gpu_memory_row_shows_the_contact_loss_where_it_is_on(wan_config, capsys, tmp_path):
+    """Issue 36: with lambda_contact the memory row names the contact loss's memory (the
+    worst-case grid, resident, and its graph in the regularisers); without it, no such words."""
+    import yaml
+
+    from chord.plan import scene_plan
+    from chord.resources import job_size
+
+    config, _, _ = wan_config
+    card = tmp_path / "card.yaml"
+    card.write_text(yaml.safe_dump({"gpu_mem_gb": 80}))
+    assert main.main(["doctor", "--config", str(config), "--configfile", str(card)]) == 0
+    assert "contact loss" not in capsys.readouterr().out
+    on = tmp_path / "contact.yaml"
+    on.write_text(yaml.safe_dump({"gpu_mem_gb": 80, "method": {"lambda_contact": 1.0}}))
+    assert main.main(["doctor", "--config", str(config), "--configfile", str(on)]) == 0
+    out = capsys.readouterr().out
+    conf = cc.load_file(config, on)
+    dynamic = len(scene_plan.scene(conf, "hop").dynamic)
+    method = conf.scenes["hop"].method
+    points = dynamic * method.surface_target_num  # 8000 per dynamic object
+    assert job_size.contact_points(method, scene_plan.scene(conf, "hop").roles) == points > 0
+    grid = 4 * ((128 + 2 * 4 + 2) ** 3 + points)  # a cube's nodes: no mesh is read
+    graph = (12 + 12 + 4 + 12) * method.frame_num * points
+    MiB = peak_memory.MiB
+    line = f"contact loss {grid / MiB:.1f} MiB resident (grid), {graph / MiB:.1f} MiB in the"
+    assert rows(out)["gpu memory"] == "pass" and line in out, out

@@ -263,3 +263,75 @@ def test_the_preview_job_asks_for_one_experts_host_ram_below_the_tiers_ceiling()
     assert job_memory.preview_mem_mb(OFFLOAD, ceiling_mb=40_000) == 40_000
     tiny = peak_memory.ModelShape(**{**vars(peak_memory.A14B), "layers": 1})
     assert job_memory.preview_mem_mb({}, ceiling_mb=64 * 1024, model=tiny) < full
+
+
+# The contact loss (issue 36): the default method's figures, 2 dynamic objects
+CONTACT = {"frames": 41, "contact_points": 2 * 8000}
+
+
+def contact_bytes(frames: int, points: int, nodes: int) -> tuple[int, int]:
+    """(grid, graph) bytes of the contact loss from its shapes, float32: the grid's nodes and
+    each point's depth at rest, resident; per frame and point the deformed point and
+    grid_sample's normalised copy of it (3 + 3), the distance's gradient (1) and grid_sample's
+    gradient w.r.t. the point (3)."""
+    return 4 * (nodes + points), 4 * (3 + 3 + 1 + 3) * frames * points
+
+
+@pytest.mark.parametrize("tier", ["full", "split", "offload"])
+def test_the_contact_loss_adds_its_grid_and_graph_only_where_it_is_on(tier):
+    from chord.motion import contact
+
+    doc = {**tier_doc(tier), "frames": CONTACT["frames"]}
+    off = peak_memory.estimate(TIERS[tier], **doc)
+    assert off == peak_memory.estimate(TIERS[tier], **doc, contact_points=0)
+    assert not any(k.startswith("contact") for k in off["parts"])
+    assert "contact" not in peak_memory.describe(off)
+    on = peak_memory.estimate(TIERS[tier], **doc, contact_points=CONTACT["contact_points"])
+    side = contact.GRID_CELLS + 2 * contact.PAD_CELLS + 2  # a cube's, the worst case
+    grid, graph = contact_bytes(CONTACT["frames"], CONTACT["contact_points"], side**3)
+    assert (on["parts"]["contact_grid"], on["parts"]["contact_graph"]) == (grid, graph)
+    # the grid is resident in every phase; the graph lives in the regularisers only
+    for phase, b in off["phases"].items():
+        assert on["phases"][phase] == b + grid + (graph if phase == "regularisers" else 0)
+    assert on["gpu_bytes"] == max(on["phases"].values()) > off["gpu_bytes"]
+    assert f"contact loss {grid / peak_memory.MiB:.1f} MiB resident" in peak_memory.describe(on)
+    assert f"{graph / peak_memory.MiB:.1f} MiB in the regularisers" in peak_memory.describe(on)
+    assert on["host_bytes"] == off["host_bytes"]
+    # a built grid's own node count (the demo's slab: 137 x 15 x 116) replaces the worst case
+    slab = peak_memory.estimate(
+        TIERS[tier], **doc, contact_points=2000, contact_grid_nodes=137 * 15 * 116
+    )
+    assert slab["parts"]["contact_grid"] == contact_bytes(41, 2000, 137 * 15 * 116)[0]
+
+
+def test_the_contact_graph_grows_with_the_surface_points_and_the_frames():
+    def graph(frames, points):
+        e = peak_memory.estimate(TIERS["split"], **{**DOC, "frames": frames}, contact_points=points)
+        return e["parts"]["contact_graph"]
+
+    assert graph(41, 8000) < graph(41, 16000) == 2 * graph(41, 8000)
+    assert graph(21, 8000) < graph(41, 8000)
+    assert graph(41, 8000) == contact_bytes(41, 8000, 0)[1]
+
+
+def test_the_contact_grid_bound_holds_for_any_box():
+    """The model's grid constants are the loss's, and its bound (a cube's node count, with the
+    node a rounding ceil may add) holds for boxes of any shape, the rounding case included."""
+    import trimesh
+
+    from chord.motion import contact
+
+    assert (peak_memory.CONTACT_GRID_CELLS, peak_memory.CONTACT_PAD_CELLS) == (
+        contact.GRID_CELLS,
+        contact.PAD_CELLS,
+    )
+    assert peak_memory.contact_grid_bound() == (128 + 8 + 2) ** 3  # 10.5 MB in float32
+    bound = peak_memory.contact_grid_bound(8, 1)
+    longest = []
+    for extents in [(1, 1, 1), (1.2, 0.05, 1.0), (0.74, 0.39, 0.96), (0.3, 2.0, 0.7)]:
+        box = trimesh.creation.box(extents=extents)
+        box.apply_translation([e / 2 for e in extents])
+        grid = contact.signed_distance_grid([(box.vertices, box.faces)], cells=8, pad=1)
+        assert grid.values.numel() <= bound, extents
+        longest.append(max(grid.values.shape))
+    assert max(longest) ** 3 == bound  # (0.74, 0.39, 0.96): a ceil rounds past 8 + 1
