@@ -77,22 +77,20 @@ def ply_vertex_count(path: Path) -> int:
     raise InputError(f"{path}: no 'element vertex' in the PLY header")
 
 
+#: the contact terms' points per dynamic object (chord.motion.contact.CONTACT_SAMPLES, the
+#: evaluation's surface samples; a test keeps them equal)
+CONTACT_SAMPLES = 2048
+
+
 def contact_points(method, roles: Mapping[str, str]) -> int:
-    """The surface-set points the contact loss (:mod:`chord.motion.contact`) reads per
-    iteration, all dynamic objects together: ``surface_target_num`` each, or for an object of
-    ``add_cp_objs`` its fine stage's second-layer set where larger (target
-    ``surface_target_num·add_cp_num // cp_num``, METHOD §7); 0 where ``lambda_contact`` is 0
-    or no object is static (no grid: :func:`chord.training.scene_trainer.build`)."""
-    if method.lambda_contact <= 0 or "static" not in roles.values():
+    """The points the contact and support losses (:mod:`chord.motion.contact`) read per
+    iteration, all dynamic objects together: :data:`CONTACT_SAMPLES` surface samples each; 0
+    where both weights are 0 or no object is static (no grid:
+    :func:`chord.training.scene_trainer.build`)."""
+    on = method.lambda_contact > 0 or method.lambda_support > 0
+    if not on or "static" not in roles.values():
         return 0
-    total = 0
-    for obj, role in roles.items():
-        if role == "dynamic":
-            i = int(obj.split("_")[1])
-            cp = method.cp_nums[i] if i < len(method.cp_nums) else method.cp_num
-            second = method.surface_target_num * method.add_cp_num // cp
-            total += max(method.surface_target_num, second if obj in method.add_cp_objs else 0)
-    return total
+    return CONTACT_SAMPLES * sum(role == "dynamic" for role in roles.values())
 
 
 def trained_contact(method, scene, grid) -> dict:

@@ -329,12 +329,14 @@ def test_the_gpu_memory_row_shows_the_contact_loss_where_it_is_on(wan_config, ca
     worst-case grid, resident, and its graph in the regularisers); without it, no such words."""
     import yaml
 
+    from chord.motion import contact
     from chord.plan import scene_plan
     from chord.resources import job_size
 
     config, _, _ = wan_config
     card = tmp_path / "card.yaml"
-    card.write_text(yaml.safe_dump({"gpu_mem_gb": 80}))
+    off = {"lambda_contact": 0.0, "lambda_support": 0.0}
+    card.write_text(yaml.safe_dump({"gpu_mem_gb": 80, "method": off}))
     assert main.main(["doctor", "--config", str(config), "--configfile", str(card)]) == 0
     assert "contact loss" not in capsys.readouterr().out
     on = tmp_path / "contact.yaml"
@@ -344,7 +346,7 @@ def test_the_gpu_memory_row_shows_the_contact_loss_where_it_is_on(wan_config, ca
     conf = cc.load_file(config, on)
     dynamic = len(scene_plan.scene(conf, "hop").dynamic)
     method = conf.scenes["hop"].method
-    points = dynamic * method.surface_target_num  # 8000 per dynamic object
+    points = dynamic * contact.CONTACT_SAMPLES  # the evaluation's surface samples per object
     assert job_size.contact_points(method, scene_plan.scene(conf, "hop").roles) == points > 0
     grid = 4 * ((128 + 2 * 4 + 2) ** 3 + points)  # a cube's nodes: no mesh is read
     graph = (12 + 12 + 4 + 12) * method.frame_num * points

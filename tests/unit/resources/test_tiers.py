@@ -380,9 +380,10 @@ def test_the_model_agrees_with_the_default_tiers_at_the_documented_shapes(
 
 
 def test_the_contact_loss_is_in_the_tier_choice_and_the_training_log(default_tiers, caplog):
-    """With lambda_contact the model counts the contact loss of each dynamic object's surface
-    set (an add_cp_objs object's fine-stage set where larger) wherever a scene's estimate is
+    """With lambda_contact or lambda_support the model counts the contact terms of each dynamic
+    object's surface samples (CONTACT_SAMPLES, the evaluation's) wherever a scene's estimate is
     made: the tier fit, its description and a training's log (with its built grid's nodes)."""
+    from chord.motion import contact
     from types import SimpleNamespace
 
     from chord.resources import peak_memory
@@ -390,18 +391,20 @@ def test_the_contact_loss_is_in_the_tier_choice_and_the_training_log(default_tie
 
     roles = {"obj_0": "static", "obj_1": "dynamic", "obj_2": "dynamic"}
     m = documented(lambda_contact=1.0)
-    assert job_size.contact_points(m, roles) == 2 * 8000
-    assert job_size.contact_points(documented(), roles) == 0  # off
+    assert job_size.CONTACT_SAMPLES == contact.CONTACT_SAMPLES
+    n = 2 * contact.CONTACT_SAMPLES
+    assert job_size.contact_points(m, roles) == n
+    off = documented(lambda_contact=0.0, lambda_support=0.0)
+    assert job_size.contact_points(off, roles) == 0
+    assert job_size.contact_points(documented(lambda_contact=0.0, lambda_support=1.0), roles) == n
     assert job_size.contact_points(m, {"obj_0": "avoided", "obj_1": "dynamic"}) == 0  # no grid
-    two = documented(lambda_contact=1.0, add_cp_objs=["obj_2"])
-    assert job_size.contact_points(two, roles) == 8000 + 8000 * 1000 // 60
     fits = job_size.scene_fits(m, MEM, roles, card(48), backend="wan")
-    assert fits.contact_points == 16_000 and "contact loss" in fits.describe(default_tiers["split"])
+    assert fits.contact_points == n and "contact loss" in fits.describe(default_tiers["split"])
     e = job_size.estimate(m, MEM, default_tiers["split"], 300_000, 200_000, contact_points=16_000)
     split, lean = tiers.apply(m, MEM, default_tiers["split"])
     shape = job_size.memory_shape(split, 300_000, 200_000, contact_points=16_000)
     assert e == peak_memory.estimate(lean, **shape) and "contact_graph" in e["parts"]
-    off = job_size.estimate(documented(), MEM, default_tiers["split"], 300_000, 200_000)
+    off = job_size.estimate(off, MEM, default_tiers["split"], 300_000, 200_000)
     assert "contact_graph" not in off["parts"] and e["gpu_bytes"] > off["gpu_bytes"]
     # a training: its scene's objects and its grid's own node count
     scene = SimpleNamespace(
@@ -413,13 +416,16 @@ def test_the_contact_loss_is_in_the_tier_choice_and_the_training_log(default_tie
     grid = SimpleNamespace(values=torch.zeros(5, 6, 7))
     assert job_size.trained_contact(m, scene, None) == {}
     sizes = job_size.trained_contact(m, scene, grid)
-    assert sizes == {"contact_points": 16_000, "contact_grid_nodes": 210}
+    assert sizes == {"contact_points": n, "contact_grid_nodes": 210}
     trainer = SimpleNamespace(scene=scene, memory=MEM, contact_grid=grid)
     wan = cc.guidance_from_mapping({"backend": "wan"})
     with caplog.at_level("INFO", logger="chord.training.device_report"):
         logged = device_report.log_memory_estimate(trainer, m, wan, None)
-    assert logged["parts"]["contact_grid"] == 4 * (210 + 16_000)
-    assert "; contact loss 0.1 MiB resident (grid), 25.0 MiB in the regularisers" in caplog.text
+    assert logged["parts"]["contact_grid"] == 4 * (210 + n)
+    mib = 2**20
+    grid_mib, graph_mib = 4 * (210 + n) / mib, peak_memory.CONTACT_PER_POINT * m.frame_num * n / mib
+    line = f"; contact loss {grid_mib:.1f} MiB resident (grid), {graph_mib:.1f} MiB in the"
+    assert line in caplog.text
 
 
 def test_the_model_rejects_tiers_whose_declared_memory_is_optimistic(default_tiers, caplog):

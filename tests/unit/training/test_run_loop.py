@@ -164,7 +164,10 @@ def slab_grid():
 def step_grads(memory, guidance, txt, m, grid):
     """The contact loss and the dynamic object's gradients of iteration 3's regularisers and
     SDS (the order of Trainer.step) with the contact grid ``grid``."""
-    scene, _ = tiny_scene()
+    from chord.motion import contact
+
+    scene, mesh = tiny_scene()
+    points = contact.surface_samples(mesh.vertices, mesh.faces, 512, seed=0)
     tr = Trainer(
         scene=scene,
         guidance=guidance,
@@ -174,6 +177,7 @@ def step_grads(memory, guidance, txt, m, grid):
         height=H,
         memory=memory,
         contact_grid=grid,
+        contact_points={"obj_0": points},
     )
     cams = tr.cameras_at(3)
     loss = tr.regularisers(3, cams)["contact"]
