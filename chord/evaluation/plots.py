@@ -194,13 +194,21 @@ def seed_sweep(
     _save(fig, path)
 
 
-def interaction(path: Path | str, pairs: list[dict], *, threshold: float, title: str) -> None:
+def interaction(
+    path: Path | str,
+    pairs: list[dict],
+    *,
+    threshold: float,
+    title: str,
+    scripted: list[dict] | None = None,
+) -> None:
     """Per frame, one line per ordered object pair (``object`` → ``other``, the records of
     :func:`chord.stages.evaluate.interaction` after
     :func:`chord.evaluation.metrics.interaction_summary`):
     the share of the object's surface samples inside the other, the deepest of them (with the
     warning level: the pair's rest depth + ``threshold``) and, for resting pairs, the gap that
-    opens. Lengths in normalised scene units."""
+    opens. Lengths in normalised scene units. ``scripted``: the same records of the scripted
+    motion, drawn dotted beside the trained depths."""
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     share, depth, gap = axes
     colours = plt.cm.tab10(np.arange(max(len(pairs), 1)) % 10)
@@ -210,10 +218,16 @@ def interaction(path: Path | str, pairs: list[dict], *, threshold: float, title:
         share.plot(frames, 100 * np.asarray(p["fraction"]), color=colour, marker=".", label=label)
         depth.plot(frames, p["depth"], color=colour, marker=".", label=label)
         depth.axhline(p["depth"][0] + threshold, color=colour, linestyle="--", linewidth=0.8)
+        if scripted is not None:
+            (q,) = [q for q in scripted if (q["object"], q["other"]) == (p["object"], p["other"])]
+            depth.plot(frames, q["depth"], color=colour, linestyle=":", linewidth=1.2)
         if p.get("gap") is not None:
             gap.plot(frames, p["gap"], color=colour, marker=".", label=label)
     share.set_title("surface inside the other (%)", fontsize=9)
-    depth.set_title(f"deepest inside (scene units; dashed: rest + {threshold:g})", fontsize=9)
+    dotted = "; dotted: scripted" if scripted is not None else ""
+    depth.set_title(
+        f"deepest inside (scene units; dashed: rest + {threshold:g}{dotted})", fontsize=9
+    )
     if not any(p.get("gap") is not None for p in pairs):
         gap.text(0.5, 0.5, "no resting pairs", ha="center", va="center", transform=gap.transAxes)
     gap.set_title("gap opened by resting pairs (scene units)", fontsize=9)

@@ -26,7 +26,8 @@ largest phase:
   geometry is detached);
 - **contact loss** (``lambda_contact`` > 0, :mod:`chord.motion.contact`): the static objects'
   distance grid, resident for the run, and its graph over F frames of the dynamic objects'
-  surface sets, :data:`CONTACT_PER_POINT` bytes per frame and point.
+  surface samples, :data:`CONTACT_PER_POINT` bytes per frame and point and their deformation
+  graph, a_d per frame and point.
 
 Phases: the regularisers (weights + temporal and contact graphs); the default SDS (weights +
 render graph + encoder graph + max(condition, DiT activations)); with ``split_sds_backward`` a
@@ -226,11 +227,12 @@ DIT_PER_TOKEN_FFN = 4.0
 #: each side. An axis has at most CELLS + 2·PAD + 2 nodes (its ends, and a ceil that rounds
 #: past CELLS + PAD), so a cube is any static scene's worst case: 138³ nodes, 10.5 MB.
 CONTACT_GRID_CELLS, CONTACT_PAD_CELLS = 128, 4
-#: Bytes per frame and surface point of the contact loss's graph at its peak, in grid_sample's
+#: Bytes per frame and point of the contact loss's own graph at its peak, in grid_sample's
 #: backward (float32, analytic; chord.motion.contact.contact_loss's saved tensors): the deformed
-#: points (12; ARAP's, which the loss reads), grid_sample's normalised copy of them (12), the
-#: distance's gradient (4) and grid_sample's gradient w.r.t. the points (12). The forward keeps
-#: 36: the points, their copy and three [F, V] tensors (the clamps', the square's).
+#: points (12), grid_sample's normalised copy of them (12), the distance's gradient (4) and
+#: grid_sample's gradient w.r.t. the points (12). The forward keeps 36: the points, their copy
+#: and three [F, V] tensors (the clamps', the square's). The points' deformation graph adds
+#: CPU_PROXY's deform_per_gaussian (a Gaussian's, with its rotation: an upper bound).
 CONTACT_PER_POINT = 12 + 12 + 4 + 12
 
 
@@ -410,7 +412,8 @@ def estimate(
     if contact_points > 0:  # the grid and each point's depth at rest, the loss's graph
         nodes = contact_grid_bound() if contact_grid_nodes is None else int(contact_grid_nodes)
         parts["contact_grid"] = 4 * (nodes + int(contact_points))
-        parts["contact_graph"] = CONTACT_PER_POINT * T * int(contact_points)
+        per_point = CONTACT_PER_POINT + c["deform_per_gaussian"]  # the loss's, the deformation's
+        parts["contact_graph"] = int(per_point * T * int(contact_points))
         static += parts["contact_grid"]
     resident = static + window  # the expert stays between iterations without mmgp
     between = static + (0 if f.enable_mmgp else window)

@@ -84,28 +84,49 @@ def object_mesh(scene_json: Path, doc: dict, name: str) -> tuple[np.ndarray, np.
     return np.asarray(mesh.vertices, dtype=np.float64), np.asarray(mesh.faces, dtype=np.int64)
 
 
-def interaction(scene_json: Path, doc: dict, scene, frames: int, samples: int) -> list[dict]:
+def interaction(
+    scene_json: Path, doc: dict, scene, frames: int, samples: int, move=None
+) -> list[dict]:
     """Per-frame :func:`chord.evaluation.metrics.pair_interaction` of every dynamic object's surface
     samples (``samples`` per object, area-uniform on its normalised mesh, seeded by its index,
     moved by its trained deformation) against every other non-avoided object's mesh (its
     vertices deformed per frame when it is dynamic, as the export's GLB moves them). One
-    record per ordered pair (object, other), in scene order."""
+    record per ordered pair (object, other), in scene order. ``move(name, points [n, 3])`` ->
+    [T, n, 3] replaces the trained deformation (e.g. :func:`scripted_mover`)."""
+    if move is None:
+
+        def move(name, points):
+            return trained_scene.deformer(scene.dynamic[name], frames)(points)
+
     meshes = {name: object_mesh(scene_json, doc, name) for name in scene.names}
-    moved = {}  # name -> vertices [T, V, 3] (dynamic) or [V, 3] (static)
-    for name, (V, _) in meshes.items():
-        moved[name] = (
-            trained_scene.deformer(scene.dynamic[name], frames)(V) if name in scene.dynamic else V
-        )
+    moved = {n: move(n, V) if n in scene.dynamic else V for n, (V, _) in meshes.items()}
     index = {o["name"]: o["id"] for o in doc["objects"]}
     pairs = []
-    for name, obj in scene.dynamic.items():
+    for name in scene.dynamic:
         S = metrics.surface_samples(*meshes[name], samples, seed=index[name])  # [S, 3]
-        P = trained_scene.deformer(obj, frames)(S)  # [T, S, 3]
+        P = move(name, S)  # [T, S, 3]
         for other in scene.names:
             if other != name:
                 r = metrics.pair_interaction(P, moved[other], meshes[other][1])
                 pairs.append({"object": name, "other": other, **r})
     return pairs
+
+
+def scripted_mover(doc: dict, motion_json: Path, frames: int):
+    """``move`` of :func:`interaction` for the scripted motion (motion.json, in world space, as
+    the oracle teacher renders it): normalised rest points [n, 3] -> [T, n, 3]."""
+    motion = scripted.load_motion(motion_json)
+    c = np.asarray(doc["normalisation"]["centre"], dtype=np.float64)
+    s = float(doc["normalisation"]["scale"])
+
+    def move(name, points):
+        spec = motion["objects"].get(name)
+        if spec is None:  # unscripted: at rest
+            return np.broadcast_to(points, (frames, *np.shape(points)))
+        world = np.asarray(points, dtype=np.float64) / s + c
+        return np.stack([(scripted.apply_motion(world, spec, t) - c) * s for t in range(frames)])
+
+    return move
 
 
 def scripted_means(doc: dict, scene, motion_json: Path, frames: int) -> torch.Tensor:
@@ -244,8 +265,22 @@ def run(
             method.penetration_threshold,
             out_interaction,
         )
+    scripted_pairs = None
+    if motion_json is not None and Path(motion_json).is_file():
+        # the scripted motion's own interaction (what the oracle teacher renders): whether a
+        # penetration is the motion's or the training's doing (issue 36)
+        move = scripted_mover(doc, Path(motion_json), T)
+        scripted_pairs = interaction(scene_json, doc, scene, T, INTERACTION_SAMPLES, move)
+        summary = metrics.interaction_summary(scripted_pairs, rest_tolerance=REST_TOLERANCE)
+        out["scripted_penetration_excess"] = summary["penetration_excess"]
+    else:
+        out["scripted_penetration_excess"] = None
     plots.interaction(
-        out_interaction, pairs, threshold=method.penetration_threshold, title=doc["scene"]
+        out_interaction,
+        pairs,
+        threshold=method.penetration_threshold,
+        title=doc["scene"],
+        scripted=scripted_pairs,
     )
 
     per_frame = {

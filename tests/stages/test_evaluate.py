@@ -361,6 +361,68 @@ def test_a_block_lifting_off_the_slab_floats_by_the_lift(sway, tmp_path):  # noq
     assert apart["separation"][0] > evaluate.REST_TOLERANCE
 
 
+def test_the_scripted_motions_penetration_is_measured_beside_the_trained(sway, tmp_path):  # noqa: F811
+    """With a motion.json, evaluate measures the scripted motion's own interaction on the same
+    samples (issue 36: whose doing a penetration is): a motion.json of the very sink the state
+    holds gives the trained penetration_excess, within the state's float32 bound; without one,
+    null."""
+    from chord.motion import scripted
+
+    geo = block_geometry(sway)
+    state = tmp_path / "sink.pt"
+    delta = geo["slab"] / 12
+    scripted_state(sway, state, {"obj_0": (0.0, 0.0, 0.0), "obj_2": (0.0, -delta, 0.0)})
+    tau, K = stored_translations(state)
+    T = len(tau)
+    doc = json.loads(sway.inputs["scene_json"].read_text())
+    scale = doc["normalisation"]["scale"]
+    motion = {
+        "format": scripted.MOTION_FORMAT,
+        "frame_num": T,
+        "fps": 10,
+        "space": "world",
+        "up": [0.0, 1.0, 0.0],
+        "objects": {
+            "obj_2": {
+                "deformation": {
+                    "kind": "none",
+                    "pivot": [0.0, 0.0, 0.0],
+                    "axis": [0.0, 0.0, 1.0],
+                    "height": 1.0,
+                    "angles": [0.0] * T,
+                },
+                "rigid": {
+                    "pivot": [0.0, 0.0, 0.0],
+                    "rotations": [[1.0, 0.0, 0.0, 0.0]] * T,
+                    "translations": [[0.0, float(h) / scale, 0.0] for h in tau],
+                },
+            }
+        },
+    }
+    path = tmp_path / "motion.json"
+    path.write_text(json.dumps(motion))
+    out = evaluate.run(
+        **sway.inputs,
+        state_path=state,
+        ref_png=results_layout.reference_png(sway.res, sway.s),
+        loss_logs={"coarse": results_layout.train_losses(sway.res, sway.s, "coarse")},
+        motion_json=path,
+        method=sway.m,
+        out_json=tmp_path / "sink.json",
+        out_frame0=tmp_path / "frame0.png",
+        out_losses=tmp_path / "losses.png",
+        out_interaction=tmp_path / "sink.png",
+    )
+    D = abs(tau[-1])
+    assert out["penetration_excess"] > 0.5 * D
+    bound = position_bound(D, K, geo["reach"])
+    assert abs(out["scripted_penetration_excess"] - out["penetration_excess"]) <= bound
+    assert out["recovery_relative"] < 1e-4  # the state is the scripted motion
+    assert run_scripted(sway, tmp_path, state, "none")["scripted_penetration_excess"] is None
+    with Image.open(tmp_path / "sink.png") as im:  # dotted scripted depths drawn beside
+        assert im.size[0] > 0
+
+
 def test_a_missing_normalised_mesh_is_an_input_error_naming_it(sway, tmp_path):  # noqa: F811
     """The interaction checks read scene/meshes/: a mesh gone from there is named."""
     scene_dir = tmp_path / "scene"

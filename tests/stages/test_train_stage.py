@@ -254,6 +254,32 @@ def test_oracle_needs_the_scripted_motion(hop, tmp_path):
         scene_trainer.build(**{**inputs, "data_dir": tmp_path}, method=m, guidance=guidance)
 
 
+def test_build_reads_the_contact_terms_at_the_evaluations_own_samples(hop):
+    """Issue 36: with a contact weight the trainer gets the static objects' distance grid and,
+    per dynamic object, exactly the surface samples the evaluate stage measures; off, neither
+    (no grid is built)."""
+    import numpy as np
+
+    from chord.evaluation import metrics
+    from chord.stages import evaluate
+
+    root, m, inputs = hop
+    guidance = cc.guidance_from_mapping({"backend": "oracle"})
+    on = cc.method_from_mapping({**vars(m), "lambda_contact": 1.0e9, "lambda_support": 0.0})
+    tr = scene_trainer.build(**inputs, method=on, guidance=guidance)
+    doc = sc.read_scene_json(inputs["scene_json"])
+    mesh = evaluate.object_mesh(inputs["scene_json"], doc, "obj_0")
+    S = metrics.surface_samples(*mesh, evaluate.INTERACTION_SAMPLES, seed=0)
+    assert list(tr.contact_points) == ["obj_0"]
+    assert np.array_equal(tr.contact_points["obj_0"].double().numpy(), S.astype(np.float32))
+    slab_top = max(v[1] for v in evaluate.object_mesh(inputs["scene_json"], doc, "obj_1")[0])
+    assert float(tr.contact_grid(torch.tensor([[0.0, slab_top + 0.05, 0.0]]))) > 0
+    assert float(tr.contact_grid(torch.tensor([[0.0, slab_top - 0.01, 0.0]]))) < 0
+    off = cc.method_from_mapping({**vars(m), "lambda_contact": 0.0, "lambda_support": 0.0})
+    tr = scene_trainer.build(**inputs, method=off, guidance=guidance)
+    assert tr.contact_grid is None and tr.contact_points == {}
+
+
 def test_log_run_time_adds_phase_timings_to_the_loss_log(hop):
     root, m, inputs = hop
     guidance = cc.guidance_from_mapping({"backend": "oracle"})

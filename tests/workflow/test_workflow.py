@@ -21,7 +21,6 @@ from chord.core import media
 from chord.guidance import text
 from tests.conftest import REPO, validate_glb
 
-
 # The demo scenes of the shipped sheet, as the README's main job runs them; slide is issue 36's
 # contact scene, whose teacher (its motion.json) passes through the wall by design
 DEMO = tuple(pd.read_csv(REPO / "config/scenes.tsv", sep="\t")["scene"])

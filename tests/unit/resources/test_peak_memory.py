@@ -273,8 +273,9 @@ def contact_bytes(frames: int, points: int, nodes: int) -> tuple[int, int]:
     """(grid, graph) bytes of the contact loss from its shapes, float32: the grid's nodes and
     each point's depth at rest, resident; per frame and point the deformed point and
     grid_sample's normalised copy of it (3 + 3), the distance's gradient (1) and grid_sample's
-    gradient w.r.t. the point (3)."""
-    return 4 * (nodes + points), 4 * (3 + 3 + 1 + 3) * frames * points
+    gradient w.r.t. the point (3), and the point's deformation graph (the model's a_d)."""
+    deform = peak_memory.CPU_PROXY["deform_per_gaussian"]
+    return 4 * (nodes + points), int((4 * (3 + 3 + 1 + 3) + deform) * frames * points)
 
 
 @pytest.mark.parametrize("tier", ["full", "split", "offload"])

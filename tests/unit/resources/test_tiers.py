@@ -383,9 +383,9 @@ def test_the_contact_loss_is_in_the_tier_choice_and_the_training_log(default_tie
     """With lambda_contact or lambda_support the model counts the contact terms of each dynamic
     object's surface samples (CONTACT_SAMPLES, the evaluation's) wherever a scene's estimate is
     made: the tier fit, its description and a training's log (with its built grid's nodes)."""
-    from chord.motion import contact
     from types import SimpleNamespace
 
+    from chord.motion import contact
     from chord.resources import peak_memory
     from chord.training import device_report
 
@@ -423,7 +423,8 @@ def test_the_contact_loss_is_in_the_tier_choice_and_the_training_log(default_tie
         logged = device_report.log_memory_estimate(trainer, m, wan, None)
     assert logged["parts"]["contact_grid"] == 4 * (210 + n)
     mib = 2**20
-    grid_mib, graph_mib = 4 * (210 + n) / mib, peak_memory.CONTACT_PER_POINT * m.frame_num * n / mib
+    per_point = peak_memory.CONTACT_PER_POINT + peak_memory.CPU_PROXY["deform_per_gaussian"]
+    grid_mib, graph_mib = 4 * (210 + n) / mib, per_point * m.frame_num * n / mib
     line = f"; contact loss {grid_mib:.1f} MiB resident (grid), {graph_mib:.1f} MiB in the"
     assert line in caplog.text
 
