@@ -65,13 +65,17 @@ class DistanceGrid:
         return DistanceGrid(self.values.to(device), self.lo.to(device), self.hi.to(device))
 
     def __call__(self, points: Tensor) -> Tensor:
-        """Signed distance at points [..., 3] (trilinear; beyond the grid, its border's)."""
+        """Signed distance at points [..., 3]: trilinear inside the grid; beyond it, the
+        nearest grid point's plus the way there (an upper bound of the true distance, exact
+        above a plane), so a point far off keeps a gradient pointing back."""
         shape = points.shape[:-1]
         lo, hi = self.lo.to(points.dtype), self.hi.to(points.dtype)
-        u = (points.reshape(1, -1, 1, 1, 3) - lo) / (hi - lo) * 2 - 1  # grid_sample's [-1, 1]
+        near = torch.minimum(torch.maximum(points, lo), hi)
+        u = (near.reshape(1, -1, 1, 1, 3) - lo) / (hi - lo) * 2 - 1  # grid_sample's [-1, 1]
         vol = self.values.to(points.dtype)[None, None]
         out = F.grid_sample(vol, u, mode="bilinear", padding_mode="border", align_corners=True)
-        return out.reshape(shape)
+        beyond = (points - near).square().sum(-1).clamp(min=1e-30).sqrt()
+        return out.reshape(shape) + torch.where(points.eq(near).all(-1), 0.0, beyond)
 
 
 def surface_samples(vertices: np.ndarray, faces: np.ndarray, n: int, seed: int) -> np.ndarray:
@@ -141,16 +145,18 @@ def contact_loss(grid: DistanceGrid, X: Tensor, rest: Tensor) -> Tensor:
 
 
 def support_loss(grid: DistanceGrid, X: Tensor, rest: Tensor) -> Tensor:
-    """mean over frames t ≥ 1 of max(s_t − s_0 − b, 0)² (b: :data:`SUPPORT_BAND`), where s_t
-    is the least signed distance over the object's resting points at frame t: X [T, V, 3] its
-    contact points over frames, ``rest`` [V] the signed distance of X_0. An object whose lowest
-    point s_0 is farther than :data:`SUPPORT_GATE_CELLS` cells from the static objects rests
-    on none: 0. The resting points are those within b of s_0, so the object may slide, turn or
-    rock on its support, but not rise off it: the evaluation's floating (``float_gap``: the
-    pair's separation growing from frame 0) on the contact points."""
+    """mean over frames t ≥ 1 and resting points i of max(d_t[i] − d_0[i] − b, 0)² (b:
+    :data:`SUPPORT_BAND`), d_t[i] the signed distance of X_t[i]: X [T, V, 3] the object's
+    contact points over frames, ``rest`` [V] their signed distance at frame 0. The resting
+    points are those within b of the lowest one, d_0 ≤ s_0 + b; an object whose lowest point s_0
+    is farther than :data:`SUPPORT_GATE_CELLS` cells from the static objects rests on none: 0.
+    Each resting point may move along its support (the object slides or turns on it) but not
+    away from it, so neither rising nor rocking on an edge lifts the object off: the
+    evaluation's floating (``float_gap``, the pair's separation growing from frame 0) cannot
+    open."""
     s0 = rest.min() if rest.numel() else rest.new_tensor(math.inf)
     if X.shape[0] < 2 or not bool(s0 <= SUPPORT_GATE_CELLS * grid.cell):
         return X.sum() * 0.0
     resting = rest <= s0 + SUPPORT_BAND
-    s = grid(X[1:, resting]).amin(dim=1)  # [T - 1]
-    return (s - s0.to(X.dtype) - SUPPORT_BAND).clamp(min=0).square().mean()
+    rise = grid(X[1:, resting]) - rest[resting].to(X.dtype) - SUPPORT_BAND  # [T - 1, R]
+    return rise.clamp(min=0).square().mean()

@@ -35,7 +35,14 @@ def test_the_grid_is_the_signed_distance_near_a_surface(grid):
     p = torch.tensor([[0.1, 0.02, 0.1], [0.1, -0.01, 0.1], [-0.3, 0.004, 0.2], [3, 3, 3]])
     d = grid(p)
     assert d[:3].tolist() == pytest.approx([0.02, -0.01, 0.004], abs=1e-4)  # linear there
-    assert d[3] > 0  # off the grid: outside, its border value
+    assert d[3] > 0  # off the grid: outside
+    # above the grid's top (4 cells over the slab) the distance goes on, exact above a plane,
+    # with a gradient pointing back: the support term pulls a block lifted that far down
+    far = torch.tensor([[0.1, 0.3, 0.1], [0.1, 0.6, 0.1]], requires_grad=True)
+    assert float(grid.hi[1]) < 0.1
+    assert grid(far).tolist() == pytest.approx([0.3, 0.6], abs=1e-4)
+    (g,) = torch.autograd.grad(grid(far).sum(), far)
+    assert g.flatten().tolist() == pytest.approx([0.0, 1.0, 0.0] * 2, abs=1e-4)
 
 
 def test_separated_objects_cost_nothing(grid):
@@ -142,14 +149,25 @@ def test_the_support_band_is_the_evaluations_rest_tolerance():
     assert contact.SUPPORT_BAND == evaluate.REST_TOLERANCE
 
 
-def test_support_costs_nothing_while_the_object_slides_turns_or_rocks_on_its_support(grid):
+def test_support_costs_nothing_while_the_object_slides_or_turns_on_its_support(grid):
     rest = resting_block()
     X = frames(rest, (0.2, 0.0, -0.1), (-0.3, 0.0, 0.0))  # slides along the top
-    rocked = X[0].clone()
-    rocked[1, 1] += 0.05  # one bottom point lifts, the others stay down: rocking, not floating
-    X = torch.cat([X, rocked[None]])
+    c, a = torch.tensor(rest[:3].mean(0), dtype=torch.float32), torch.tensor(0.7)
+    turn = torch.tensor(  # about the vertical axis through its base
+        [[torch.cos(a), 0.0, torch.sin(a)], [0.0, 1.0, 0.0], [-torch.sin(a), 0.0, torch.cos(a)]]
+    )
+    X = torch.cat([X, ((X[0] - c) @ turn.T + c)[None]])
     sdf0 = grid(X[0])
     assert float(contact.support_loss(grid, X, sdf0)) == 0.0
+
+
+def test_support_penalises_rocking_off_an_edge(grid):
+    rest = resting_block()
+    rocked = frames(rest)[0].clone()
+    rocked[1, 1] += 0.05  # one bottom point lifts while the others stay down
+    X = torch.stack([frames(rest)[0], rocked])
+    loss = float(contact.support_loss(grid, X, grid(X[0])))
+    assert loss == pytest.approx((0.05 - contact.SUPPORT_BAND) ** 2 / 3, rel=0.02)  # 1 of 3
 
 
 def test_support_penalises_rising_off_the_support_and_grows_with_the_gap(grid):
@@ -159,7 +177,8 @@ def test_support_penalises_rising_off_the_support_and_grows_with_the_gap(grid):
     losses = [float(contact.support_loss(grid, frames(rest, (0.0, g, 0.0)), sdf0)) for g in gaps]
     assert losses[:2] == [0.0, 0.0]  # within the band: resting still
     assert all(b > a for a, b in zip(losses[1:], losses[2:], strict=False)), losses
-    # the gap beyond the band, squared (one frame); the grid is exact for a plane
+    # the gap beyond the band, squared, at each resting point (one frame); a plane's grid is
+    # exact
     assert losses[3] == pytest.approx((0.02 - contact.SUPPORT_BAND) ** 2, rel=0.02)
 
 
@@ -173,17 +192,17 @@ def test_an_object_not_resting_at_rest_has_no_support(grid):
 def test_the_support_gradient_pulls_a_lifted_object_down(grid):
     rest = torch.as_tensor(resting_block(), dtype=torch.float64)
     sdf0 = grid(rest)
-    rise = torch.tensor([0.03, 0.032, 0.034, 0.03], dtype=torch.float64)  # tilted: one lowest
-    lifted = (rest + rise[:, None] * torch.tensor([0.0, 1.0, 0.0])).requires_grad_()
+    lifted = (rest + torch.tensor([0.0, 0.03, 0.0], dtype=torch.float64)).requires_grad_()
     loss = contact.support_loss(grid, torch.stack([rest, lifted]), sdf0)
     (g,) = torch.autograd.grad(loss, lifted)
-    assert g[0, 1] > 0 and float(g[1:].abs().sum()) == 0.0  # down, through its lowest point
+    assert (g[:3, 1] > 0).all() and float(g[3].abs().sum()) == 0.0  # resting points down
     h = 1e-5
-    e = torch.zeros_like(rest)
-    e[0, 1] = h
-    up = contact.support_loss(grid, torch.stack([rest, lifted.detach() + e]), sdf0)
-    down = contact.support_loss(grid, torch.stack([rest, lifted.detach() - e]), sdf0)
-    assert float(g[0, 1]) == pytest.approx(float(up - down) / (2 * h), rel=1e-3)
+    for i in range(3):
+        e = torch.zeros_like(rest)
+        e[i, 1] = h
+        up = contact.support_loss(grid, torch.stack([rest, lifted.detach() + e]), sdf0)
+        down = contact.support_loss(grid, torch.stack([rest, lifted.detach() - e]), sdf0)
+        assert float(g[i, 1]) == pytest.approx(float(up - down) / (2 * h), rel=1e-3)
     stepped = lifted.detach() - 0.2 * g
     assert contact.support_loss(grid, torch.stack([rest, stepped]), sdf0) < loss
 

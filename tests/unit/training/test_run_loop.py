@@ -745,48 +745,71 @@ def contact_scene():
     return MotionScene(["obj_0", "obj_1"], [dyn, slab], {"obj_0": obj}), mesh, slab_mesh
 
 
-def sinking_oracle(scene, depth):
-    """The oracle toward the block pushed ``depth`` down, into the slab, after frame 0."""
+def shifted_oracle(scene, dy):
+    """The oracle toward the block moved ``dy`` up (down: into the slab) after frame 0."""
     means = scene.means[None].repeat(T, 1, 1)
-    means[1:, scene.slices["obj_0"], 1] -= depth
+    means[1:, scene.slices["obj_0"], 1] += dy
     target = {"means": means, "quats": scene.quats[None].expand(T, -1, -1)}
     target.update({k: getattr(scene, k) for k in ("scales", "opacities", "sh", "sh_degree")})
     return OracleGuidance(target, width=W, height=H, pool=4)
+
+
+def trained_interaction(dy: float, **weights) -> tuple[dict, list[dict]]:
+    """The evaluate stage's interaction summary of the block after 20 iterations toward a
+    teacher that moves it ``dy`` up, with the contact ``weights``, and the logged losses."""
+    from chord.evaluation import metrics
+    from chord.motion import contact
+
+    scene, mesh, slab_mesh = contact_scene()
+    grid = contact.signed_distance_grid([(slab_mesh.vertices, slab_mesh.faces)])
+    m = method(iterations=20, batch_size=1, **weights)
+    S = metrics.surface_samples(mesh.vertices, mesh.faces, 1024, seed=0)
+    tr = make_trainer(
+        m,
+        scene,
+        mesh,
+        guidance=shifted_oracle(scene, dy),
+        contact_grid=grid,
+        contact_points={"obj_0": S},
+    )
+    logged = [tr.step(it) for it in range(1, 21)]
+    with torch.no_grad():
+        x = torch.as_tensor(S, dtype=torch.float32)
+        P, _ = scene.dynamic["obj_0"].deform(range(T), x, with_rotations=False)
+    pair = metrics.pair_interaction(P.double().numpy(), slab_mesh.vertices, slab_mesh.faces)
+    summary = metrics.interaction_summary(
+        [{"object": "obj_0", "other": "obj_1", **pair}], rest_tolerance=0.005
+    )
+    return summary, logged
 
 
 def test_the_contact_loss_keeps_a_block_out_of_the_slab_its_teacher_pushes_it_into():
     """Issue 36: with a teacher that sinks the block 0.04 into the slab, the evaluate stage's
     penetration_excess of the trained motion is far smaller with lambda_contact than without;
     the loss is logged, and 0 when off."""
-    from chord.evaluation import metrics
-    from chord.motion import contact
-
     excess, logged = {}, {}
     for lam in (0.0, 1e8):
-        scene, mesh, slab_mesh = contact_scene()
-        grid = contact.signed_distance_grid([(slab_mesh.vertices, slab_mesh.faces)])
-        m = method(iterations=20, batch_size=1, lambda_contact=lam)
-        S = metrics.surface_samples(mesh.vertices, mesh.faces, 1024, seed=0)
-        tr = make_trainer(
-            m,
-            scene,
-            mesh,
-            guidance=sinking_oracle(scene, 0.04),
-            contact_grid=grid,
-            contact_points={"obj_0": S},
-        )
-        logged[lam] = [tr.step(it)["contact"] for it in range(1, 21)]
-        with torch.no_grad():
-            x = torch.as_tensor(S, dtype=torch.float32)
-            P, _ = scene.dynamic["obj_0"].deform(range(T), x, with_rotations=False)
-        pair = metrics.pair_interaction(P.double().numpy(), slab_mesh.vertices, slab_mesh.faces)
-        summary = metrics.interaction_summary(
-            [{"object": "obj_0", "other": "obj_1", **pair}], rest_tolerance=0.005
-        )
-        excess[lam] = summary["penetration_excess"]
+        summary, log = trained_interaction(-0.04, lambda_contact=lam, lambda_support=0.0)
+        excess[lam], logged[lam] = summary["penetration_excess"], [r["contact"] for r in log]
     assert excess[0.0] > 0.003  # the teacher does push it in (0.0049 when written)
     assert excess[1e8] < excess[0.0] / 5  # 0.0003 when written
     assert set(logged[0.0]) == {0.0} and max(logged[1e8]) > 0
+
+
+def test_the_support_loss_keeps_a_resting_block_on_the_slab_its_teacher_lifts_it_off():
+    """Issue 36's support term: with a teacher that lifts the resting block 0.1, the evaluate
+    stage's float_gap of the trained motion is far smaller with lambda_support than without,
+    and the contact loss (its default) keeps it from being pulled into the slab instead;
+    logged, and 0 when off."""
+    gap, sunk, logged = {}, {}, {}
+    for lam in (0.0, 1e7):
+        summary, log = trained_interaction(0.1, lambda_contact=1e8, lambda_support=lam)
+        gap[lam], sunk[lam] = summary["float_gap"], summary["penetration_excess"]
+        logged[lam] = [r["support"] for r in log]
+    assert gap[0.0] > 0.005  # the teacher does lift it (0.0096 when written)
+    assert gap[1e7] < gap[0.0] / 5, gap  # 0.0010 when written
+    assert sunk[1e7] < 0.001, sunk  # 0.0001 when written
+    assert set(logged[0.0]) == {0.0} and max(logged[1e7]) > 0
 
 
 # --- the loop's bookkeeping on a trainer that trains nothing ------------------------------
