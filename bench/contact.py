@@ -28,38 +28,6 @@ else:
     import fixtures  # noqa: F401
 
 
-def scripted_pairs(doc, meshes, motion, frames: int, samples: int) -> tuple[list, dict]:
-    """stages.evaluate.interaction's records with the scripted motion in place of the trained:
-    the same samples (seeded by object id), moved by motion.json in world space."""
-    from chord.evaluation import metrics
-    from chord.motion import scripted
-
-    c = np.asarray(doc["normalisation"]["centre"], dtype=np.float64)
-    s = float(doc["normalisation"]["scale"])
-
-    def move(name, P):  # normalised rest points [n, 3] -> [T, n, 3]
-        spec = motion["objects"].get(name)
-        if spec is None:
-            return np.broadcast_to(P, (frames, *P.shape))
-        world = P / s + c
-        return np.stack([(scripted.apply_motion(world, spec, t) - c) * s for t in range(frames)])
-
-    roles = {o["name"]: o["role"] for o in doc["objects"]}
-    index = {o["name"]: o["id"] for o in doc["objects"]}
-    moved = {n: move(n, V) if roles[n] == "dynamic" else V for n, (V, _) in meshes.items()}
-    pairs, points = [], {}
-    for name in meshes:
-        if roles[name] != "dynamic":
-            continue
-        S = metrics.surface_samples(*meshes[name], samples, seed=index[name])
-        points[name] = move(name, S)
-        for other in meshes:
-            if other != name:
-                r = metrics.pair_interaction(points[name], moved[other], meshes[other][1])
-                pairs.append({"object": name, "other": other, **r})
-    return pairs, points
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--results", type=Path, required=True)
@@ -69,7 +37,6 @@ def main() -> None:
     from chord.cli import upstream_train
     from chord.evaluation import metrics
     from chord.export import trained_scene
-    from chord.motion import scripted
     from chord.scene import demo
     from chord.stages import evaluate
 
@@ -84,9 +51,9 @@ def main() -> None:
     n = evaluate.INTERACTION_SAMPLES
     with tempfile.TemporaryDirectory() as tmp:
         data = demo.write_demo_scene(args.scene, Path(tmp), frame_num=T)
-        motion = scripted.load_motion(data / "motion.json")
+        move = evaluate.scripted_mover(doc, data / "motion.json", T)
     meshes = {name: evaluate.object_mesh(inputs["scene_json"], doc, name) for name in scene.names}
-    scripted_rec, true_points = scripted_pairs(doc, meshes, motion, T, n)
+    scripted_rec = evaluate.interaction(inputs["scene_json"], doc, scene, T, n, move)
     trained_rec = evaluate.interaction(inputs["scene_json"], doc, scene, T, n)
     print(f"{args.scene}: {state} (iteration {it}), {T} frames, {n} samples per dynamic object")
     print("pair          motion    depth@0   deepest(t>=1)  frame  fraction(max)")
@@ -115,13 +82,14 @@ def main() -> None:
     Vo = meshes[other][0]  # the other is static in the demo scenes
     inside, dist = metrics._against(P[t], Vo, meshes[other][1])
     i = int(np.argmax(np.where(inside, dist, -1.0)))
-    t_in, t_dist = metrics._against(true_points[name][t][i : i + 1], Vo, meshes[other][1])
+    true = move(name, S)  # the scripted motion's samples [T, n, 3]
+    t_in, t_dist = metrics._against(true[t][i : i + 1], Vo, meshes[other][1])
     print(
         f"deepest trained sample: {name} sample {i} at frame {t}, {dist[i]:.5f} inside {other}; "
         f"rest y {S[i, 1]:.4f}, trained y {P[t, i, 1]:.4f}, scripted y "
-        f"{true_points[name][t][i, 1]:.4f} ({'inside' if t_in[0] else 'outside'}, "
+        f"{true[t][i, 1]:.4f} ({'inside' if t_in[0] else 'outside'}, "
         f"{t_dist[0]:.5f} from the surface); trained-scripted distance "
-        f"{np.linalg.norm(P[t, i] - true_points[name][t][i]):.5f}"
+        f"{np.linalg.norm(P[t, i] - true[t][i]):.5f}"
     )
 
 

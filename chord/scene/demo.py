@@ -225,6 +225,20 @@ def _motion_doc(frame_num: int, objects: dict[str, dict]) -> dict:
     }
 
 
+def _rigid(base: np.ndarray, height: float, rots: np.ndarray, trans: np.ndarray) -> dict:
+    """An object's motion.json entry for a rigid motion about ``base``: no deformation."""
+    return {
+        "deformation": {
+            "kind": "none",
+            "pivot": _r(base),
+            "axis": [0.0, 0.0, 1.0],
+            "height": height,
+            "angles": [0.0] * len(rots),
+        },
+        "rigid": {"pivot": _r(base), "rotations": _r(rots), "translations": _r(trans)},
+    }
+
+
 def _ease(s: np.ndarray) -> np.ndarray:
     """Smooth 0 -> 1 ramp with zero velocity at both ends."""
     return s - np.sin(2.0 * np.pi * s) / (2.0 * np.pi)
@@ -275,21 +289,7 @@ def _build_hop(frame_num: int) -> tuple[list[_DemoObject], dict]:
     )
     trans[0] = 0.0
     rots[0] = [1.0, 0.0, 0.0, 0.0]
-    motion = _motion_doc(
-        frame_num,
-        {
-            "obj_0": {
-                "deformation": {
-                    "kind": "none",
-                    "pivot": _r(base),
-                    "axis": [0.0, 0.0, 1.0],
-                    "height": ext[1],
-                    "angles": [0.0] * frame_num,
-                },
-                "rigid": {"pivot": _r(base), "rotations": _r(rots), "translations": _r(trans)},
-            },
-        },
-    )
+    motion = _motion_doc(frame_num, {"obj_0": _rigid(base, ext[1], rots, trans)})
     objects = [_DemoObject("obj_0", block, block_tf), _DemoObject("obj_1", slab, np.eye(4))]
     return objects, motion
 
@@ -409,21 +409,7 @@ def _build_slide(frame_num: int) -> tuple[list[_DemoObject], dict]:
     travel = (SLIDE_CONTACT + SLIDE_OVERSHOOT) * _ease(np.minimum(s / 0.7, 1.0))
     trans = np.stack([np.zeros_like(s), np.zeros_like(s), -travel], -1)
     rots = np.tile([1.0, 0.0, 0.0, 0.0], (frame_num, 1))
-    motion = _motion_doc(
-        frame_num,
-        {
-            "obj_0": {
-                "deformation": {
-                    "kind": "none",
-                    "pivot": _r(base),
-                    "axis": [0.0, 0.0, 1.0],
-                    "height": ext[1],
-                    "angles": [0.0] * frame_num,
-                },
-                "rigid": {"pivot": _r(base), "rotations": _r(rots), "translations": _r(trans)},
-            },
-        },
-    )
+    motion = _motion_doc(frame_num, {"obj_0": _rigid(base, ext[1], rots, trans)})
     objects = [_DemoObject("obj_0", block, block_tf), _DemoObject("obj_1", ground, np.eye(4))]
     return objects, motion
 
