@@ -68,6 +68,7 @@ TARGETS: dict[str, Target] = {
                 "nan_from_the_teacher_is_a_non_finite_step_that_rolls_back",
                 "float32_fallback_is_not_taken_where_the_memory_model_says_it_will_not_fit",
                 "the_contact_loss_keeps_a_block_out_of_the_slab_its_teacher_pushes_it_into",
+                "the_support_loss_keeps_a_resting_block_on_the_slab_its_teacher_lifts_it_off",
             )
         ),
     ),
@@ -104,6 +105,7 @@ TARGETS: dict[str, Target] = {
     ),
     "rfsds": Target("chord/guidance/rfsds.py", (f"{T}guidance/test_rfsds.py",)),
     "regularisers": Target("chord/motion/regularisers.py", (f"{T}motion/test_regularisers.py",)),
+    "contact": Target("chord/motion/contact.py", (f"{T}motion/test_contact.py",)),
     "read_accessor": Target(
         "chord/gltf/container.py",
         (f"{T}gltf/test_container.py", f"{T}gltf/test_reader.py", f"{T}gltf/test_untrusted.py"),

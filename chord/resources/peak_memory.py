@@ -24,10 +24,8 @@ largest phase:
 - **temporal loss**: the deformation graph of the dynamic Gaussians, a_d·F·N_dyn, and the
   compositor's share of their displacement render into all B cameras, B·b·(F − 1)·H·W (its
   geometry is detached);
-- **contact loss** (``lambda_contact`` > 0, :mod:`chord.motion.contact`): the static objects'
-  distance grid, resident for the run, and its graph over F frames of the dynamic objects'
-  surface samples, :data:`CONTACT_PER_POINT` bytes per frame and point and their deformation
-  graph, a_d per frame and point.
+- **contact terms** (:mod:`chord.motion.contact`): the static objects' distance grid, resident,
+  and per frame and surface sample :data:`CONTACT_PER_POINT` + a_d bytes of graph.
 
 Phases: the regularisers (weights + temporal and contact graphs); the default SDS (weights +
 render graph + encoder graph + max(condition, DiT activations)); with ``split_sds_backward`` a
@@ -227,12 +225,10 @@ DIT_PER_TOKEN_FFN = 4.0
 #: each side. An axis has at most CELLS + 2·PAD + 2 nodes (its ends, and a ceil that rounds
 #: past CELLS + PAD), so a cube is any static scene's worst case: 138³ nodes, 10.5 MB.
 CONTACT_GRID_CELLS, CONTACT_PAD_CELLS = 128, 4
-#: Bytes per frame and point of the contact loss's own graph at its peak, in grid_sample's
-#: backward (float32, analytic; chord.motion.contact.contact_loss's saved tensors): the deformed
-#: points (12), grid_sample's normalised copy of them (12), the distance's gradient (4) and
-#: grid_sample's gradient w.r.t. the points (12). The forward keeps 36: the points, their copy
-#: and three [F, V] tensors (the clamps', the square's). The points' deformation graph adds
-#: CPU_PROXY's deform_per_gaussian (a Gaussian's, with its rotation: an upper bound).
+#: Bytes per frame and point of the contact loss's graph at its peak, grid_sample's backward
+#: (float32, analytic, from contact_loss's saved tensors): the points, grid_sample's copy of
+#: them and its gradient w.r.t. them (12 each), the distance's gradient (4); the points'
+#: deformation graph adds deform_per_gaussian (a Gaussian's, rotation included: a bound).
 CONTACT_PER_POINT = 12 + 12 + 4 + 12
 
 
@@ -327,7 +323,7 @@ def estimate(
             also doubles the DiT activations).
         gpus: the ranks of a data-parallel training (one process per GPU, METHOD §18): the
             GPU figures are per GPU, the host RAM is that of all ranks (each holds an expert).
-        contact_points: the dynamic objects' surface-set points the contact loss reads, all
+        contact_points: the dynamic objects' surface samples the contact terms read, all
             together, once per iteration (``Trainer.regularisers``); 0: off, no contact parts.
         contact_grid_nodes: the nodes of the static objects' grid (a built one's
             ``values.numel()``); None: the worst case, :func:`contact_grid_bound`.
