@@ -31,6 +31,7 @@ BAR_METRICS = {
     "ground_depth": "ground penetration depth",
     "ground_fraction": "fraction below ground",
     "penetration_depth": "deepest interpenetration",
+    "penetration_excess": "interpenetration the motion adds",
     "float_gap": "floating gap (resting pairs)",
     "recovery_error": "recovery error (mean)",
     "recovery_relative": "recovery error / scripted motion",
@@ -96,8 +97,15 @@ def _loss_panels(path: Path | str, frames: dict[str, pd.DataFrame], *, title, le
     _save(fig, path)
 
 
+#: a value drawn as a black tick over a panel's bars, where the table has it: the scripted
+#: motion's own (what the oracle teacher renders), so the report shows teacher and trained side
+#: by side
+BAR_MARKS = {"penetration_excess": ("scripted_penetration_excess", "scripted motion")}
+
+
 def metric_bars(path: Path | str, table: pd.DataFrame) -> None:
-    """Bars of :data:`BAR_METRICS` (those present with a value), one bar per scene."""
+    """Bars of :data:`BAR_METRICS` (those present with a value), one bar per scene, with the
+    :data:`BAR_MARKS` ticks."""
     cols = [c for c in BAR_METRICS if c in table.columns and table[c].notna().any()]
     if not cols:
         raise ValueError("metric_bars: the table has none of the plotted metrics")
@@ -126,6 +134,11 @@ def metric_bars(path: Path | str, table: pd.DataFrame) -> None:
         for x, v in enumerate(vals):
             ax.annotate("n/a" if np.isnan(v) else f"{v:.3g}", (x, np.nan_to_num(v)),
                         ha="center", va="bottom", fontsize=7)  # fmt: skip
+        mark, label = BAR_MARKS.get(col, (None, None))
+        if mark in table.columns and table[mark].notna().any():
+            ticks = table[mark].astype(float).to_numpy()
+            ax.scatter(range(len(ticks)), ticks, marker="_", s=500, color="k", label=label)
+            ax.legend(fontsize=7, loc="upper left")
         ax.set_title(BAR_METRICS[col], fontsize=9)
         ax.tick_params(axis="x", labelsize=8, rotation=30)
         ax.margins(y=0.2)
