@@ -343,14 +343,19 @@ class Cluster:
         proc = self.quiet("sinfo", "-h", "-N", "-o", "%T")
         return proc.returncode == 0 and proc.stdout.split() == ["idle"]
 
+    def cancel_all(self, timeout: float = 20) -> None:
+        """Cancel every job (suspended ones too) and wait up to ``timeout`` s for the queue to
+        empty: a test that fails half-way leaves the node free for the next."""
+        self.quiet("scancel", "--full", f"--clusters={CLUSTER_NAME}", "--user=root")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.quiet("squeue", "-h").stdout.strip():
+            time.sleep(0.5)
+
     def stop(self) -> None:
         """Cancel what still runs, stop the daemons this object started (newest first), remove
         the /etc/slurm/slurm.conf link it made and its folder."""
         if "slurmctld" in self.procs and self.procs["slurmctld"].poll() is None:
-            self.quiet("scancel", "--full", f"--clusters={CLUSTER_NAME}", "--user=root")
-            deadline = time.monotonic() + 20
-            while time.monotonic() < deadline and self.quiet("squeue", "-h").stdout.strip():
-                time.sleep(0.5)
+            self.cancel_all()
         for name in reversed(list(self.procs)):
             proc = self.procs[name]
             if proc.poll() is None:

@@ -272,7 +272,8 @@ def test_demo_trains_and_recovers_the_scripted_motion(demo_run):
         m = json.loads((demo_run / f"results/{scene}/metrics.json").read_text())
         if scene != CONTACT_SCENE:  # its teacher passes into the wall: not a motion to recover
             assert m["recovery_relative"] <= 0.10, (scene, m["recovery_relative"])
-        assert table.loc[scene, "recovery_relative"] == pytest.approx(m["recovery_relative"])
+        got, want = table.loc[scene, "recovery_relative"], m["recovery_relative"]
+        assert got == pytest.approx(want, rel=5e-6)  # the table's %.6g: half a 6th digit
         assert m["psnr_frame0"] >= 40.0  # the rest pose reproduces ref.png
         export = demo_run / f"results/{scene}/export"
         frames, meta = media.read_mp4(export / "ref_view.mp4")
