@@ -46,8 +46,8 @@ def test_nothing_names_a_folder_outside_the_repository():
 
 def test_ci_runs_the_readmes_test_command_in_a_fresh_clone():
     """.ci/run finds the README's test command (its own extraction, run here) and runs it in a
-    new clone: the command installs what needs no root (torch pinned, npm's tools when npm is
-    there) and ends in pytest."""
+    new clone: the command installs what needs no root (torch pinned, the lock, npm's tools when
+    npm is there) and ends in pytest."""
     ci = (REPO / ".ci/run").read_text()
     extract = next(line for line in ci.splitlines() if line.startswith('command="$(awk'))
     proc = subprocess.run(
@@ -58,7 +58,7 @@ def test_ci_runs_the_readmes_test_command_in_a_fresh_clone():
     )
     command = proc.stdout
     assert proc.returncode == 0 and command.count("\n") == 0, proc.stderr
-    assert "pip install torch==2.13.0 -e '.[test]'" in command
+    assert "pip install --require-hashes -r requirements/test.txt" in command
     assert "command -v npm" in command and "(cd tests/tools && npm ci" in command
     assert command.endswith(".venv/bin/python -m pytest")
     assert 'git clone --quiet --no-local "$repo"' in ci and 'bash -c "$command"' in ci

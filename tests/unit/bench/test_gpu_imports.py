@@ -1,5 +1,6 @@
 """bench/gpu_imports.py and the lists it reads: the GPU image's packages and the carried wheels
-(bench/gpu_wheels.txt) meet the check's and the training's imports, with CI's versions.
+(bench/gpu_wheels.txt) meet the check's and the training's imports; the wheels' versions are
+the lock's (tests/unit/bench/test_lock.py).
 
 The GPU check's --tiny run under the guard is tests/unit/bench/test_gpu_check.py's; one training
 iteration under it is here."""
@@ -14,6 +15,7 @@ import pytest
 from packaging.requirements import Requirement
 
 from bench import gpu_imports as mod
+from bench import lock
 
 ROOT = Path(__file__).resolve().parents[3]
 GUARD = ROOT / "bench" / "gpu_imports.py"
@@ -32,27 +34,20 @@ def test_the_wheels_are_pinned_and_none_is_on_the_image():
     assert {"libigl", "wcwidth", "diffusers", "mmgp", "optimum-quanto", "gsplat"} <= set(wheels)
 
 
-def test_each_wheel_is_the_version_ci_installs():
-    """The device runs what CI tests: a newer release here fails this until the pin (and .whl/)
-    follows it."""
-    stale = {
-        name: (pinned, importlib.metadata.version(name))
-        for name, pinned in mod.carried_wheels().items()
-        if importlib.metadata.version(name) != pinned
-    }
-    assert not stale, (
-        f"bench/gpu_wheels.txt pins {stale} (pinned, installed here): pin what CI installs, "
-        "then refill .whl/ (bash bench/gpu_device.sh --fetch-wheels)"
-    )
-
-
 def test_each_wheels_requirements_are_on_the_image_or_carried():
-    """pip installs the wheels with --no-deps there: each one's requirements (for Python 3.12
-    on x86-64 Linux) must be on the image or carried, at a version the requirement admits where
-    the image's version is known."""
+    """pip installs the wheels with --no-deps there: what each one needs on the device (the
+    lock's own graph, at the device's markers) must be on the image or carried. Where the
+    installed copy is the carried version, its declared ranges must also admit the image's
+    versions (a copy outside the lock says nothing of the carried one's ranges)."""
     image, wheels = mod.image_packages(), mod.carried_wheels()
+    entries = [e for e in lock.read(lock.TEST_LOCK) if e.applies(mod.DEVICE_MARKERS)]
     problems = []
     for name in wheels:
+        for dep in sorted({e.name for e in entries if name in e.via}):
+            if dep not in wheels and dep not in image and dep not in mod.NOT_CARRIED:
+                problems.append(f"{name} needs {dep}: neither on the image nor carried")
+        if importlib.metadata.version(name) != wheels[name]:
+            continue
         for line in importlib.metadata.requires(name) or []:
             req = Requirement(line)
             if req.marker is not None and not req.marker.evaluate(mod.DEVICE_MARKERS):
