@@ -28,6 +28,7 @@ CHROMIUM = Component("Chromium", "apt-get install chromium", ci=True)
 SLURM = Component("Slurm", "sudo bash tests/slurm/install.sh", ci=True)
 SLURM_ROOT = Component("Slurm needs root", "run the tests as root: sudo .venv/bin/pytest", ci=True)
 SLURM_PLUGIN = Component("Slurm executor plugin", "pip install -e '.[test]'", ci=True)
+CXX = Component("C++ compiler", "apt-get install g++ (or set CXX)", ci=True)
 CUDA = Component("CUDA GPU", "a machine with an NVIDIA GPU and a CUDA build of torch", ci=False)
 CPU_ONLY = Component("CPU-only paths", "they check what a machine without CUDA says", ci=False)
 TENSORBOARD = Component("TensorBoard", "pip install -e '.[test]'", ci=True)
@@ -43,7 +44,7 @@ BLENDER = Component(
 TEST_DATA = Component("test data", "a full clone of the repository (git tracks it)", ci=True)
 
 COMPONENTS = (
-    NODE, NPM_TOOLS, CHROMIUM, SLURM, SLURM_ROOT, SLURM_PLUGIN, TENSORBOARD, TEST_DATA, CUDA,
+    NODE, NPM_TOOLS, CHROMIUM, SLURM, SLURM_ROOT, SLURM_PLUGIN, TENSORBOARD, TEST_DATA, CXX, CUDA,
     CPU_ONLY, BLENDER,
 )  # fmt: skip
 

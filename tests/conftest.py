@@ -27,6 +27,7 @@ KHRONOS_FILES = ("Duck.glb", "BoxTextured.glb")
 # `pytest -m "not slow"` (unit and stage tests) is the developer's loop; tests that start
 # processes (ranks, torchrun, signals), workflow runs and the Slurm cluster are slow.
 FOLDER_MARKERS = {
+    "fake_cuda": ("fake_cuda",),
     "processes": ("slow", "processes"),
     "workflow": ("slow",),
     "slurm": ("slow", "slurm"),
@@ -35,6 +36,7 @@ MARKERS = {
     "slow": "starts processes, runs Snakemake end to end or a Slurm cluster (minutes)",
     "processes": "starts several processes: gloo ranks, torchrun, signals and kills",
     "slurm": "runs jobs on a real single-node Slurm cluster the tests start",
+    "fake_cuda": "runs the GPU path on a faked cuda:0 (chord.checks.fake_cuda; quick tier)",
 }
 
 

@@ -1,0 +1,363 @@
+"""The GPU run's training iteration, executed on a faked ``cuda:0`` (:mod:`chord.checks.fake_cuda`)
+for each memory tier's flags: the trainer's own ``step``, not a copy of it.
+
+Per tier of the config (its memory flags and size applied as a training on that tier gets
+them: :func:`chord.resources.tiers.apply`), a Trainer on the faked device runs one iteration
+for each expert the timestep schedule picks (the high-noise expert early, the low-noise one
+late): the cameras, the regularisers and the contact loss with their backward, the render
+(split into chunks where the tier says so), the VAE encode with gradients (the Tiny VAE,
+checkpointed where the tier says so), the image condition, the DiT forward with CFG batched,
+the SDS gradient and its backward (split where the tier says so), and Adam's step. A tensor
+made on the CPU inside the step, or a matrix product of bf16 and float32, fails here as it
+would on the GPU, naming the op.
+
+The teacher is the tiny random Wan folder (:func:`chord.guidance.tiny_models.write_tiny_wan`:
+the A14B's interface, small widths) and a Tiny VAE fitted to it, so the real loading, routing,
+conditioning and CFG code runs; the scene is a block resting on a slab (one dynamic, one static
+object). Sizes cost nothing on fake tensors, so the check runs at the config's own size, frames
+and batch.
+
+What does not run faked, and how it is taken instead (listed in the report's ``modelled``):
+
+- the renderer: gsplat's CUDA kernels have no fake implementation; the torch rasteriser, the
+  same math, renders (``render_backend: torch``), its projection and colours as they are, its
+  compositor by a dense stand-in (:func:`composite_standin`): the real one's pair list is as
+  long as the pixels each Gaussian covers, which fake tensors do not know;
+- nearest neighbours (the control points', ARAP's edges): scipy's KD-tree on the host needs the
+  points' values; indices of the right shape and device stand in;
+- weights are read from disk on the host, outside the fake modes, then moved to the device;
+- ``enable_mmgp``: mmgp moves real weights between host and device; the faked run keeps the
+  expert on the device (its other flags apply). The memory model counts mmgp's window.
+
+    python -m chord.checks.fake_iteration [--config config/config.yaml] [--tier NAME]...
+        [--preset NAME] [--json OUT]
+
+Exit 0 when every tier's iteration ran, 1 when one failed (the report names the op).
+Nothing here imports torch before :func:`chord.checks.cuda_shim.load` (see there why).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+REPO_CONFIG = Path("config/config.yaml")
+#: Gaussians per object, control points and contact samples of the check's scene: the graph's
+#: ops, not its sizes, are what a faked run exercises
+SCENE_GAUSSIANS = 400
+SCENE_CONTROL_POINTS = 8
+
+
+def block_on_slab(method, seed: int = 0):
+    """(MotionScene, {name: mesh}, DistanceGrid, {name: contact points}) on the CPU: a block
+    (obj_0, dynamic) resting on a slab (obj_1, static)."""
+    import numpy as np
+    import torch
+    import trimesh
+
+    from chord.gaussians import gaussian_set
+    from chord.motion import contact
+    from chord.motion.model import DynamicObject, MotionScene
+    from chord.render.rasterizer import splat_tensors
+
+    def box(extents, centre, colour_seed):
+        mesh = trimesh.creation.box(extents=extents)
+        mesh.apply_translation(centre)
+        mesh.visual.face_colors = (200, 90 + 40 * colour_seed, 40, 255)
+        g = gaussian_set.init_from_mesh([mesh], SCENE_GAUSSIANS, seed=colour_seed)
+        return mesh, splat_tensors(g)
+
+    block, dyn = box((0.3, 0.5, 0.3), (0.0, 0.25, 0.0), 0)
+    slab, stat = box((1.2, 0.05, 1.0), (0.0, -0.025, 0.0), 1)
+    g = torch.Generator().manual_seed(seed)
+    centres = dyn["means"][torch.randperm(len(dyn["means"]), generator=g)[:SCENE_CONTROL_POINTS]]
+    obj = DynamicObject(
+        "obj_0",
+        dyn["means"],
+        dyn["quats"],
+        centres,
+        dyn["means"][::2],
+        frame_num=method.frame_num,
+        n_cp_num=method.n_cp_num,
+        arap_sample_num=min(method.arap_sample_num, len(dyn["means"]) // 2),
+    )
+    scene = MotionScene(["obj_0", "obj_1"], [dyn, stat], {"obj_0": obj})
+    arrays = lambda m: (np.asarray(m.vertices, float), np.asarray(m.faces, np.int64))  # noqa: E731
+    grid = contact.signed_distance_grid([arrays(slab)])
+    points = {"obj_0": contact.surface_samples(*arrays(block), contact.CONTACT_SAMPLES, 0)}
+    return scene, {"obj_0": block}, grid, points
+
+
+def expert_iterations(method, boundary_ratio: float) -> dict[str, int]:
+    """{expert: the first iteration whose timestep picks it} (iteration 1 onwards)."""
+    from chord.guidance import rfsds, wan
+
+    found: dict[str, int] = {}
+    for it in range(1, method.iterations + 1):
+        t, _ = rfsds.timestep_at(it, method.iterations, resample=method.resample_timestep)
+        high = wan.NUM_TRAIN_TIMESTEPS * t >= boundary_ratio * wan.NUM_TRAIN_TIMESTEPS
+        found.setdefault("transformer" if high else "transformer_2", it)
+        if len(found) == 2:
+            break
+    return found
+
+
+def composite_standin(
+    means2d, conics, opacities, colors, depths, radii, backgrounds, width, height, **_budget
+):
+    """The compositor's outputs (colours [I, H, W, D], alphas [I, H, W, 1]) from all of its
+    inputs, densely: the real one's pair list is as long as the pixels each Gaussian covers,
+    which fake tensors do not know. Every input enters the result (its device and dtype meet
+    the others', its gradient flows), so the render's callers and the projection before it
+    run as on the GPU."""
+    import torch
+
+    I, N, D = colors.shape
+    weight = (
+        means2d.sum(-1) + conics.sum(-1) + opacities + depths + radii.sum(-1).to(depths.dtype)
+    )  # [I, N]
+    colour = (colors * weight[..., None]).sum(1) + backgrounds  # [I, D]
+    rgb = colour[:, None, None, :].expand(I, height, width, D).contiguous()
+    alpha = opacities.sum(1)[:, None, None, None].expand(I, height, width, 1).contiguous()
+    del torch
+    return rgb, alpha
+
+
+@contextlib.contextmanager
+def modelled_parts():
+    """The parts that need data, taken as the module's docstring says: weights read from disk
+    outside the fake modes (a fake tensor has no storage to read into), then moved to the faked
+    device as a GPU run moves them (the Wan VAE, the Tiny VAE, each expert); nearest neighbours
+    (scipy's KD-tree over rest points: the control points', ARAP's edges), answered with
+    indices of the shape and device the real ones have; the compositor (:func:`composite_standin`).
+    Yields the KNN calls' point counts."""
+    from unittest import mock
+
+    import torch
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    from chord.guidance import tiny_vae, wan_folder
+
+    def on_host(load, *, move: bool):
+        def read(*args, device="cpu", **kwargs):
+            with _disable_current_modes():
+                module = load(*args, device="cpu", **kwargs)
+            # moved once: a fake module moved again is swapped with itself, which torch refuses
+            return module.to(device) if move else module
+
+        return read
+
+    def expert_on_host(*args, **kwargs):
+        with _disable_current_modes():
+            return wan_folder.load_expert.__wrapped__(*args, **kwargs)
+
+    expert_on_host.__wrapped__ = wan_folder.load_expert
+    from chord.motion import layer
+
+    def neighbours(self, points):  # scipy's KD-tree needs the data: indices of its shape
+        host_knn.append(len(points))
+        return torch.zeros(len(points), self.k, dtype=torch.long, device=points.device)
+
+    def arap_connectivity(rest, *, k=10, keep=3, radius=0.1):  # the same, among rest voxels
+        host_knn.append(len(rest))
+        kk = max(min(k, len(rest) - 1), 0)
+        return (
+            torch.zeros(len(rest), kk, dtype=torch.int64, device=rest.device),
+            torch.ones(len(rest), kk, dtype=torch.bool, device=rest.device),
+        )
+
+    host_knn: list[int] = []
+    from chord.motion import regularisers
+    from chord.render import torch_backend
+
+    with contextlib.ExitStack() as stack:
+        patch = lambda mod, name, fn: stack.enter_context(mock.patch.object(mod, name, fn))  # noqa: E731
+        patch(wan_folder, "load_vae", on_host(wan_folder.load_vae, move=True))
+        # WanGuidance moves the Tiny VAE to its device itself
+        patch(tiny_vae, "load_tiny_vae", on_host(tiny_vae.load_tiny_vae, move=False))
+        patch(wan_folder, "load_expert", expert_on_host)
+        patch(layer.ControlPointLayer, "neighbours", neighbours)
+        patch(regularisers, "arap_connectivity", arap_connectivity)
+        patch(torch_backend, "composite", composite_standin)
+        yield host_knn
+
+
+class Teacher:
+    """The tiny Wan folder, its Tiny VAE and the text condition, made once on the CPU."""
+
+    def __init__(self, folder: Path):
+        from chord.guidance import text, tiny_models, wan_folder
+
+        self.folder = tiny_models.write_tiny_wan(folder / "wan")
+        self.tiny_vae_path = tiny_models.write_tiny_vae(folder / "taew.safetensors", self.folder)
+        tok, enc = wan_folder.load_text_encoder(self.folder)
+        e, _ = text.encode_prompts(tok, enc, ["a block hops", text.resolve_negative(".")])
+        self.text = {"prompt": e[0], "negative": e[1]}
+
+    def guidance(self, method, memory, device):
+        import dataclasses
+
+        from chord.config import settings
+        from chord.guidance import wan
+
+        folders = {"ckpt_dir": str(self.folder), "tiny_vae_path": str(self.tiny_vae_path)}
+        cfg = settings.guidance_from_mapping({"backend": "wan", **folders})
+        memory = dataclasses.replace(memory, enable_mmgp=False)  # modelled: see the docstring
+        return wan.from_config(cfg, method, memory, device=device)
+
+
+def run_tier(name: str, method, memory, teacher: Teacher, budget_bytes: int) -> dict:
+    """One tier's iterations on the faked device: a report row (``ok``, and ``error`` and
+    ``where`` when an op was refused)."""
+    import dataclasses
+
+    import torch
+
+    from chord.checks import fake_cuda
+    from chord.config import settings
+    from chord.training.trainer import Trainer
+
+    width, height = settings.parse_size(method.size, where=f"tier {name}: size")
+    scene, meshes, grid, points = block_on_slab(method)
+    row = {
+        "tier": name,
+        "size": method.size,
+        "frames": method.frame_num,
+        "batch": method.batch_size,
+        "flags": dataclasses.asdict(memory),
+        "modelled": [
+            "render_backend: torch (gsplat's CUDA kernels have no fake implementation)",
+            "nearest neighbours (control points, ARAP edges): scipy's KD-tree on the host needs "
+            "data; index 0 for each neighbour, on the points' device",
+            "the torch rasteriser's compositor: its pair list follows the pixels each Gaussian "
+            "covers (data); a dense stand-in of the same inputs and output shapes composites",
+        ],
+        "iterations": {},
+    }
+    if memory.enable_mmgp:
+        row["modelled"].append(
+            "enable_mmgp: the expert stays on the device (mmgp streams real weights)"
+        )
+    start = time.perf_counter()
+    try:
+        with fake_cuda.fake_cuda(budget_bytes) as rules, modelled_parts() as host_knn:
+            scene = scene.to(fake_cuda.DEVICE)
+            guidance = teacher.guidance(method, memory, fake_cuda.DEVICE)
+            trainer = Trainer(
+                scene=scene,
+                guidance=guidance,
+                text=teacher.text,
+                method=method,
+                width=width,
+                height=height,
+                memory=memory,
+                backend="torch",
+                meshes=meshes,
+                surface_voxel_size={"obj_0": 0.05},
+                contact_grid=grid,
+                contact_points=points,
+            )
+            for expert, it in expert_iterations(method, guidance.boundary_ratio).items():
+                rec = trainer.step(it)
+                row["iterations"][expert] = {"it": it, "t": rec["t"], "cfg": rec["cfg"]}
+            left = [
+                f"{obj}.{p}: {t.device}"
+                for obj, o in trainer.scene.dynamic.items()
+                for p, t in o.param_groups().items()
+                if t.device != fake_cuda.DEVICE
+            ]
+            if left:
+                raise fake_cuda.DeviceRuleError(f"parameters left the device: {left}")
+            row["experts_loaded"] = guidance.loads
+            row["host_knn_calls"] = len(host_knn)
+            row["host_reads"] = sum(rules.readbacks.host.values())
+            row["host_reads_by_line"] = dict(rules.readbacks.host.most_common())
+            row["data_shaped_ops"] = dict(rules.readbacks.shapes)
+        row["ok"] = True
+    except Exception as exc:  # the report names it; the exit status says it
+        frames = [
+            f"{f.filename.split('/chord/')[-1]}:{f.lineno} {f.name}"
+            for f in traceback.extract_tb(exc.__traceback__)
+            if "/chord/" in f.filename
+        ]
+        row.update(ok=False, error=f"{type(exc).__name__}: {exc}", where=frames[-6:])
+        row["traceback"] = traceback.format_exception(exc)
+    row["seconds"] = round(time.perf_counter() - start, 2)
+    del torch
+    return row
+
+
+def describe(row: dict) -> str:
+    """One line of a tier's result."""
+    if not row["ok"]:
+        where = row["where"][-1] if row["where"] else "?"
+        return f"{row['tier']}: FAILED at {where}: {row['error'].splitlines()[0][:300]}"
+    its = ", ".join(f"{e} it {v['it']}" for e, v in row["iterations"].items())
+    return (
+        f"{row['tier']}: ok ({row['size']}, {row['frames']} frames, batch {row['batch']}; {its}; "
+        f"{row['host_reads']} host reads; {row['seconds']:.1f} s)"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m chord.checks.fake_iteration", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--config", type=Path, default=REPO_CONFIG, help="a workflow config")
+    parser.add_argument("--tier", action="append", help="a tier of the config (default: all)")
+    parser.add_argument(
+        "--preset", help="a preset of the config over its method, as a sheet row's preset column"
+    )
+    parser.add_argument("--json", type=Path, help="write the report here")
+    args = parser.parse_args(argv)
+
+    from chord.checks import cuda_shim
+
+    try:
+        cuda_shim.load()
+    except cuda_shim.ShimError as exc:
+        print(f"fake_iteration: {exc}", file=sys.stderr)
+        return 2
+    import torch
+
+    from chord.config import settings
+    from chord.resources import tiers
+
+    config = settings.validate_config(settings.read_yaml(args.config))
+    if args.preset is not None and args.preset not in config["presets"]:
+        print(f"fake_iteration: --preset {args.preset}: not a preset of {args.config}")
+        return 2
+    preset = config["presets"][args.preset] if args.preset else {}
+    method = settings.method_from_mapping(
+        {**config["method"], **preset}, where=f"{args.config}: method"
+    )
+    memory = settings.MemoryConfig(**config["memory"])
+    tier_map = tiers.parse(config["tiers"])
+    names = args.tier or list(tier_map)
+    unknown = [n for n in names if n not in tier_map]
+    if unknown:
+        print(f"fake_iteration: --tier {unknown}: not tiers of {args.config} {list(tier_map)}")
+        return 2
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        teacher = Teacher(Path(tmp))
+        for name in names:
+            tier = tier_map[name]
+            m, mem = tiers.apply(tiers.per_gpu(method, tier), memory, tier)
+            rows.append(run_tier(name, m, mem, teacher, int(tier.gpu_mem_gb * 1e9)))
+            print(describe(rows[-1]), flush=True)
+    report = {"device": "faked cuda:0 (chord.checks.fake_cuda)", "torch": torch.__version__}
+    report["tiers"] = rows
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
