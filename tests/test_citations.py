@@ -16,8 +16,8 @@ Citations recognised:
   section between), and the ``§N`` after a second name belong to that name (``DESIGN §4,
   METHOD §9–§15`` cites METHOD §15);
 - ``METHOD glossary`` (also across a line break): the glossary heading;
-- DESIGN or docs/DESIGN.md followed by a title in single or double quotes: a DESIGN heading
-  whose title starts with it (the settled decisions are cited by name).
+- DESIGN or docs/DESIGN.md followed by a capitalised title in single or double quotes: a
+  DESIGN heading whose title starts with it (the settled decisions are cited by name).
 
 A bare ``§N`` (no document name before it on its line) is attributed by this rule, in order:
 
@@ -56,7 +56,7 @@ TOKEN = re.compile(
 # What may follow a citation at the end of a line that the next line continues.
 TAIL = re.compile(r"^[\s,;(\u2013-]*(?:and|or)?\s*$")
 GLOSSARY = re.compile(r"(?<![\w/])METHOD(?:\.md)?\s+glossary")
-QUOTED = re.compile(r"(?<![\w/])(?:docs/)?DESIGN(?:\.md)?\s+([\"'])(.+?)\1")
+QUOTED = re.compile(r"(?<![\w/])(?:docs/)?DESIGN(?:\.md)?\s+([\"'])([A-Z][^\"'\n]*)\1")
 
 
 def headings(text: str) -> set[str]:
@@ -218,7 +218,7 @@ def test_a_planted_bad_citation_fails(tmp_path):
         '"""Fine: METHOD ' + S + "15.\n"
         "Bad: DESIGN " + S + "12, METHOD " + S + "22, and METHOD " + S + "20" + DASH + S + "23.\n"
         "Bad bare: (" + S + "30). Bad dotted: METHOD " + S + "5.1.\n"
-        'Bad title: docs/DESIGN.md "No such decision"; fine: DESIGN \'Contact\'."""\n',
+        'Bad title: docs/DESIGN.md "' + "No such decision" + '"; fine: DESIGN \'Contact\'."""\n',
         encoding="utf-8",
     )
     checked, bad = problems({"planted.py": planted.read_text(encoding="utf-8")}, read_docs())
