@@ -25,14 +25,15 @@ Inside :func:`fake_cuda`:
 
 Not faked, so modelled where it matters (:mod:`chord.checks.fake_iteration` says which): mmgp's
 host-side streaming of the experts (it moves real weights between host and device), and the
-choice of an attention kernel (SDPA's flash, memory-efficient or math kernels are chosen by the
-real device; the meta function gives the op's output, not the kernel's workspace).
+choice of an attention kernel (:func:`fused_attention`: a real device picks a fused kernel; a
+CPU build on a fake device would take the math path and materialise the score matrix).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import weakref
 from collections import Counter
 from types import SimpleNamespace
 from unittest import mock
@@ -78,6 +79,43 @@ class Readbacks:
 
     host: Counter = dataclasses.field(default_factory=Counter)
     shapes: Counter = dataclasses.field(default_factory=Counter)
+    attention: Counter = dataclasses.field(default_factory=Counter)  # the fused kernels taken
+
+
+#: the CUDA caching allocator's block size: every allocation is rounded up to it
+BLOCK = 512
+
+
+class DeviceMemory:
+    """Live bytes on the faked device, traced at dispatch: each storage an op's output holds is
+    counted once (rounded to :data:`BLOCK`) until the storage dies (a weak reference to it,
+    which torch keeps for as long as C++ holds it: autograd's saved tensors included). What a
+    trace does not see: the allocator's fragmentation and cached free blocks (``reserved``),
+    kernels' workspaces (cuBLAS, cuDNN, attention), CUDA's context."""
+
+    def __init__(self):
+        self.live = 0
+        self.peak = 0
+        self._sizes: dict[int, int] = {}
+
+    def allocated(self, t) -> None:
+        storage = t.untyped_storage()
+        key = storage._cdata
+        if key in self._sizes:
+            return
+        size = -(-storage.nbytes() // BLOCK) * BLOCK
+        self._sizes[key] = size
+        self.live += size
+        self.peak = max(self.peak, self.live)
+        weakref.finalize(storage, self._freed, key)
+
+    def _freed(self, key: int) -> None:
+        self.live -= self._sizes.pop(key, 0)
+
+    def reset_peak(self) -> int:
+        """Start a new peak at the live bytes; returns the old peak."""
+        old, self.peak = self.peak, self.live
+        return old
 
 
 class DeviceRules(TorchDispatchMode):
@@ -96,6 +134,7 @@ class DeviceRules(TorchDispatchMode):
         self.readbacks = Readbacks()
         self.alls = WeakIdKeyDictionary()  # outputs of aten.all (by identity, not ==)
         self.values = WeakIdKeyDictionary()  # fake -> its values on the host (small ints)
+        self.memory = DeviceMemory()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         # a real tensor reaching an op (a module's CPU weights moved to the device, a constant)
@@ -124,6 +163,9 @@ class DeviceRules(TorchDispatchMode):
             self._forget_written(func, args, kwargs)
         if packet is aten.all and isinstance(out, torch.Tensor):
             self.alls[out] = True
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.device.type == "cuda":
+                self.memory.allocated(t)
         return out
 
     def _read(self, func, args, real):
@@ -286,6 +328,36 @@ def _swap_or_set(swap_tensors):
     return swap
 
 
+def fused_attention(sdpa, counts: Counter):
+    """``scaled_dot_product_attention`` as CUDA runs it: a fused kernel, never the math path
+    that materialises the [L, S] score matrix (the CPU build's choice on a fake device). Which
+    fused kernel a real device picks depends on the card; the model takes flash attention for
+    bf16/fp16 without a mask and head dim ≤ 256 (its output and log-sum-exp: O(L) memory, as
+    cuDNN's attention on Hopper), the memory-efficient kernel otherwise (float32, masks)."""
+
+    def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                  scale=None, enable_gqa=False):  # fmt: skip
+        if query.device.type != "cuda" or enable_gqa:
+            return sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
+                        enable_gqa=enable_gqa)  # fmt: skip
+        if torch.is_autocast_enabled("cuda"):  # autocast casts the composite op's operands
+            dtype = torch.get_autocast_dtype("cuda")
+            query, key, value = (t.to(dtype) for t in (query, key, value))
+        half = query.dtype in (torch.float16, torch.bfloat16)
+        if attn_mask is None and half and query.shape[-1] <= 256:
+            counts["flash"] += 1
+            return aten._scaled_dot_product_flash_attention(
+                query, key, value, dropout_p, is_causal, False, scale=scale
+            )[0]
+        counts["efficient"] += 1
+        grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+        return aten._scaled_dot_product_efficient_attention(
+            query, key, value, attn_mask, grad, dropout_p, is_causal, scale=scale
+        )[0]
+
+    return attention
+
+
 @contextlib.contextmanager
 def cuda_facade(budget_bytes: int):
     """``torch.cuda``'s Python functions answered for one faked device of ``budget_bytes``."""
@@ -318,6 +390,15 @@ def cuda_facade(budget_bytes: int):
 
 
 @contextlib.contextmanager
+def attention_kernels(counts: Counter):
+    """:func:`fused_attention` in place of ``torch.nn.functional``'s, for the faked run."""
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    with mock.patch.object(torch.nn.functional, "scaled_dot_product_attention",
+                           fused_attention(sdpa, counts)):  # fmt: skip
+        yield
+
+
+@contextlib.contextmanager
 def fake_cuda(budget_bytes: int = 80 * 10**9):
     """The faked device: fake tensors, CUDA's rules and ``torch.cuda``'s answers; yields the
     :class:`DeviceRules` (its ``readbacks`` count host reads and data-shaped ops)."""
@@ -328,7 +409,7 @@ def fake_cuda(budget_bytes: int = 80 * 10**9):
         )
     fake = _FakeMode(allow_non_fake_inputs=True)
     rules = DeviceRules(fake)
-    with cuda_facade(budget_bytes), fake, rules:
+    with cuda_facade(budget_bytes), attention_kernels(rules.readbacks.attention), fake, rules:
         yield rules
 
 

@@ -39,6 +39,7 @@ Nothing here imports torch before :func:`chord.checks.cuda_shim.load` (see there
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import json
 import sys
@@ -263,9 +264,19 @@ def run_tier(name: str, method, memory, teacher: Teacher, budget_bytes: int) -> 
                 contact_grid=grid,
                 contact_points=points,
             )
+            rules.memory.reset_peak()
+            phases = PhasePeaks(rules.memory)
+            phases.wrap(trainer, "regularisers", "render", "encode", "sds")
+            phases.wrap(guidance, "condition", "velocity")
             for expert, it in expert_iterations(method, guidance.boundary_ratio).items():
+                phases.peaks["resident"] = max(phases.peaks["resident"], rules.memory.live)
                 rec = trainer.step(it)
                 row["iterations"][expert] = {"it": it, "t": rec["t"], "cfg": rec["cfg"]}
+            row["traced_peak_bytes"] = rules.memory.peak
+            row["phases"] = dict(phases.peaks)
+            estimate = model_estimate(method, memory, guidance, scene, points)
+            row["model_peak_bytes"] = estimate["gpu_bytes"]
+            row["model_phases"] = estimate["phases"]
             left = [
                 f"{obj}.{p}: {t.device}"
                 for obj, o in trainer.scene.dynamic.items()
@@ -293,15 +304,66 @@ def run_tier(name: str, method, memory, teacher: Teacher, budget_bytes: int) -> 
     return row
 
 
+class PhasePeaks:
+    """The traced peak of live device bytes within each call of some methods (nested calls
+    included in their callers'), and ``resident``: what is live when an iteration starts
+    (weights, optimiser state, the scene)."""
+
+    def __init__(self, memory):
+        self.memory = memory
+        self.peaks = collections.Counter(resident=0)
+
+    def wrap(self, owner, *names: str) -> None:
+        for name in names:
+            setattr(owner, name, self._traced(name, getattr(owner, name)))
+
+    def _traced(self, name, method):
+        def call(*args, **kwargs):
+            before = self.memory.reset_peak()  # this call's peak starts at the live bytes
+            try:
+                return method(*args, **kwargs)
+            finally:
+                inside = self.memory.peak
+                self.peaks[name] = max(self.peaks[name], inside)
+                self.memory.peak = max(before, inside)
+
+        return call
+
+
+def model_estimate(method, memory, guidance, scene, points) -> dict:
+    """:mod:`chord.resources.peak_memory`'s estimate for the same run (the tiny folder's
+    shapes, this scene's Gaussians and contact points), to set beside the trace."""
+    from chord.config import settings
+    from chord.resources import peak_memory
+
+    width, height = settings.parse_size(method.size)
+    dynamic = sum(o.rest_means.shape[0] for o in scene.dynamic.values())
+    estimate = peak_memory.estimate(
+        memory,
+        width=width,
+        height=height,
+        frames=method.frame_num,
+        batch=method.batch_size,
+        gaussians=scene.means.shape[0],
+        dynamic_gaussians=dynamic,
+        model=peak_memory.ModelShape.from_folder(guidance.folder),
+        use_tiny_vae=method.use_tiny_vae,
+        contact_points=sum(len(p) for p in points.values()),
+    )
+    return estimate
+
+
 def describe(row: dict) -> str:
     """One line of a tier's result."""
     if not row["ok"]:
         where = row["where"][-1] if row["where"] else "?"
         return f"{row['tier']}: FAILED at {where}: {row['error'].splitlines()[0][:300]}"
     its = ", ".join(f"{e} it {v['it']}" for e, v in row["iterations"].items())
+    mib = lambda b: f"{b / 2**20:.1f} MiB"  # noqa: E731
     return (
         f"{row['tier']}: ok ({row['size']}, {row['frames']} frames, batch {row['batch']}; {its}; "
-        f"{row['host_reads']} host reads; {row['seconds']:.1f} s)"
+        f"{row['host_reads']} host reads; traced peak {mib(row['traced_peak_bytes'])}, model "
+        f"{mib(row['model_peak_bytes'])}; {row['seconds']:.1f} s)"
     )
 
 

@@ -61,6 +61,11 @@ with fake_cuda.fake_cuda() as rules:
     opt.step()
     out["adam_step"] = float(opt.state[p]["step"])
     out["cuda_available"] = torch.cuda.is_available()
+    # attention takes a fused kernel, as on a GPU (the math path would hold the score matrix)
+    q = torch.randn(1, 2, 4096, 64, device="cuda", dtype=torch.bfloat16)
+    torch.nn.functional.scaled_dot_product_attention(q, q, q)
+    torch.nn.functional.scaled_dot_product_attention(q.float(), q.float(), q.float())
+    out["attention"] = dict(rules.readbacks.attention)
     out["host_reads"] = sum(rules.readbacks.host.values())
 print(json.dumps(out))
 """
@@ -93,6 +98,7 @@ def test_the_device_refuses_what_cuda_refuses_and_answers_what_fakes_cannot():
     assert (out["nan_count"], out["all_finite"], out["any_nan"]) == (0, True, False)
     assert out["unknown_shape"] == [16, 2]
     assert out["cuda_available"] is True and out["host_reads"] >= 4
+    assert out["attention"] == {"flash": 1, "efficient": 1}
 
 
 def test_the_shim_must_come_before_torch():
@@ -142,4 +148,9 @@ def test_each_tiers_iteration_runs_on_the_faked_device(report, tier):
     assert row["experts_loaded"] == 2
     mmgp = any(m.startswith("enable_mmgp") for m in row["modelled"])
     assert mmgp == memory.enable_mmgp
+    # the traced peak (live device bytes at dispatch) and where it happened; the peak-memory
+    # model decides which runs are refused, so it must not promise less than the trace
+    phases = row["phases"]
+    assert row["traced_peak_bytes"] == max(phases.values()) > phases["resident"] > 0
+    assert row["model_peak_bytes"] >= row["traced_peak_bytes"], (row["phases"], row["model_phases"])
     assert proc.returncode == 0 and f"{tier}: ok" in proc.stdout
