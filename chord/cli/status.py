@@ -13,12 +13,25 @@ newest progress is older than max(:data:`STALL_FACTOR` x its slowest iteration,
 :data:`STALL_FLOOR_S`) and it did not say it stopped), ``failed`` (an error ends the newest
 attempt's log, a training recorded a failure or a bad input, or Slurm ended its job so),
 ``waiting`` (none of these: not started, queued, or between jobs). Reads files only and
-imports no torch."""
+imports no torch.
+
+The run's own state files (``progress.json``, ``time_limit.json``, the out-of-memory and
+bad-input records) are written by other jobs, other versions, on file systems that fill up, so
+each is read as untrusted (issue 47): a file that cannot be read, is cut short, is not a JSON
+object or has a field of the wrong type is not used, and its run's row says so (``damaged:``,
+naming the file and the field) while every other run is told as usual. The exit status stays
+0, as for a failed run: a damaged file is a fact about that run, not an error of the command.
+
+"done" is the furthest stage whose outputs exist with those of every stage before it (in the
+order of :func:`_stage_outputs`). A training's device is read from its log (its "training on
+..." line); a CPU run is labelled ``cpu`` rather than with its memory tier, and its time left
+is counted in hours on the CPU, not GPU hours."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import re
 import shutil
@@ -45,6 +58,26 @@ SLURM_LIVE = {"RUNNING", "PENDING", "REQUEUED", "CONFIGURING", "COMPLETING", "SU
 COMMENT = re.compile(r"^rule_(?P<rule>.+?)(?:_wildcards_(?P<wildcards>.*))?$")
 ERROR_LINE = re.compile(r" (ERROR|CRITICAL) |^(error: |\w+(Error|Exception|Interrupt): )")
 ATTEMPT_LINE = "attempt started ("  # chord.stages.adapter.stage_logging's first line
+TRACEBACK_LINE = "Traceback (most recent call last):"
+# chord.stages.train's "training on <device>; ..." line, or a multi-rank tier's "tier <name>:
+# <n> ranks on the CPU (gloo)" / "... ranks on GPUs ..." (chord.stages.train.run)
+DEVICE_LINE = re.compile(
+    r": (?:training on (?P<device>[a-z]+)\b|tier \S+: \d+ ranks on (?P<ranks>the CPU|GPUs))"
+)
+
+# What each field of a state file that status reads must be (null: not given); the writers:
+# chord.training.progress.Progress (progress.json), chord.training.slurm_time_limit
+NUMBER, INTEGER, TEXT, JOB_ID = "a number", "an integer", "a string", "a string or an integer"
+PROGRESS_FIELDS = {
+    "stage": TEXT, "state": TEXT, "tier": TEXT, "preview": TEXT,
+    "it": INTEGER, "total": INTEGER, "attempt": INTEGER,
+    "s_per_it": NUMBER, "eta_s": NUMBER, "slowest_s": NUMBER, "updated_at": NUMBER,
+    **{k: NUMBER for k in progress.LOSSES},
+}  # fmt: skip
+TIME_LIMIT_FIELDS = {"job": JOB_ID, "deadline": NUMBER, "tier": TEXT}
+# numbers that time is computed with: finite, and but for the clock readings not negative
+TIMES = ("s_per_it", "eta_s", "slowest_s", "updated_at", "deadline")
+CLOCKS = ("updated_at", "deadline")
 
 
 @dataclasses.dataclass
@@ -69,6 +102,9 @@ class RunStatus:
     job_state: str | None = None
     preview: str | None = None
     remaining_gpu_h: float | None = None
+    device: str | None = None  # the training's device type (cpu, cuda), from its log
+    remaining_cpu_h: float | None = None  # a CPU run's hours left (wall clock)
+    damaged: list[str] = dataclasses.field(default_factory=list)  # "<file>: what is wrong"
 
 
 def _stage_outputs(p: scene_plan.ScenePlan) -> list[tuple[str, list[Path]]]:
@@ -87,57 +123,136 @@ def _stage_outputs(p: scene_plan.ScenePlan) -> list[tuple[str, list[Path]]]:
 
 
 def _furthest(p: scene_plan.ScenePlan) -> str:
+    """The furthest stage whose outputs exist with those of every stage before it ("-": none);
+    a stage with no outputs here (no dynamic object: nothing to voxelize) is passed over."""
     done = "-"
     for name, files in _stage_outputs(p):
-        if files and all(f.exists() for f in files):
+        if not all(f.exists() for f in files):
+            break
+        if files:
             done = name
     return done
 
 
-def _latest_progress(p: scene_plan.ScenePlan) -> tuple[Path | None, dict | None]:
-    """The newest progress.json of the run's trainings (any configuration) and its folder."""
+# -- the run's state files, untrusted ---------------------------------------------------------
+
+
+def _kind(value) -> str:
+    """What a JSON value is, in words."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    return "a list" if isinstance(value, list) else "an object"
+
+
+def _fits(value, kind: str) -> bool:
+    if isinstance(value, bool):  # JSON true/false: no number
+        return False
+    if kind == TEXT:
+        return isinstance(value, str)
+    if kind == JOB_ID:
+        return isinstance(value, str | int)
+    if kind == INTEGER:
+        return isinstance(value, int)
+    return isinstance(value, int | float)
+
+
+def read_state(path: Path, fields: Mapping[str, str]) -> tuple[dict | None, str | None]:
+    """The JSON object in ``path`` with its ``fields`` (name: what it must be) checked, and
+    what is wrong with the file: (the fields given, None); (None, None) where there is no
+    file; (None, "<path>: what is wrong") for a file that cannot be read, is empty, cut short
+    or not JSON, is no object, or has a field of another type (each such field named)."""
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        return None, None
+    except OSError as exc:
+        return None, f"{path}: cannot be read ({exc.strerror or exc})"
+    if not data.strip():
+        return None, f"{path}: empty, expected a JSON object"
+    try:
+        doc = json.loads(data)
+    except ValueError as exc:  # a cut-short write, not UTF-8, not JSON
+        return None, f"{path}: truncated or not JSON ({exc})"
+    except RecursionError:
+        return None, f"{path}: not JSON as written (nested too deeply)"
+    if not isinstance(doc, dict):
+        return None, f"{path}: {_kind(doc)}, expected a JSON object"
+    problems = []
+    for name, kind in fields.items():
+        value = doc.get(name)
+        if value is None:
+            continue
+        if not _fits(value, kind):
+            problems.append(f"{name} is {_kind(value)}, expected {kind}")
+        elif name in TIMES and not math.isfinite(value):
+            problems.append(f"{name} is {value}, expected a finite number")
+        elif name in TIMES and name not in CLOCKS and value < 0:
+            problems.append(f"{name} is {value}, expected a number >= 0")
+    if problems:
+        return None, f"{path}: " + "; ".join(problems)
+    return {name: doc[name] for name in fields if doc.get(name) is not None}, None
+
+
+def _latest_progress(
+    p: scene_plan.ScenePlan, damaged: list[str]
+) -> tuple[Path | None, dict | None]:
+    """The newest sound progress.json of the run's trainings (any configuration) and its
+    folder; what is wrong with each damaged one is appended to ``damaged``."""
     best = (None, None, -1.0)
     for st in p.stages:
         folder = P.checkpoints(p.results, p.run, st)
         try:
-            subs = list(os.scandir(folder))
+            subs = [sub for sub in os.scandir(folder) if sub.is_dir()]
         except OSError:
             continue
-        for sub in subs:
-            path = Path(sub.path) / progress.LATEST
-            try:
-                doc = json.loads(path.read_text())
-            except (OSError, ValueError):
-                continue
-            if doc.get("updated_at", 0) > best[2]:
+        for sub in sorted(subs, key=lambda e: e.name):
+            doc, problem = read_state(Path(sub.path) / progress.LATEST, PROGRESS_FIELDS)
+            if problem:
+                damaged.append(problem)
+            if doc is not None and doc.get("updated_at", 0) > best[2]:
                 best = (Path(sub.path), doc, doc.get("updated_at", 0))
     return best[0], best[1]
 
 
-def _records(p: scene_plan.ScenePlan, now: float) -> str | None:
-    """The run's out-of-memory, time-limit and bad-input records, in words. A Slurm job's
-    time-limit record (:mod:`chord.training.slurm_time_limit`) is written at its start and removed
-    when
-    it ends in time: only one whose deadline has passed tells of a job killed at its limit."""
+def _records(p: scene_plan.ScenePlan, now: float, damaged: list[str]) -> str | None:
+    """The run's out-of-memory, time-limit and bad-input records, in words (what is wrong with
+    a damaged one appended to ``damaged``). A Slurm job's time-limit record
+    (:mod:`chord.training.slurm_time_limit`) is written at its start and removed when it ends
+    in time: only one whose deadline has passed tells of a job killed at its limit."""
     notes = []
     for st in p.stages:
         folder = P.checkpoints(p.results, p.run, st)
-        oom = out_of_memory.read(folder / out_of_memory.RECORD)
+        path = folder / out_of_memory.RECORD
+        try:
+            oom = out_of_memory.read(path)
+        except (OSError, ValueError) as exc:  # not a file, not text
+            damaged.append(f"{path}: cannot be read ({exc})")
+            oom = set()
         if oom:
             notes.append(f"{st}: out of memory on {','.join(sorted(oom))}")
-        try:
-            limit = json.loads((folder / TIME_LIMIT_RECORD).read_text())
-        except (OSError, ValueError):
-            limit = None
-        if isinstance(limit, dict) and now >= limit.get("deadline", float("inf")):
+        limit, problem = read_state(folder / TIME_LIMIT_RECORD, TIME_LIMIT_FIELDS)
+        if problem:
+            damaged.append(problem)
+        if limit is not None and now >= limit.get("deadline", float("inf")):
             notes.append(
                 f"{st}: job {limit.get('job')} reached its time limit on tier {limit.get('tier')}"
             )
+        path = folder / INPUT_ERROR_RECORD
         try:
-            bad = (folder / INPUT_ERROR_RECORD).read_text().strip()
+            bad = path.read_bytes().decode("utf-8", "replace").strip()
             notes.append(f"{st}: bad input: {bad}")
-        except OSError:
+        except FileNotFoundError:
             pass
+        except OSError as exc:
+            damaged.append(f"{path}: cannot be read ({exc.strerror or exc})")
     return "; ".join(notes) or None
 
 
@@ -150,15 +265,45 @@ def _tail(path: Path) -> list[str]:
 
 
 def last_error(path: Path) -> str | None:
-    """The last error line of the newest attempt in the log ``path`` (None: none)."""
+    """The last error line of the newest attempt in the log ``path`` (None: none): an error
+    line, or the exception a traceback ends with (the job's own words after the adapter's
+    generic "stage failed", e.g. "...Interrupted: SIGTERM after iteration 65; checkpoint
+    written")."""
     try:
         lines = _tail(path)
     except OSError:
         return None
     starts = [i for i, line in enumerate(lines) if ATTEMPT_LINE in line]
     lines = lines[starts[-1] :] if starts else lines
-    errors = [line.strip() for line in lines if ERROR_LINE.search(line)]
+    errors, traceback = [], False
+    for line in lines:
+        if line.startswith(TRACEBACK_LINE):
+            traceback = True
+        elif traceback and line.strip() and not line[0].isspace():
+            errors.append(line.strip())  # the exception the traceback ends with
+            traceback = False
+        elif ERROR_LINE.search(line):
+            errors.append(line.strip())
     return errors[-1] if errors else None
+
+
+def _device(p: scene_plan.ScenePlan, stage: str | None) -> str | None:
+    """The device type (cpu, cuda) the run's training (``stage``'s, else the last one logged)
+    runs on, from the newest device line of its log (None: not logged)."""
+    for st in [stage] if stage in p.stages else reversed(p.stages):
+        found = None
+        try:
+            with open(P.log(p.results, p.run, f"train_{st}"), encoding="utf-8",
+                      errors="replace") as f:  # fmt: skip
+                for line in f:
+                    m = DEVICE_LINE.search(line)
+                    if m:
+                        found = m["device"] or ("cpu" if m["ranks"] == "the CPU" else "cuda")
+        except OSError:
+            continue
+        if found:
+            return found
+    return None
 
 
 def _logs(p: scene_plan.ScenePlan) -> list[Path]:
@@ -184,7 +329,10 @@ def _loading(p: scene_plan.ScenePlan, now: float, since: float | None) -> bool:
             continue
         if now - mtime > STALL_FLOOR_S or (since is not None and mtime <= since):
             continue
-        lines = _tail(log)
+        try:
+            lines = _tail(log)
+        except OSError:  # gone since
+            continue
         starts = [i for i, line in enumerate(lines) if ATTEMPT_LINE in line]
         if starts and not any(ERROR_LINE.search(x) for x in lines[starts[-1] :]):
             return True
@@ -214,7 +362,8 @@ def slurm_jobs(env: Mapping[str, str]) -> dict[str, tuple[str, str]]:
             parts = line.split("|")
             if len(parts) < 3:
                 continue
-            job, state, comment = parts[0].strip(), parts[1].split()[0], parts[2].strip()
+            job, state, comment = parts[0].strip(), parts[1].strip(), parts[2].strip()
+            state = state.split()[0] if state else ""
             m = COMMENT.match(comment)
             if not m or not job.split("_")[0].split(".")[0].isdigit():
                 continue
@@ -266,8 +415,8 @@ def run_status(
 ) -> RunStatus:
     """The status of the run ``p`` at ``now`` (seconds since the epoch)."""
     st = RunStatus(run=p.run, scene=p.scene, done=_furthest(p), state="waiting")
-    st.record = _records(p, now)
-    folder, doc = _latest_progress(p)
+    folder, doc = _latest_progress(p, st.damaged)
+    st.record = _records(p, now, st.damaged)
     spec = conf.scenes[p.scene]
     st.tier = spec.tier
     if doc is not None:
@@ -307,20 +456,25 @@ def run_status(
             st.error = st.record
     if st.state in ("failed", "stalled") and st.log is None and st.stage:
         st.log = str(P.log(p.results, p.run, f"train_{st.stage}"))
-    st.remaining_gpu_h = _remaining(st, spec, table)
+    st.device = _device(p, st.stage)
+    hours = _remaining(st, spec)
+    if st.device == "cpu":
+        st.remaining_cpu_h = hours
+    elif hours is not None:
+        st.remaining_gpu_h = hours * (table[st.tier].gpus if st.tier in table else 1)
     return st
 
 
-def _remaining(st: RunStatus, spec, table: dict) -> float | None:
-    """GPU hours left of the run's trainings at its measured time per iteration: the rest of
-    the stage in progress, and a fine stage not yet started (its iterations at that pace)."""
+def _remaining(st: RunStatus, spec) -> float | None:
+    """Hours left of the run's trainings (wall clock) at its measured time per iteration: the
+    rest of the stage in progress, and a fine stage not yet started (its iterations at that
+    pace)."""
     if st.s_per_it is None or st.total is None or st.it is None or st.state == "done":
         return None
     left = max(st.total - st.it, 0)
     if st.stage == "coarse" and spec.method.add_cp_objs:
         left += max(spec.method.iterations - st.total, 0)
-    gpus = table[st.tier].gpus if st.tier in table else 1
-    return left * st.s_per_it * gpus / 3600.0
+    return left * st.s_per_it / 3600.0
 
 
 def collect(conf: cc.Config, *, env: Mapping[str, str] | None = None, now: float | None = None):
@@ -358,7 +512,7 @@ def _row(st: RunStatus) -> list[str]:
         progress.hms(st.eta_s) if st.eta_s is not None and st.state == "running" else "-",
         _fmt(st.losses.get("sds")),
         _fmt(st.losses.get("arap")),
-        st.tier or "-",
+        "cpu" if st.device == "cpu" else st.tier or "-",  # a memory tier is a GPU's
         _fmt(st.attempt, "{}"),
         progress.hms(st.age_s) if st.age_s is not None else "-",
         job,
@@ -371,8 +525,13 @@ def totals(rows: list[RunStatus]) -> dict:
     for r in rows:
         if r.remaining_gpu_h is not None and r.state != "done":
             hours[r.tier or "-"] = hours.get(r.tier or "-", 0.0) + r.remaining_gpu_h
-    unmeasured = sum(r.state != "done" and r.remaining_gpu_h is None for r in rows)
-    return {"runs": len(rows), **counts, "gpu_h_left": hours, "unmeasured": unmeasured}
+    cpu_h = sum(r.remaining_cpu_h for r in rows if r.remaining_cpu_h is not None)
+    unmeasured = sum(
+        r.state != "done" and r.remaining_gpu_h is None and r.remaining_cpu_h is None for r in rows
+    )
+    damaged = sum(bool(r.damaged) for r in rows)
+    return {"runs": len(rows), **counts, "gpu_h_left": hours, "cpu_h_left": cpu_h,
+            "unmeasured": unmeasured, "damaged": damaged}  # fmt: skip
 
 
 def render(rows: list[RunStatus]) -> str:
@@ -385,6 +544,8 @@ def render(rows: list[RunStatus]) -> str:
         out.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
         if st is None:
             continue
+        for note in st.damaged:
+            out.append(f"    damaged: {note}")
         if st.record:
             out.append(f"    record: {st.record}")
         if st.log and st.state in ("failed", "stalled"):
@@ -395,11 +556,17 @@ def render(rows: list[RunStatus]) -> str:
             out.append(f"    preview: {st.preview}")
     t = totals(rows)
     hours = ", ".join(f"{k} {v:.1f}" for k, v in sorted(t["gpu_h_left"].items())) or "-"
+    left = []
+    if t["gpu_h_left"] or not t["cpu_h_left"]:
+        left.append(f"GPU hours left by tier (measured s/it): {hours}")
+    if t["cpu_h_left"]:
+        left.append(f"hours left on CPU (measured s/it): {t['cpu_h_left']:.1f}")
     out.append(
         f"total: {t['runs']} runs: {t['done']} done, {t['running']} running, "
         f"{t['stalled']} stalled, {t['failed']} failed, {t['waiting']} waiting; "
-        f"GPU hours left by tier (measured s/it): {hours}"
+        + "; ".join(left)
         + (f"; {t['unmeasured']} not measured yet" if t["unmeasured"] else "")
+        + (f"; {t['damaged']} with damaged state files" if t["damaged"] else "")
     )
     return "\n".join(out)
 
