@@ -13,7 +13,19 @@ newest progress is older than max(:data:`STALL_FACTOR` x its slowest iteration,
 :data:`STALL_FLOOR_S`) and it did not say it stopped), ``failed`` (an error ends the newest
 attempt's log, a training recorded a failure or a bad input, or Slurm ended its job so),
 ``waiting`` (none of these: not started, queued, or between jobs). Reads files only and
-imports no torch."""
+imports no torch.
+
+The run's own state files (``progress.json``, ``time_limit.json``, the out-of-memory and
+bad-input records) are written by other jobs, other versions, on file systems that fill up, so
+each is read as untrusted (issue 47): a file that cannot be read, is cut short, is not a JSON
+object or has a field of the wrong type is not used, and its run's row says so (``damaged:``,
+naming the file and the field) while every other run is told as usual. The exit status stays
+0, as for a failed run: a damaged file is a fact about that run, not an error of the command.
+
+"done" is the furthest stage whose outputs exist with those of every stage before it (in the
+order of :func:`_stage_outputs`). A training's device is read from its log (its "training on
+..." line); a CPU run is labelled ``cpu`` rather than with its memory tier, and its time left
+is counted in hours on the CPU, not GPU hours."""
 
 from __future__ import annotations
 
@@ -27,6 +39,15 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from chord.cli import state_files
+from chord.cli.state_files import (  # noqa: F401 (status.last_error: its tests')
+    ATTEMPT_LINE,
+    ERROR_LINE,
+    PROGRESS_FIELDS,
+    TIME_LIMIT_FIELDS,
+    last_error,
+    read_state,
+)
 from chord.config import settings as cc
 from chord.plan import results_layout as P
 from chord.plan import scene_plan
@@ -38,13 +59,10 @@ STATES = ("done", "running", "stalled", "failed", "waiting")
 STALL_FACTOR = 10  # stalled: no progress for this many of the slowest iteration ...
 STALL_FLOOR_S = 600.0  # ... and at least this long
 INPUT_ERROR_RECORD = "input_error.txt"  # chord.stages.adapter's (it imports the stages)
-TAIL_BYTES = 65536  # of a log, read for its last error
 # Slurm states of a job that ended badly / that is still there
 SLURM_FAILED = {"FAILED", "OUT_OF_MEMORY", "TIMEOUT", "NODE_FAIL", "CANCELLED", "BOOT_FAIL"}
 SLURM_LIVE = {"RUNNING", "PENDING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED"}
 COMMENT = re.compile(r"^rule_(?P<rule>.+?)(?:_wildcards_(?P<wildcards>.*))?$")
-ERROR_LINE = re.compile(r" (ERROR|CRITICAL) |^(error: |\w+(Error|Exception|Interrupt): )")
-ATTEMPT_LINE = "attempt started ("  # chord.stages.adapter.stage_logging's first line
 
 
 @dataclasses.dataclass
@@ -69,6 +87,9 @@ class RunStatus:
     job_state: str | None = None
     preview: str | None = None
     remaining_gpu_h: float | None = None
+    device: str | None = None  # the training's device type (cpu, cuda), from its log
+    remaining_cpu_h: float | None = None  # a CPU run's hours left (wall clock)
+    damaged: list[str] = dataclasses.field(default_factory=list)  # "<file>: what is wrong"
 
 
 def _stage_outputs(p: scene_plan.ScenePlan) -> list[tuple[str, list[Path]]]:
@@ -87,78 +108,79 @@ def _stage_outputs(p: scene_plan.ScenePlan) -> list[tuple[str, list[Path]]]:
 
 
 def _furthest(p: scene_plan.ScenePlan) -> str:
+    """The furthest stage whose outputs exist with those of every stage before it ("-": none);
+    a stage with no outputs here (no dynamic object: nothing to voxelize) is passed over."""
     done = "-"
     for name, files in _stage_outputs(p):
-        if files and all(f.exists() for f in files):
+        if not all(f.exists() for f in files):
+            break
+        if files:
             done = name
     return done
 
 
-def _latest_progress(p: scene_plan.ScenePlan) -> tuple[Path | None, dict | None]:
-    """The newest progress.json of the run's trainings (any configuration) and its folder."""
+def _latest_progress(
+    p: scene_plan.ScenePlan, damaged: list[str]
+) -> tuple[Path | None, dict | None]:
+    """The newest sound progress.json of the run's trainings (any configuration) and its
+    folder; what is wrong with each damaged one is appended to ``damaged``."""
     best = (None, None, -1.0)
     for st in p.stages:
         folder = P.checkpoints(p.results, p.run, st)
         try:
-            subs = list(os.scandir(folder))
+            subs = [sub for sub in os.scandir(folder) if sub.is_dir()]
         except OSError:
             continue
-        for sub in subs:
-            path = Path(sub.path) / progress.LATEST
-            try:
-                doc = json.loads(path.read_text())
-            except (OSError, ValueError):
-                continue
-            if doc.get("updated_at", 0) > best[2]:
+        for sub in sorted(subs, key=lambda e: e.name):
+            doc, problem = read_state(Path(sub.path) / progress.LATEST, PROGRESS_FIELDS)
+            if problem:
+                damaged.append(problem)
+            if doc is not None and doc.get("updated_at", 0) > best[2]:
                 best = (Path(sub.path), doc, doc.get("updated_at", 0))
     return best[0], best[1]
 
 
-def _records(p: scene_plan.ScenePlan, now: float) -> str | None:
-    """The run's out-of-memory, time-limit and bad-input records, in words. A Slurm job's
-    time-limit record (:mod:`chord.training.slurm_time_limit`) is written at its start and removed
-    when
-    it ends in time: only one whose deadline has passed tells of a job killed at its limit."""
+def _records(p: scene_plan.ScenePlan, now: float, damaged: list[str]) -> str | None:
+    """The run's out-of-memory, time-limit and bad-input records, in words (what is wrong with
+    a damaged one appended to ``damaged``). A Slurm job's time-limit record
+    (:mod:`chord.training.slurm_time_limit`) is written at its start and removed when it ends
+    in time: only one whose deadline has passed tells of a job killed at its limit."""
     notes = []
     for st in p.stages:
         folder = P.checkpoints(p.results, p.run, st)
-        oom = out_of_memory.read(folder / out_of_memory.RECORD)
+        path = folder / out_of_memory.RECORD
+        try:
+            oom = out_of_memory.read(path)
+        except (OSError, ValueError) as exc:  # not a file, not text
+            damaged.append(f"{path}: cannot be read ({exc})")
+            oom = set()
         if oom:
             notes.append(f"{st}: out of memory on {','.join(sorted(oom))}")
-        try:
-            limit = json.loads((folder / TIME_LIMIT_RECORD).read_text())
-        except (OSError, ValueError):
-            limit = None
-        if isinstance(limit, dict) and now >= limit.get("deadline", float("inf")):
+        limit, problem = read_state(folder / TIME_LIMIT_RECORD, TIME_LIMIT_FIELDS)
+        if problem:
+            damaged.append(problem)
+        if limit is not None and now >= limit.get("deadline", float("inf")):
             notes.append(
                 f"{st}: job {limit.get('job')} reached its time limit on tier {limit.get('tier')}"
             )
+        path = folder / INPUT_ERROR_RECORD
         try:
-            bad = (folder / INPUT_ERROR_RECORD).read_text().strip()
+            bad = path.read_bytes().decode("utf-8", "replace").strip()
             notes.append(f"{st}: bad input: {bad}")
-        except OSError:
+        except FileNotFoundError:
             pass
+        except OSError as exc:
+            damaged.append(f"{path}: cannot be read ({exc.strerror or exc})")
     return "; ".join(notes) or None
 
 
-def _tail(path: Path) -> list[str]:
-    with open(path, "rb") as f:
-        f.seek(0, os.SEEK_END)
-        size = f.tell()
-        f.seek(max(size - TAIL_BYTES, 0))
-        return f.read().decode("utf-8", "replace").splitlines()
-
-
-def last_error(path: Path) -> str | None:
-    """The last error line of the newest attempt in the log ``path`` (None: none)."""
-    try:
-        lines = _tail(path)
-    except OSError:
-        return None
-    starts = [i for i, line in enumerate(lines) if ATTEMPT_LINE in line]
-    lines = lines[starts[-1] :] if starts else lines
-    errors = [line.strip() for line in lines if ERROR_LINE.search(line)]
-    return errors[-1] if errors else None
+def _device(p: scene_plan.ScenePlan, stage: str | None) -> str | None:
+    """The device type the run's training (``stage``'s, else the last one logged) runs on."""
+    for st in [stage] if stage in p.stages else reversed(p.stages):
+        found = state_files.device(P.log(p.results, p.run, f"train_{st}"))
+        if found:
+            return found
+    return None
 
 
 def _logs(p: scene_plan.ScenePlan) -> list[Path]:
@@ -184,7 +206,10 @@ def _loading(p: scene_plan.ScenePlan, now: float, since: float | None) -> bool:
             continue
         if now - mtime > STALL_FLOOR_S or (since is not None and mtime <= since):
             continue
-        lines = _tail(log)
+        try:
+            lines = state_files.tail(log)
+        except OSError:  # gone since
+            continue
         starts = [i for i, line in enumerate(lines) if ATTEMPT_LINE in line]
         if starts and not any(ERROR_LINE.search(x) for x in lines[starts[-1] :]):
             return True
@@ -214,7 +239,8 @@ def slurm_jobs(env: Mapping[str, str]) -> dict[str, tuple[str, str]]:
             parts = line.split("|")
             if len(parts) < 3:
                 continue
-            job, state, comment = parts[0].strip(), parts[1].split()[0], parts[2].strip()
+            job, state, comment = parts[0].strip(), parts[1].strip(), parts[2].strip()
+            state = state.split()[0] if state else ""
             m = COMMENT.match(comment)
             if not m or not job.split("_")[0].split(".")[0].isdigit():
                 continue
@@ -266,8 +292,8 @@ def run_status(
 ) -> RunStatus:
     """The status of the run ``p`` at ``now`` (seconds since the epoch)."""
     st = RunStatus(run=p.run, scene=p.scene, done=_furthest(p), state="waiting")
-    st.record = _records(p, now)
-    folder, doc = _latest_progress(p)
+    folder, doc = _latest_progress(p, st.damaged)
+    st.record = _records(p, now, st.damaged)
     spec = conf.scenes[p.scene]
     st.tier = spec.tier
     if doc is not None:
@@ -307,20 +333,25 @@ def run_status(
             st.error = st.record
     if st.state in ("failed", "stalled") and st.log is None and st.stage:
         st.log = str(P.log(p.results, p.run, f"train_{st.stage}"))
-    st.remaining_gpu_h = _remaining(st, spec, table)
+    st.device = _device(p, st.stage)
+    hours = _remaining(st, spec)
+    if st.device == "cpu":
+        st.remaining_cpu_h = hours
+    elif hours is not None:
+        st.remaining_gpu_h = hours * (table[st.tier].gpus if st.tier in table else 1)
     return st
 
 
-def _remaining(st: RunStatus, spec, table: dict) -> float | None:
-    """GPU hours left of the run's trainings at its measured time per iteration: the rest of
-    the stage in progress, and a fine stage not yet started (its iterations at that pace)."""
+def _remaining(st: RunStatus, spec) -> float | None:
+    """Hours left of the run's trainings (wall clock) at its measured time per iteration: the
+    rest of the stage in progress, and a fine stage not yet started (its iterations at that
+    pace)."""
     if st.s_per_it is None or st.total is None or st.it is None or st.state == "done":
         return None
     left = max(st.total - st.it, 0)
     if st.stage == "coarse" and spec.method.add_cp_objs:
         left += max(spec.method.iterations - st.total, 0)
-    gpus = table[st.tier].gpus if st.tier in table else 1
-    return left * st.s_per_it * gpus / 3600.0
+    return left * st.s_per_it / 3600.0
 
 
 def collect(conf: cc.Config, *, env: Mapping[str, str] | None = None, now: float | None = None):
@@ -358,7 +389,7 @@ def _row(st: RunStatus) -> list[str]:
         progress.hms(st.eta_s) if st.eta_s is not None and st.state == "running" else "-",
         _fmt(st.losses.get("sds")),
         _fmt(st.losses.get("arap")),
-        st.tier or "-",
+        "cpu" if st.device == "cpu" else st.tier or "-",  # a memory tier is a GPU's
         _fmt(st.attempt, "{}"),
         progress.hms(st.age_s) if st.age_s is not None else "-",
         job,
@@ -371,8 +402,13 @@ def totals(rows: list[RunStatus]) -> dict:
     for r in rows:
         if r.remaining_gpu_h is not None and r.state != "done":
             hours[r.tier or "-"] = hours.get(r.tier or "-", 0.0) + r.remaining_gpu_h
-    unmeasured = sum(r.state != "done" and r.remaining_gpu_h is None for r in rows)
-    return {"runs": len(rows), **counts, "gpu_h_left": hours, "unmeasured": unmeasured}
+    cpu_h = sum(r.remaining_cpu_h for r in rows if r.remaining_cpu_h is not None)
+    unmeasured = sum(
+        r.state != "done" and r.remaining_gpu_h is None and r.remaining_cpu_h is None for r in rows
+    )
+    damaged = sum(bool(r.damaged) for r in rows)
+    return {"runs": len(rows), **counts, "gpu_h_left": hours, "cpu_h_left": cpu_h,
+            "unmeasured": unmeasured, "damaged": damaged}  # fmt: skip
 
 
 def render(rows: list[RunStatus]) -> str:
@@ -385,6 +421,8 @@ def render(rows: list[RunStatus]) -> str:
         out.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
         if st is None:
             continue
+        for note in st.damaged:
+            out.append(f"    damaged: {note}")
         if st.record:
             out.append(f"    record: {st.record}")
         if st.log and st.state in ("failed", "stalled"):
@@ -395,11 +433,17 @@ def render(rows: list[RunStatus]) -> str:
             out.append(f"    preview: {st.preview}")
     t = totals(rows)
     hours = ", ".join(f"{k} {v:.1f}" for k, v in sorted(t["gpu_h_left"].items())) or "-"
+    left = []
+    if t["gpu_h_left"] or not t["cpu_h_left"]:
+        left.append(f"GPU hours left by tier (measured s/it): {hours}")
+    if t["cpu_h_left"]:
+        left.append(f"hours left on CPU (measured s/it): {t['cpu_h_left']:.1f}")
     out.append(
         f"total: {t['runs']} runs: {t['done']} done, {t['running']} running, "
         f"{t['stalled']} stalled, {t['failed']} failed, {t['waiting']} waiting; "
-        f"GPU hours left by tier (measured s/it): {hours}"
+        + "; ".join(left)
         + (f"; {t['unmeasured']} not measured yet" if t["unmeasured"] else "")
+        + (f"; {t['damaged']} with damaged state files" if t["damaged"] else "")
     )
     return "\n".join(out)
 

@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from chord.cli import status
+from chord.config import settings as cc
 from chord.plan import results_layout as P
+from chord.plan import scene_plan
 from chord.resources import out_of_memory
 from chord.training import progress
 from chord.training.slurm_time_limit import TIME_LIMIT_RECORD
@@ -38,6 +40,13 @@ def touch(path: Path, text: str = "") -> None:
     path.write_text(text)
 
 
+def stage_files(root: Path, run: str) -> list[Path]:
+    """Every output that shows a stage of ``run`` done, in the stages' order (status's own
+    list: the plan's files)."""
+    plan = scene_plan.scene(cc.load_file(root / "config.yaml"), run)
+    return [f for _, files in status._stage_outputs(plan) for f in files]
+
+
 @pytest.fixture
 def tree(tmp_path):
     demo = tmp_path / "demo"
@@ -49,8 +58,7 @@ def tree(tmp_path):
     config = {"scenes": str(tmp_path / "scenes.tsv"), "results": str(res), "demo_dir": str(demo)}
     touch(tmp_path / "config.yaml", json.dumps(config))
     # done: every stage's output to metrics.json
-    for path in (P.scene_json(res, "fin"), P.train_state(res, "fin", "coarse"),
-                 P.ref_view_mp4(res, "fin"), P.metrics_json(res, "fin")):  # fmt: skip
+    for path in stage_files(tmp_path, "fin"):
         touch(path)
     ckpt = P.checkpoints(res, "run", "coarse") / "0123abcd"
     preview = P.previews_dir(res, "run") / "it_000120.mp4"
@@ -215,3 +223,198 @@ def test_a_new_attempt_loading_runs_and_only_a_passed_time_limit_is_a_record(tre
     assert runs["wait"]["state"] == "waiting"
     assert runs["wait"]["record"] == "coarse: job 41 reached its time limit on tier full"
     assert runs["run"]["record"] == "coarse: out of memory on full"  # no time-limit record
+
+
+# -- issue 47: the run's own state files read as untrusted; the smaller things ----------------
+
+
+def in_process(root: Path) -> tuple[dict, str]:
+    """{run: its RunStatus} and the rendered table of ``chord status`` on the tree ``root``
+    (in this process: the torch-free check is the subprocess tests')."""
+    rows = status.collect(cc.load_file(root / "config.yaml"), env={"PATH": no_slurm_path()})
+    return {r.run: r for r in rows}, status.render(rows)
+
+
+def others_still_shown(runs: dict, text: str) -> None:
+    """Every run but "run" (the damaged one) is told as in the undamaged tree."""
+    states = {k: r.state for k, r in runs.items() if k != "run"}
+    assert states == {"fin": "done", "stuck": "stalled", "bad": "failed", "wait": "waiting"}
+    assert all(not r.damaged for k, r in runs.items() if k != "run")
+    shown = {line.split()[0] for line in text.splitlines() if line and not line[0].isspace()}
+    assert set(SCENES) <= shown  # every run has its row
+    assert runs["stuck"].remaining_gpu_h == pytest.approx(180 * 1.5 / 3600)
+    assert "obj_1.glb: no mesh" in text
+
+
+def _field(name: str, value):
+    def damage(doc: dict) -> str:
+        doc[name] = value
+        return json.dumps(doc)
+
+    return damage
+
+
+HOSTILE_PROGRESS = {
+    **{
+        f"{name} a string": (_field(name, "12.5"), f"{name} is a string, expected {kind}")
+        for name, kind in [
+            ("s_per_it", "a number"),
+            ("it", "an integer"),
+            ("updated_at", "a number"),
+            ("eta_s", "a number"),
+            ("slowest_s", "a number"),
+            ("total", "an integer"),
+        ]
+    },  # fmt: skip
+    "a list": (lambda doc: json.dumps([doc]), "a list, expected a JSON object"),
+    "truncated": (lambda doc: json.dumps(doc)[:40], "truncated or not JSON ("),
+    "empty": (lambda doc: "", "empty, expected a JSON object"),
+    "NaN s_per_it": (_field("s_per_it", float("nan")), "s_per_it is nan, expected a finite"),
+}
+
+
+@pytest.mark.parametrize("damage", HOSTILE_PROGRESS, ids=list(HOSTILE_PROGRESS))
+def test_a_damaged_progress_json_is_told_in_its_own_row(tree, damage):
+    write, message = HOSTILE_PROGRESS[damage]
+    path = next((tree / "results").glob("run/**/progress.json"))
+    path.write_text(write(json.loads(path.read_text())))
+    runs, text = in_process(tree)
+    (note,) = runs["run"].damaged
+    assert note.startswith(f"{path}: {message}"), note
+    assert f"    damaged: {path}: {message}" in text
+    assert runs["run"].it is None and runs["run"].remaining_gpu_h is None  # nothing of it used
+    others_still_shown(runs, text)
+    assert text.splitlines()[-1].endswith("; 1 with damaged state files")
+    # the command: the table, exit status 0 as for a failed run (a fact of that run)
+    proc = chord_status(tree, path=no_slurm_path())
+    assert proc.returncode == 0, proc.stderr
+    assert f"damaged: {path}: {message}" in proc.stdout
+    doc = json.loads(chord_status(tree, "--json", path=no_slurm_path()).stdout)
+    assert doc["total"]["damaged"] == 1
+
+
+def test_a_damaged_older_progress_leaves_the_sound_newer_one_in_use(tree):
+    folder = next((tree / "results").glob("run/**/progress.json")).parent
+    touch(folder.parent / "0000aaaa" / progress.LATEST, '{"it": 3, "updated_at": "yesterday"')
+    runs, text = in_process(tree)
+    r = runs["run"]
+    assert (r.state, r.it, r.total) == ("running", 120, 300)
+    assert r.damaged == [f"{folder.parent / '0000aaaa' / progress.LATEST}: truncated or not JSON "
+                         "(Expecting ',' delimiter: line 1 column 36 (char 35))"]  # fmt: skip
+
+
+HOSTILE_RECORDS = {
+    "deadline a string": (
+        lambda folder: touch(folder / TIME_LIMIT_RECORD, '{"job": "41", "deadline": "soon"}'),
+        TIME_LIMIT_RECORD,
+        "deadline is a string, expected a number",
+    ),
+    "time limit a list": (
+        lambda folder: touch(folder / TIME_LIMIT_RECORD, "[41]"),
+        TIME_LIMIT_RECORD,
+        "a list, expected a JSON object",
+    ),
+    "out-of-memory record a folder": (
+        lambda folder: (
+            (folder / out_of_memory.RECORD).unlink() or (folder / out_of_memory.RECORD).mkdir()
+        ),
+        out_of_memory.RECORD,
+        "cannot be read (",
+    ),
+}
+
+
+@pytest.mark.parametrize("damage", HOSTILE_RECORDS, ids=list(HOSTILE_RECORDS))
+def test_a_damaged_record_is_told_in_its_own_row(tree, damage):
+    write, name, message = HOSTILE_RECORDS[damage]
+    folder = P.checkpoints(tree / "results", "run", "coarse")
+    write(folder)
+    runs, text = in_process(tree)
+    (note,) = runs["run"].damaged
+    assert note.startswith(f"{folder / name}: {message}"), note
+    assert runs["run"].state == "running"  # its progress is sound
+    others_still_shown(runs, text)
+
+
+def test_a_sigterm_stop_shows_the_logs_own_line(tree):
+    """A preempted training (SIGTERM): chord.training.run_loop writes its checkpoint, its
+    progress event and raises Interrupted; the adapter logs "stage failed" with the
+    traceback, which ends with the job's own line."""
+    res = tree / "results"
+    progress_doc(P.checkpoints(res, "wait", "coarse") / "h" / progress.LATEST, age_s=900,
+                 state="stopped", it=65, event="sigterm")  # fmt: skip
+    line = "SIGTERM after iteration 65; checkpoint written"
+    log = P.log(res, "wait", "train_coarse")
+    touch(
+        log,
+        "2026-12-04 10:00:00,000 INFO chord.stages.adapter: attempt started (pid 7)\n"
+        "2026-12-04 10:00:05,000 INFO chord.stages.train: training on cuda:0 (NVIDIA H100, "
+        "CUDA_VISIBLE_DEVICES=0); rendering with the gsplat rasterizer\n"
+        "2026-12-04 11:00:00,000 INFO chord.training.progress: progress-event scene=wait "
+        "stage=coarse event=sigterm it=65 tier=full attempt=2\n"
+        "2026-12-04 11:00:00,100 ERROR chord.stages.adapter: stage failed\n"
+        "Traceback (most recent call last):\n"
+        '  File "/x/chord/stages/adapter.py", line 62, in stage_logging\n'
+        "    yield\n"
+        '  File "/x/chord/training/run_loop.py", line 244, in run\n'
+        f'    raise Interrupted(f"{line}")\n'
+        f"chord.training.run_loop.Interrupted: {line}\n",
+    )
+    os.utime(log, (time.time() - 900, time.time() - 900))
+    assert status.last_error(log) == f"chord.training.run_loop.Interrupted: {line}"
+    runs, text = in_process(tree)
+    r = runs["wait"]
+    assert r.state == "failed" and r.error.endswith(line) and r.log == str(log)
+    assert f"    log: {log}: chord.training.run_loop.Interrupted: {line}" in text
+    assert "stage failed" not in text
+
+
+@pytest.mark.parametrize("gap", [0, 1, 4, -2])
+def test_done_is_the_furthest_stage_with_every_earlier_one_done(tree, gap):
+    """ "wait" has every stage's outputs but those of one (the ``gap``-th, in the plan's order):
+    done names the last stage before it, and the run is not done."""
+    stages = [(name, files) for name, files in status._stage_outputs(
+        scene_plan.scene(cc.load_file(tree / "config.yaml"), "wait")) if files]  # fmt: skip
+    for _, files in stages:
+        for f in files:
+            touch(f)
+    for f in stages[gap][1]:
+        f.unlink()
+    runs, _ = in_process(tree)
+    index = gap % len(stages)
+    assert runs["wait"].done == (stages[index - 1][0] if index else "-")
+    assert runs["wait"].state != "done"
+    assert runs["fin"].done == stages[-1][0] == "evaluate"  # all of them: done
+
+
+def test_a_cpu_run_is_not_labelled_with_a_gpu_tier(tree):
+    res = tree / "results"
+    for run in ("run", "stuck"):  # both trainings on the CPU (chord.stages.train's line)
+        touch(
+            P.log(res, run, "train_coarse"),
+            "2026-12-04 10:00:00,000 INFO chord.stages.adapter: attempt started (pid 7)\n"
+            "2026-12-04 10:00:01,000 INFO chord.stages.train: training coarse on tier full\n"
+            "2026-12-04 10:00:05,000 INFO chord.stages.train: training on cpu; rendering with "
+            "the torch rasterizer\n",
+        )
+    runs, text = in_process(tree)
+    for run in ("run", "stuck"):
+        r = runs[run]
+        assert (r.device, r.tier, r.remaining_gpu_h) == ("cpu", "full", None)
+        assert r.remaining_cpu_h == pytest.approx(180 * 1.5 / 3600)
+    lines = {line.split()[0]: line.split() for line in text.splitlines() if line.strip()}
+    assert lines["run"][8] == lines["stuck"][8] == "cpu"
+    total = text.splitlines()[-1]
+    assert "GPU hours" not in total and "hours left on CPU (measured s/it): 0.1" in total
+    doc = json.loads(status.as_json(list(runs.values())))
+    assert doc["total"]["gpu_h_left"] == {}
+    assert doc["total"]["cpu_h_left"] == pytest.approx(2 * 180 * 1.5 / 3600)
+    # a GPU run beside it keeps its tier and GPU hours
+    touch(P.log(res, "stuck", "train_coarse"),
+          "t INFO chord.stages.train: training on cuda:0 (NVIDIA H100, CUDA_VISIBLE_DEVICES=0); "
+          "rendering with the gsplat rasterizer\n")  # fmt: skip
+    runs, text = in_process(tree)
+    assert (runs["stuck"].device, runs["stuck"].remaining_gpu_h) == (
+        "cuda", pytest.approx(180 * 1.5 / 3600))  # fmt: skip
+    total = text.splitlines()[-1]
+    assert "GPU hours left by tier (measured s/it): full 0.1; hours left on CPU" in total

@@ -5,7 +5,9 @@ file), the files load back and pass the Khronos validator."""
 from __future__ import annotations
 
 import copy
+import io
 import math
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -50,13 +52,54 @@ def instanced_glb(path: Path) -> None:
     b.to_glb(path)
 
 
+def scene_graph_world(doc: dict, blob: bytes) -> dict[int, np.ndarray]:
+    """World matrices [4, 4] of the default scene's nodes by trimesh's own scene graph, not
+    :func:`container.world_matrices` (the function under test): each node is named by its
+    index, the file loaded with ``force="scene"`` and ``scene.graph.get`` asked per node (the
+    nodes trimesh adds itself, one per primitive of a many-primitive mesh, left out)."""
+    named = copy.deepcopy(doc)
+    for i, node in enumerate(named["nodes"]):
+        node["name"] = f"node_{i}"
+    data = io.BytesIO(container.glb_bytes(named, blob))
+    scene = trimesh.load(data, file_type="glb", force="scene")
+    return {
+        int(m[1]): np.asarray(scene.graph.get(n)[0], dtype=np.float64)
+        for n in scene.graph.nodes
+        if (m := re.fullmatch(r"node_(\d+)", str(n)))
+    }
+
+
+def test_world_matrices_compose_parent_then_child(tmp_path):
+    """World = parent's world · the node's local transform (glTF's node hierarchy), against products
+    written out here and trimesh's scene graph: the instanced scene's root (T·S) over a rotated,
+    translated child and an identity-matrix child."""
+    instanced_glb(tmp_path / "src.glb")
+    doc, blob = container.read_glb(tmp_path / "src.glb")
+    tf = trimesh.transformations
+    x, y, z, w = _quat_xyzw([0, 1, 0], 0.7)
+    root = tf.translation_matrix([0, 0.2, 0.1]) @ np.diag([1.5, 1.5, 1.5, 1.0])
+    child = tf.translation_matrix([0.3, 0, 0]) @ tf.quaternion_matrix([w, x, y, z])
+    expect = {2: root, 0: root @ child, 1: root}
+    world = container.world_matrices(doc, doc["scenes"][0]["nodes"])
+    assert sorted(world) == [0, 1, 2]
+    for n, M in expect.items():
+        np.testing.assert_allclose(world[n], M, rtol=0, atol=1e-12, err_msg=f"node {n}")
+    graph = scene_graph_world(doc, blob)
+    for n, M in expect.items():
+        np.testing.assert_allclose(graph[n], M, rtol=0, atol=1e-12, err_msg=f"trimesh, node {n}")
+    # the child's placement: 1.5·(0.3, 0, 0) + (0, 0.2, 0.1), not R·(0, 0.2, 0.1) + (0.3, 0, 0)
+    np.testing.assert_allclose(world[0][:3, 3], [0.45, 0.2, 0.1], atol=1e-12)
+
+
 def bend(frames: int):
-    """A known non-rigid deformer: x shifts by 0.05·t·y² + 0.01·t (normalised units)."""
+    """A known non-rigid deformer: x shifts by 0.05·t·y² + 0.01·t and z by 0.04·t·x
+    (normalised units; a vertex's move depends on its whole placement, x and z included)."""
 
     def apply(p: np.ndarray) -> np.ndarray:
         t = np.arange(frames, dtype=np.float64)[:, None]
         out = np.repeat(p[None], frames, 0)
         out[..., 0] += 0.05 * t * p[None, :, 1] ** 2 + 0.01 * t
+        out[..., 2] += 0.04 * t * p[None, :, 0]
         return out
 
     return apply
@@ -86,7 +129,7 @@ def test_glb_morph_targets_reproduce_the_deformation(glb_scene):
     assert summary == {"nodes": 2, "targets": F - 1, "frames": F}
     doc, blob = container.read_glb(out)
     assert [doc["nodes"][r]["name"] for r in doc["scenes"][0]["nodes"]] == ["obj_0", "obj_1"]
-    world = container.world_matrices(doc, doc["scenes"][0]["nodes"])
+    world = scene_graph_world(doc, blob)  # placements as a glTF reader composes them
     (anim,) = doc["animations"]
     animated = sorted(ch["target"]["node"] for ch in anim["channels"])
     assert all(ch["target"]["path"] == "weights" for ch in anim["channels"])
@@ -257,7 +300,7 @@ def posed_world(doc: dict, blob: bytes, key: int) -> dict[int, np.ndarray]:
             if path in ("translation", "rotation", "scale"):
                 out = container.read_accessor(doc, blob, anim["samplers"][ch["sampler"]]["output"])
                 doc["nodes"][ch["target"]["node"]][path] = out[key].tolist()
-    return container.world_matrices(doc, doc["scenes"][0]["nodes"])
+    return scene_graph_world(doc, blob)
 
 
 def skinned_vertices(doc: dict, blob: bytes, node: int, key: int) -> list[np.ndarray]:
@@ -319,7 +362,7 @@ def test_skinned_glb_reproduces_the_skinning(skinned_scene):
     skinned = [n for n in roots if "skin" in doc["nodes"][n]]
     assert len(skinned) == 2 and len({doc["nodes"][n]["mesh"] for n in skinned}) == 2
     src, src_blob = container.read_glb(S.source)
-    src_world = container.world_matrices(src, src["scenes"][0]["nodes"])
+    src_world = scene_graph_world(src, src_blob)
     src_placed = [src_world[n] for n in sorted(src_world) if "mesh" in src["nodes"][n]]
     (src_prim,) = src["meshes"][0]["primitives"]  # the one mesh both placements share
     v_l = container.read_accessor(src, src_blob, src_prim["attributes"]["POSITION"])
@@ -365,7 +408,7 @@ def test_skinned_glb_passes_the_khronos_validator(skinned_scene, gltf_validator,
     assert report["numErrors"] == 0 and report["numWarnings"] == 0, report["messages"]
 
 
-def test_skinned_glb_keeps_morph_targets_for_a_deformer(tmp_path, gltf_validator):
+def test_skinned_glb_keeps_morph_targets_for_a_deformer(tmp_path, request):
     instanced_glb(tmp_path / "obj_0.glb")
     trimesh.Scene(box([0.3, 0.3, 0.3], [0.5, 0, 0])).export(tmp_path / "obj_1.glb", "glb")
     F = 4
@@ -382,7 +425,7 @@ def test_skinned_glb_keeps_morph_targets_for_a_deformer(tmp_path, gltf_validator
     weights = [ch for ch in anim["channels"] if ch["target"]["path"] == "weights"]
     assert len(weights) == 2
     assert {anim["samplers"][ch["sampler"]]["interpolation"] for ch in weights} == {"STEP"}
-    world = container.world_matrices(doc, doc["scenes"][0]["nodes"])
+    world = scene_graph_world(doc, blob)
     for ch in weights:
         n = ch["target"]["node"]
         (prim,) = doc["meshes"][doc["nodes"][n]["mesh"]]["primitives"]
@@ -399,7 +442,8 @@ def test_skinned_glb_keeps_morph_targets_for_a_deformer(tmp_path, gltf_validator
     expect = lbs(sk, rest)[F - 1]
     np.testing.assert_allclose(got[order], expect[order], atol=float32_tolerance(1.0))
     np.testing.assert_allclose(np.sort(rest, 0), np.sort(src.vertices, 0), atol=1e-6)
-    report = validate_glb(gltf_validator, out, tmp_path)
+    # the validator last: without it (a skip) the geometry above is still checked
+    report = validate_glb(request.getfixturevalue("gltf_validator"), out, tmp_path)
     assert report["numErrors"] == 0 and report["numWarnings"] == 0, report["messages"]
 
 
@@ -428,7 +472,7 @@ def test_skin_weights_are_normalised_in_float32():
         skeleton.skin_weights_f32(np.array([[0.5, -0.1]]))
 
 
-def test_skinned_glb_moves_the_mesh_of_a_node_with_children(tmp_path, gltf_validator):
+def test_skinned_glb_moves_the_mesh_of_a_node_with_children(tmp_path, request):
     """A mesh node with a child keeps its place (and child); its mesh moves to a new root."""
     instanced_glb(tmp_path / "src.glb")
     doc, blob = container.read_glb(tmp_path / "src.glb")
@@ -446,7 +490,7 @@ def test_skinned_glb_moves_the_mesh_of_a_node_with_children(tmp_path, gltf_valid
     got, got_blob = container.read_glb(out)
     names = [got["nodes"][n].get("name") for n in got["scenes"][0]["nodes"]]
     assert names[0] == "obj_0" and "obj_0_skinned" in names
-    world = container.world_matrices(doc, doc["scenes"][0]["nodes"])
+    world = scene_graph_world(doc, blob)
     (src_prim,) = doc["meshes"][0]["primitives"]
     v_l = container.read_accessor(doc, blob, src_prim["attributes"]["POSITION"])
     for n, M in ((0, world[0]), (1, world[1])):  # the two placements, in node order
@@ -455,5 +499,5 @@ def test_skinned_glb_moves_the_mesh_of_a_node_with_children(tmp_path, gltf_valid
         (x,) = skinned_vertices(got, got_blob, moved, F - 1)
         np.testing.assert_allclose(x, X[F - 1], atol=float32_tolerance(np.abs(X).max()))
     assert any(node.get("name") == "tip" for node in got["nodes"])
-    report = validate_glb(gltf_validator, out, tmp_path)
+    report = validate_glb(request.getfixturevalue("gltf_validator"), out, tmp_path)
     assert report["numErrors"] == 0 and report["numWarnings"] == 0, report["messages"]

@@ -24,6 +24,7 @@ from tests.unit.gltf.test_animated import (  # noqa: F401 (skinned_scene: a fixt
     float32_tolerance,
     lbs,
     random_skinning,
+    scene_graph_world,
     skinned_scene,
     skinned_vertices,
 )
@@ -33,7 +34,7 @@ def placements(source: Path) -> list[tuple[np.ndarray, np.ndarray]]:
     """(local POSITION [n, 3], world matrix [4, 4]) of each mesh node of a source GLB, in node
     order (one primitive per mesh)."""
     src, blob = container.read_glb(source)
-    world = container.world_matrices(src, src["scenes"][0]["nodes"])
+    world = scene_graph_world(src, blob)
     out = []
     for n in sorted(world):
         if "mesh" in src["nodes"][n]:
@@ -48,7 +49,7 @@ def test_inverse_bind_matrices_invert_the_joints_rest_transforms(skinned_scene):
     """IBM_k·G_k = I for every joint k (G_k its world transform at rest, no key applied), and
     neither holds a rotation or a scale: the file's bind pose is its rest pose."""
     doc, blob = container.read_glb(skinned_scene.out)
-    rest = container.world_matrices(doc, doc["scenes"][0]["nodes"])
+    rest = scene_graph_world(doc, blob)  # no key applied: the rest pose
     (skin,) = doc["skins"]  # one skin, shared by both placements of the mesh
     assert [doc["nodes"][n]["skin"] for n in rest if "skin" in doc["nodes"][n]] == [0, 0]
     ibm = container.read_accessor(doc, blob, skin["inverseBindMatrices"]).reshape(-1, 4, 4)
