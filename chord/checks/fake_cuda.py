@@ -47,6 +47,7 @@ from torch._subclasses.fake_tensor import (
 )
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_leaves, tree_map_only
+from torch.utils.flop_counter import flop_registry
 from torch.utils.weak import WeakIdKeyDictionary
 
 aten = torch.ops.aten
@@ -135,6 +136,8 @@ class DeviceRules(TorchDispatchMode):
         self.alls = WeakIdKeyDictionary()  # outputs of aten.all (by identity, not ==)
         self.values = WeakIdKeyDictionary()  # fake -> its values on the host (small ints)
         self.memory = DeviceMemory()
+        self.flops = Counter()  # FLOPs by the innermost named phase (torch's formulas)
+        self.phase: list[str] = []  # the phases being run, innermost last
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         # a real tensor reaching an op (a module's CPU weights moved to the device, a constant)
@@ -166,6 +169,11 @@ class DeviceRules(TorchDispatchMode):
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor) and t.device.type == "cuda":
                 self.memory.allocated(t)
+        formula = flop_registry.get(packet)
+        if formula is not None:
+            self.flops[self.phase[-1] if self.phase else "other"] += formula(
+                *args, **kwargs, out_val=out
+            )
         return out
 
     def _read(self, func, args, real):

@@ -190,15 +190,29 @@ def modelled_parts():
 
 
 class Teacher:
-    """The tiny Wan folder, its Tiny VAE and the text condition, made once on the CPU."""
+    """The tiny Wan folder, its Tiny VAE and the text condition, made once on the CPU.
 
-    def __init__(self, folder: Path):
+    ``experts="a14b"``: the folder routes and conditions as before, but the experts, the Wan
+    VAE and the Tiny VAE are built at Wan 2.2 I2V A14B's shapes on the fake device
+    (:func:`a14b_components`: no weight is read or materialised), and the text condition is
+    UMT5-XXL's [512, 4096]."""
+
+    def __init__(self, folder: Path, experts: str = "tiny"):
+        import torch
+
         from chord.guidance import text, tiny_models, wan_folder
+        from chord.resources import peak_memory
 
+        self.experts = experts
         self.folder = tiny_models.write_tiny_wan(folder / "wan")
         self.tiny_vae_path = tiny_models.write_tiny_vae(folder / "taew.safetensors", self.folder)
-        tok, enc = wan_folder.load_text_encoder(self.folder)
-        e, _ = text.encode_prompts(tok, enc, ["a block hops", text.resolve_negative(".")])
+        if experts == "a14b":
+            self.shape = peak_memory.A14B
+            e = torch.zeros(2, self.shape.text_len, self.shape.text_dim)
+        else:
+            self.shape = peak_memory.ModelShape.from_folder(self.folder)
+            tok, enc = wan_folder.load_text_encoder(self.folder)
+            e, _ = text.encode_prompts(tok, enc, ["a block hops", text.resolve_negative(".")])
         self.text = {"prompt": e[0], "negative": e[1]}
 
     def guidance(self, method, memory, device):
@@ -247,7 +261,11 @@ def run_tier(name: str, method, memory, teacher: Teacher, budget_bytes: int) -> 
         )
     start = time.perf_counter()
     try:
-        with fake_cuda.fake_cuda(budget_bytes) as rules, modelled_parts() as host_knn:
+        with contextlib.ExitStack() as stack:
+            rules = stack.enter_context(fake_cuda.fake_cuda(budget_bytes))
+            host_knn = stack.enter_context(modelled_parts())
+            if teacher.experts == "a14b":
+                stack.enter_context(a14b_components(teacher.shape))
             scene = scene.to(fake_cuda.DEVICE)
             guidance = teacher.guidance(method, memory, fake_cuda.DEVICE)
             trainer = Trainer(
@@ -265,18 +283,22 @@ def run_tier(name: str, method, memory, teacher: Teacher, budget_bytes: int) -> 
                 contact_points=points,
             )
             rules.memory.reset_peak()
-            phases = PhasePeaks(rules.memory)
+            phases = PhasePeaks(rules)
             phases.wrap(trainer, "regularisers", "render", "encode", "sds")
             phases.wrap(guidance, "condition", "velocity")
-            for expert, it in expert_iterations(method, guidance.boundary_ratio).items():
+            iterations = expert_iterations(method, guidance.boundary_ratio)
+            rules.flops.clear()
+            for expert, it in iterations.items():
                 phases.peaks["resident"] = max(phases.peaks["resident"], rules.memory.live)
                 rec = trainer.step(it)
                 row["iterations"][expert] = {"it": it, "t": rec["t"], "cfg": rec["cfg"]}
             row["traced_peak_bytes"] = rules.memory.peak
             row["phases"] = dict(phases.peaks)
-            estimate = model_estimate(method, memory, guidance, scene, points)
+            row["flops_per_iteration"] = flop_parts(rules.flops, len(iterations))
+            estimate = model_estimate(method, memory, teacher.shape, scene, points)
             row["model_peak_bytes"] = estimate["gpu_bytes"]
             row["model_phases"] = estimate["phases"]
+            row["model_parts"] = estimate["parts"]
             left = [
                 f"{obj}.{p}: {t.device}"
                 for obj, o in trainer.scene.dynamic.items()
@@ -304,13 +326,77 @@ def run_tier(name: str, method, memory, teacher: Teacher, budget_bytes: int) -> 
     return row
 
 
+@contextlib.contextmanager
+def a14b_components(shape):
+    """The experts, the Wan VAE and the Tiny VAE built from their shapes on the fake device:
+    an expert from ``peak_memory.transformer_kwargs(A14B)`` (the diffusers release's
+    transformer/config.json), the Wan 2.1 VAE from ``AutoencoderKLWan``'s defaults (which are
+    its config), the Tiny VAE from its fixed layout. Their initialisers run on fake tensors:
+    nothing is read from disk, nothing is materialised."""
+    from unittest import mock
+
+    from diffusers import AutoencoderKLWan, WanTransformer3DModel
+
+    from chord.guidance import tiny_vae, wan_folder
+    from chord.resources import peak_memory
+
+    def load_expert(ckpt_dir, name, *, dtype):
+        import torch
+
+        model = WanTransformer3DModel(**peak_memory.transformer_kwargs(shape))
+        # as from_pretrained(torch_dtype=...) loads it: the modules diffusers keeps in float32
+        # (rope, time_embedder, scale_shift_table, the norms) stay float32, the rest is cast
+        keep = set(getattr(model, "_keep_in_fp32_modules", None) or ())
+        for full, p in list(model.named_parameters()):
+            if not keep & set(full.split(".")):
+                owner, _, leaf = full.rpartition(".")
+                module = model.get_submodule(owner) if owner else model
+                module._parameters[leaf] = torch.nn.Parameter(p.to(dtype), requires_grad=False)
+        return model.eval().requires_grad_(False)
+
+    def load_vae(ckpt_dir, *, device="cpu"):
+        return AutoencoderKLWan().to(device).eval().requires_grad_(False)
+
+    def load_tiny_vae(path, *, device="cpu", latents_mean=None, latents_std=None):
+        encoder = tiny_vae.TinyVAEEncoder(latents_mean=latents_mean, latents_std=latents_std)
+        return encoder.eval().requires_grad_(False).to(device)
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(mock.patch.object(wan_folder, "load_expert", load_expert))
+        stack.enter_context(mock.patch.object(wan_folder, "load_vae", load_vae))
+        stack.enter_context(mock.patch.object(tiny_vae, "load_tiny_vae", load_tiny_vae))
+        yield
+
+
+#: the phases' FLOPs under the names of what runs in them (the innermost call counts)
+FLOP_PARTS = {
+    "velocity": "dit",  # the DiT forwards, CFG batched
+    "condition": "wan_vae",  # the image condition's Wan VAE encode
+    "encode": "vae_encode",  # the video latents' encoder forward (the Tiny VAE by default)
+    "render": "render",  # the SDS renders, forward (compositor: the dense stand-in)
+    "regularisers": "regularisers",  # forward and backward
+    "sds": "backward",  # the SDS backward through encoder and render, SDS arithmetic
+    "other": "other",  # cameras, Adam
+}
+
+
+def flop_parts(flops, iterations: int) -> dict[str, int]:
+    """FLOPs per iteration by part (torch's formulas per op: matrix products, convolutions,
+    attention; elementwise ops count nothing), and their total."""
+    out = {part: int(flops.get(phase, 0)) // iterations for phase, part in FLOP_PARTS.items()}
+    out["total"] = sum(out.values())
+    return out
+
+
 class PhasePeaks:
     """The traced peak of live device bytes within each call of some methods (nested calls
     included in their callers'), and ``resident``: what is live when an iteration starts
-    (weights, optimiser state, the scene)."""
+    (weights, optimiser state, the scene); the calls also name the phase the device's FLOPs
+    are counted under (the innermost)."""
 
-    def __init__(self, memory):
-        self.memory = memory
+    def __init__(self, rules):
+        self.rules = rules
+        self.memory = rules.memory
         self.peaks = collections.Counter(resident=0)
 
     def wrap(self, owner, *names: str) -> None:
@@ -320,9 +406,11 @@ class PhasePeaks:
     def _traced(self, name, method):
         def call(*args, **kwargs):
             before = self.memory.reset_peak()  # this call's peak starts at the live bytes
+            self.rules.phase.append(name)
             try:
                 return method(*args, **kwargs)
             finally:
+                self.rules.phase.pop()
                 inside = self.memory.peak
                 self.peaks[name] = max(self.peaks[name], inside)
                 self.memory.peak = max(before, inside)
@@ -330,9 +418,9 @@ class PhasePeaks:
         return call
 
 
-def model_estimate(method, memory, guidance, scene, points) -> dict:
-    """:mod:`chord.resources.peak_memory`'s estimate for the same run (the tiny folder's
-    shapes, this scene's Gaussians and contact points), to set beside the trace."""
+def model_estimate(method, memory, shape, scene, points) -> dict:
+    """:mod:`chord.resources.peak_memory`'s estimate for the same run (the experts' ``shape``,
+    this scene's Gaussians and contact points), to set beside the trace."""
     from chord.config import settings
     from chord.resources import peak_memory
 
@@ -346,7 +434,7 @@ def model_estimate(method, memory, guidance, scene, points) -> dict:
         batch=method.batch_size,
         gaussians=scene.means.shape[0],
         dynamic_gaussians=dynamic,
-        model=peak_memory.ModelShape.from_folder(guidance.folder),
+        model=shape,
         use_tiny_vae=method.use_tiny_vae,
         contact_points=sum(len(p) for p in points.values()),
     )
@@ -375,6 +463,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tier", action="append", help="a tier of the config (default: all)")
     parser.add_argument(
         "--preset", help="a preset of the config over its method, as a sheet row's preset column"
+    )
+    parser.add_argument(
+        "--experts",
+        choices=["tiny", "a14b"],
+        default="tiny",
+        help="the tiny random folder's experts (default), or A14B's built on the fake device",
     )
     parser.add_argument("--json", type=Path, help="write the report here")
     args = parser.parse_args(argv)
@@ -408,13 +502,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        teacher = Teacher(Path(tmp))
+        teacher = Teacher(Path(tmp), args.experts)
         for name in names:
             tier = tier_map[name]
             m, mem = tiers.apply(tiers.per_gpu(method, tier), memory, tier)
             rows.append(run_tier(name, m, mem, teacher, int(tier.gpu_mem_gb * 1e9)))
             print(describe(rows[-1]), flush=True)
-    report = {"device": "faked cuda:0 (chord.checks.fake_cuda)", "torch": torch.__version__}
+    report = {
+        "device": "faked cuda:0 (chord.checks.fake_cuda)",
+        "torch": torch.__version__,
+        "experts": teacher.shape.describe(),
+    }
     report["tiers"] = rows
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
