@@ -10,7 +10,8 @@
 #
 #   bash bench/gpu_device.sh --fetch-wheels    # here, with pip and a network: fill .whl/
 #   bash bench/gpu_device.sh [--part 1|2]      # there (carry .whl): one call's work
-#   bash bench/gpu_device.sh [--part 1|2] --dry-run   # anywhere: the plan and its budget sum
+#   bash bench/gpu_device.sh [--part 1|2] --dry-run   # here: the plan, its budget sum, and
+#                                                     # .whl/ holding the listed wheels
 #
 # A cold second call: part 2 builds nothing and trains (the float32 row) with the torch
 # rasteriser, so it needs neither part 1's kernels nor a warm machine (one stays warm 30 s
@@ -25,14 +26,19 @@ LIMIT=540 # seconds, each part's budget sum: 60 s below the tool's 600 s per cal
 # the facts, gsplat's build (nvcc for this card alone; 1-3 minutes on 16 cores, not yet
 # measured there), and the check's setup before its first section (imports, the random
 # expert, the VAE folder, the scene; in part 2 also writing the expert to disk: 15-40 s)
-INSTALL=${INSTALL_S:-20}
+# install: 27.8 MiB of wheels unpacked without compiling, seconds on a quick disk; 45 s for a
+# slow sandbox's (a timeout there ends the call under set -e before anything is measured).
+# build: gsplat 1.5.3's 29 objects take ~490 CPU-seconds here, ~31 s of 16 cores, so 155 s
+# leaves 5x for nvcc's start-up and the link.
+INSTALL=${INSTALL_S:-45}
 FACTS=${FACTS_S:-30}
-BUILD=${BUILD_S:-180}
+BUILD=${BUILD_S:-155}
 SETUP1=${SETUP1_S:-60}
 SETUP2=${SETUP2_S:-90}
 SECTIONS1="tiers mmgp render"
 SECTIONS2="reload float32"
 PY=${PYTHON:-python3}
+WHEELS=${WHEELS_DIR:-.whl} # the carried wheels (bench/gpu_wheels.txt): --fetch-wheels fills it
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 
@@ -56,12 +62,12 @@ done
 if ((fetch)); then
     # the device's platform: CPython 3.12 on x86-64 glibc Linux; libigl's wheel is tagged
     # manylinux_2_27/2_28 only, so manylinux2014 alone does not find it
-    rm -rf .whl && mkdir .whl
+    rm -rf "$WHEELS" && mkdir "$WHEELS"
     $PY -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
         --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-        --platform manylinux1_x86_64 -r bench/gpu_wheels.txt -d .whl
-    $PY bench/gpu_imports.py --check-wheels .whl
+        --platform manylinux1_x86_64 -r bench/gpu_wheels.txt -d "$WHEELS"
+    $PY bench/gpu_imports.py --check-wheels "$WHEELS"
     exit
 fi
 
@@ -117,6 +123,12 @@ if ((total > LIMIT)); then
     echo "part $part: the budgets sum to $total s, over $LIMIT s: lower them" >&2
     exit 1
 fi
+# the wheels are carried from here: a missing or stale folder is refused here, not on the device
+if ! $PY bench/gpu_imports.py --check-wheels "$WHEELS"; then
+    echo "part $part: $WHEELS/ is not the wheels of bench/gpu_wheels.txt; fill it first:" \
+        "bash bench/gpu_device.sh --fetch-wheels" >&2
+    exit 1
+fi
 ((dry)) && exit 0
 
 : "${OUT:?OUT: the folder whose files come back (the device tool sets it)}"
@@ -124,10 +136,9 @@ START=$SECONDS
 exec > >(tee -a "$OUT/part$part.log") 2>&1
 step() { echo "== $(date -u +%H:%M:%S) +$((SECONDS - START)) s: $*"; }
 
-step "install .whl/ (budget $INSTALL s)"
-$PY bench/gpu_imports.py --check-wheels .whl
+step "install $WHEELS/ (budget $INSTALL s)"
 timeout "$INSTALL" $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-    --upgrade --target /tmp/site .whl/*.whl
+    --upgrade --target /tmp/site "$WHEELS"/*.whl
 export PYTHONPATH=/tmp/site:$ROOT PYTHONUNBUFFERED=1
 export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/chord-torch-extensions}
 

@@ -13,10 +13,22 @@ from pathlib import Path
 
 import pytest
 
-from bench import gpu_check
+from bench import gpu_check, gpu_imports
 
 ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "bench" / "gpu_device.sh"
+
+
+@pytest.fixture(autouse=True)
+def wheels(tmp_path, monkeypatch):
+    """A folder named as .whl/ would be (empty files: the dry run checks the names and the
+    versions against bench/gpu_wheels.txt, and installs nothing)."""
+    folder = tmp_path / "whl"
+    folder.mkdir()
+    for name, version in gpu_imports.carried_wheels().items():
+        (folder / f"{name.replace('-', '_')}-{version}-py3-none-any.whl").touch()
+    monkeypatch.setenv("WHEELS_DIR", str(folder))
+    return folder
 
 
 def dry_run(*args, **env):
@@ -35,7 +47,7 @@ def plan(part: int) -> tuple[dict[str, int], int, list[str]]:
     proc = dry_run("--part", str(part))
     assert proc.returncode == 0, proc.stderr
     first, *rest = proc.stdout.splitlines()
-    lines = dict(line.split(": ", 2)[1:] for line in rest)
+    lines = dict(line.split(": ", 2)[1:] for line in rest if line.startswith("part "))
     steps = {name: int(s) for name, s in (step.split() for step in first[8:].split(", "))}
     total = int(re.fullmatch(r"(\d+) s \(limit 540 s.*", lines["budget sum"])[1])
     args = shlex.split(lines["check"].split(" (torch")[0])
@@ -78,3 +90,14 @@ def test_a_plan_over_540_s_is_refused():
 def test_a_bad_argument_is_an_error(args, error):
     proc = dry_run(*args)
     assert proc.returncode == 2 and error in proc.stderr
+
+
+def test_a_missing_or_stale_wheel_folder_is_refused_here(wheels, tmp_path):
+    """The device has no network: the dry run here refuses what the device could not install."""
+    proc = dry_run("--part", "1", WHEELS_DIR=str(tmp_path / "none"))
+    assert proc.returncode == 1 and "bash bench/gpu_device.sh --fetch-wheels" in proc.stderr
+    next(wheels.glob("wcwidth-*")).rename(wheels / "wcwidth-0.0.1-py3-none-any.whl")
+    proc = dry_run("--part", "2")
+    assert proc.returncode == 1 and "wcwidth-0.0.1-py3-none-any.whl: not in gpu_wheels.txt" in (
+        proc.stdout + proc.stderr
+    )
