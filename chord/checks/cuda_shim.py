@@ -135,5 +135,9 @@ def load() -> Path:
             "chord.checks.fake_iteration)"
         )
     path = build()
-    ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+    try:
+        ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+    except OSError as exc:
+        raise ShimError(f"{path}: the cached fake CUDA device does not load ({exc}); delete it "
+                        "and run again (it is rebuilt)") from exc  # fmt: skip
     return path

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import sys
 import weakref
 from collections import Counter
 from types import SimpleNamespace
@@ -295,8 +296,6 @@ def _strides(shape) -> list[int]:
 
 def _caller() -> str:
     """The first frame outside torch and this module: who read a value back."""
-    import sys
-
     frame = sys._getframe(2)
     while frame is not None:
         name = frame.f_globals.get("__name__", "")

@@ -154,8 +154,6 @@ def run_tier(name: str, method, memory, teacher: Teacher, budget_bytes: int) -> 
     ``where`` when an op was refused)."""
     import dataclasses
 
-    import torch
-
     from chord.checks import fake_cuda, fake_standins
     from chord.config import settings
     from chord.training.trainer import Trainer
@@ -206,8 +204,9 @@ def run_tier(name: str, method, memory, teacher: Teacher, budget_bytes: int) -> 
             )
             rules.memory.reset_peak()
             phases = PhasePeaks(rules)
-            phases.wrap(trainer, "regularisers", "render", "encode", "sds")
-            phases.wrap(guidance, "condition", "velocity")
+            owners = {"trainer": trainer, "guidance": guidance}
+            for owner, name in PHASES:
+                phases.wrap(owners[owner], name)
             iterations = expert_iterations(method, guidance.boundary_ratio)
             rules.flops.clear()
             for expert, it in iterations.items():
@@ -244,26 +243,26 @@ def run_tier(name: str, method, memory, teacher: Teacher, budget_bytes: int) -> 
         row.update(ok=False, error=f"{type(exc).__name__}: {exc}", where=frames[-6:])
         row["traceback"] = traceback.format_exception(exc)
     row["seconds"] = round(time.perf_counter() - start, 2)
-    del torch
     return row
 
 
-#: the phases' FLOPs under the names of what runs in them (the innermost call counts)
-FLOP_PARTS = {
-    "velocity": "dit",  # the DiT forwards, CFG batched
-    "condition": "wan_vae",  # the image condition's Wan VAE encode
-    "encode": "vae_encode",  # the video latents' encoder forward (the Tiny VAE by default)
-    "render": "render",  # the SDS renders, forward (compositor: the dense stand-in)
-    "regularisers": "regularisers",  # forward and backward
-    "sds": "backward",  # the SDS backward through encoder and render, SDS arithmetic
-    "other": "other",  # cameras, Adam
+#: the calls traced as phases, (owner, method) -> what their FLOPs count as (the innermost
+#: call counts; what runs outside every phase, cameras and Adam, is "other")
+PHASES = {
+    ("guidance", "velocity"): "dit",  # the DiT forwards, CFG batched
+    ("guidance", "condition"): "wan_vae",  # the image condition's Wan VAE encode
+    ("trainer", "encode"): "vae_encode",  # the video latents' encoder (the Tiny VAE by default)
+    ("trainer", "render"): "render",  # the SDS renders, forward (the stand-in compositor)
+    ("trainer", "regularisers"): "regularisers",  # forward and backward
+    ("trainer", "sds"): "backward",  # the SDS backward through encoder and render
 }
 
 
 def flop_parts(flops, iterations: int) -> dict[str, int]:
     """FLOPs per iteration by part (torch's formulas per op: matrix products, convolutions,
     attention; elementwise ops count nothing), and their total."""
-    out = {part: int(flops.get(phase, 0)) // iterations for phase, part in FLOP_PARTS.items()}
+    out = {part: int(flops.get(name, 0)) // iterations for (_, name), part in PHASES.items()}
+    out["other"] = int(flops.get("other", 0)) // iterations
     out["total"] = sum(out.values())
     return out
 
@@ -365,9 +364,16 @@ def main(argv: list[str] | None = None) -> int:
     from chord.config import settings
     from chord.resources import tiers
 
-    config = settings.validate_config(settings.read_yaml(args.config))
+    try:
+        config = settings.validate_config(settings.read_yaml(args.config))
+    except settings.ConfigError as exc:
+        print(f"fake_iteration: {exc}", file=sys.stderr)
+        return 2
     if args.preset is not None and args.preset not in config["presets"]:
-        print(f"fake_iteration: --preset {args.preset}: not a preset of {args.config}")
+        print(
+            f"fake_iteration: --preset {args.preset}: not a preset of {args.config}",
+            file=sys.stderr,
+        )
         return 2
     preset = config["presets"][args.preset] if args.preset else {}
     method = settings.method_from_mapping(
@@ -378,7 +384,10 @@ def main(argv: list[str] | None = None) -> int:
     names = args.tier or list(tier_map)
     unknown = [n for n in names if n not in tier_map]
     if unknown:
-        print(f"fake_iteration: --tier {unknown}: not tiers of {args.config} {list(tier_map)}")
+        print(
+            f"fake_iteration: --tier {unknown}: not tiers of {args.config} {list(tier_map)}",
+            file=sys.stderr,
+        )
         return 2
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -6,6 +6,10 @@ components built from their shapes. Imported only after :func:`chord.checks.cuda
 from __future__ import annotations
 
 import contextlib
+from unittest import mock
+
+import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
 
 def composite_standin(
@@ -16,8 +20,6 @@ def composite_standin(
     which fake tensors do not know. Every input enters the result (its device and dtype meet
     the others', its gradient flows), so the render's callers and the projection before it
     run as on the GPU."""
-    import torch
-
     I, N, D = colors.shape
     weight = (
         means2d.sum(-1) + conics.sum(-1) + opacities + depths + radii.sum(-1).to(depths.dtype)
@@ -25,7 +27,6 @@ def composite_standin(
     colour = (colors * weight[..., None]).sum(1) + backgrounds  # [I, D]
     rgb = colour[:, None, None, :].expand(I, height, width, D).contiguous()
     alpha = opacities.sum(1)[:, None, None, None].expand(I, height, width, 1).contiguous()
-    del torch
     return rgb, alpha
 
 
@@ -37,11 +38,6 @@ def modelled_parts():
     (scipy's KD-tree over rest points: the control points', ARAP's edges), answered with
     indices of the shape and device the real ones have; the compositor (:func:`composite_standin`).
     Yields the KNN calls' point counts."""
-    from unittest import mock
-
-    import torch
-    from torch.utils._python_dispatch import _disable_current_modes
-
     from chord.guidance import tiny_vae, wan_folder
 
     def on_host(load, *, move: bool):
@@ -95,16 +91,12 @@ def a14b_components(shape):
     transformer/config.json), the Wan 2.1 VAE from ``AutoencoderKLWan``'s defaults (which are
     its config), the Tiny VAE from its fixed layout. Their initialisers run on fake tensors:
     nothing is read from disk, nothing is materialised."""
-    from unittest import mock
-
     from diffusers import AutoencoderKLWan, WanTransformer3DModel
 
     from chord.guidance import tiny_vae, wan_folder
     from chord.resources import peak_memory
 
     def load_expert(ckpt_dir, name, *, dtype):
-        import torch
-
         model = WanTransformer3DModel(**peak_memory.transformer_kwargs(shape))
         # as from_pretrained(torch_dtype=...) loads it: the modules diffusers keeps in float32
         # (rope, time_embedder, scale_shift_table, the norms) stay float32, the rest is cast

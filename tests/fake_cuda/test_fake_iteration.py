@@ -110,6 +110,16 @@ def test_the_shim_must_come_before_torch():
         cuda_shim.load()
 
 
+def test_a_bad_config_is_one_line_and_exit_2(tmp_path):
+    missing = python("-m", "chord.checks.fake_iteration", "--config", str(tmp_path / "no.yaml"))
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr
+    assert f"config file {tmp_path / 'no.yaml'}: not found" in missing.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("tiers: 3\n")
+    proc = python("-m", "chord.checks.fake_iteration", "--config", str(bad))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "tiers" in proc.stderr
+
+
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     """Every tier of the workflow's config at the demo's sizes (its cpu_demo preset)."""
