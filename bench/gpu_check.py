@@ -22,11 +22,15 @@ A14B-shaped DiT expert from the real transformer configuration (chord.resources.
 layers, 40 heads of 128, FFN 13824, text dim 4096, 36 in / 16 out channels, patch 1x2x2) in
 bf16, as the high-noise expert that iterations 1 and 2 use (t = 0.98); the real-shaped Wan 2.1
 VAE (float32, saved to and loaded from a temporary diffusers folder as chord.guidance.wan loads
-it); the Tiny VAE encoder (TAEHV); random cached text embeddings (512 x 4096); and a demo-like
-scene (a block skinned by 12 control points on a slab) of 100,000 Gaussians. Then, for each
-tier, two training iterations (chord.training.trainer.Trainer.step, the real code path) at 832x480,
-41
-frames, batch 4, Tiny VAE on. The tiers are config/config.yaml's ``tiers:``
+it); the Tiny VAE encoder (TAEHV); random cached text embeddings (512 x 4096); and the faked
+trace's scene (chord.checks.fake_iteration.block_on_slab: a block skinned by 8 control points
+resting on a slab, with its contact points and the slab's distance grid) of 100,000 Gaussians.
+Then, for each tier, two training iterations (chord.training.trainer.Trainer.step, the real code
+path) of the workflow's method (config/config.yaml's ``method:``, the contact loss on) at 832x480,
+41 frames, batch 4. Each row holds, beside the measured peaks, the peak the faked trace of the
+same tier, flags and scene read (``traced``, from bench/gpu_trace.json: ``python
+bench/gpu_trace.py --json bench/gpu_trace.json``), so a device run settles the trace's margin
+(``allocated / trace``). The tiers are config/config.yaml's ``tiers:``
 (chord.resources.tiers.parse), each applied by chord.resources.tiers.apply over the config's
 ``memory`` values,
 plus split_plain derived from split (the shipped config's rows):
@@ -130,6 +134,7 @@ from pathlib import Path
 
 import torch
 
+from chord.checks import fake_iteration
 from chord.config import settings as cc
 from chord.resources import peak_memory
 from chord.resources import tiers as ct
@@ -141,6 +146,9 @@ else:
     import fixtures
 
 CONFIG = fixtures.ROOT / "config" / "config.yaml"
+#: the faked trace of the same runs (``python bench/gpu_trace.py --json bench/gpu_trace.json``):
+#: its peaks go beside the measured ones, so one device call settles the trace's margin
+TRACE = fixtures.ROOT / "bench" / "gpu_trace.json"
 #: a tiny size's rows (--tiny): the lowres tiers and the float32 row at sizes below 64x48
 TINY_LOWRES = {"lowres": (48, 32), "lowres_min": (32, 16), "split_fp32": (32, 16)}
 EXTRAS = ("reload", "float32", "render_timing")
@@ -149,6 +157,31 @@ PLACEHOLDER = "injected-random-weights.safetensors"
 TINY = dataclasses.replace(
     peak_memory.A14B, layers=1, heads=2, head_dim=8, ffn=32, text_dim=32, freq_dim=32
 )
+
+
+def workflow_method(width: int, height: int, frames: int, batch: int, config: Path = CONFIG):
+    """The workflow's method (``config``'s ``method:``, the contact loss included) at the
+    check's size, frames and batch, seed 0."""
+    conf = cc.validate_config(cc.read_yaml(config))
+    over = {"size": f"{width}*{height}", "frame_num": frames, "batch_size": batch, "seed": 0}
+    return cc.method_from_mapping({**conf["method"], **over}, where=f"{config}: method")
+
+
+def traced_peaks(path: Path, frames: int, batch: int, gaussians: int) -> dict:
+    """``{(tier, "WxH", flags): traced peak bytes}`` of the faked trace at ``path`` for runs of
+    these frames, batch and Gaussians; {} when there is none."""
+    try:
+        report = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+    peaks = {}
+    for r in report.get("tiers", []):
+        if r.get("ok") and (r["frames"], r["batch"], r.get("gaussians")) == (
+            frames, batch, gaussians,
+        ):  # fmt: skip
+            key = (r["tier"], r["size"].replace("*", "x"), json.dumps(r["flags"], sort_keys=True))
+            peaks[key] = r["traced_peak_bytes"]
+    return peaks
 
 
 def tier_table(width: int, height: int, config: Path = CONFIG) -> dict[str, tuple]:
@@ -375,18 +408,11 @@ def kept_float32(expert) -> tuple[int, int] | None:
 
 
 def run_tier(name, mem, size, ctx) -> dict:
-    """Two training iterations of one tier; the second is timed."""
+    """Two training iterations of one tier (the workflow's method, its contact loss on the
+    scene's block and slab); the second is timed."""
     W, H = size
-    method = cc.method_from_mapping(
-        {
-            "size": f"{W}*{H}",
-            "frame_num": ctx["frames"],
-            "batch_size": ctx["batch"],
-            "seed": 0,
-            "use_tiny_vae": True,
-            "iterations": 3000,
-        }
-    )
+    method = dataclasses.replace(ctx["method"], size=f"{W}*{H}")
+    meshes, grid, points = ctx["contact"]
     guide = ctx["guidance"](mem)
     tr = trainer.Trainer(
         scene=ctx["scene"],
@@ -397,6 +423,10 @@ def run_tier(name, mem, size, ctx) -> dict:
         height=H,
         memory=mem,
         backend=ctx.get("render_backend", "auto"),
+        meshes=meshes,
+        surface_voxel_size={"obj_0": 0.05},
+        contact_grid=grid,
+        contact_points=points,
     )
     clock = timer(ctx["cuda"])
     clock.wrap(tr, "render", "render")
@@ -449,8 +479,12 @@ def tier_rows(ctx, names, tiers=None, on_row=None) -> list[dict]:
             dynamic_gaussians=ctx["gaussians"] // 2,
             model=ctx["shape"],
             expert_bytes=ctx.get("expert_bytes", 2),
+            use_tiny_vae=ctx["method"].use_tiny_vae,
+            contact_points=sum(len(p) for p in ctx["contact"][2].values()),
         )
         row = {"tier": name, "size": f"{size[0]}x{size[1]}", "estimate": est["gpu_bytes"]}
+        flags = json.dumps(dataclasses.asdict(mem), sort_keys=True)
+        row["traced"] = ctx.get("traced", {}).get((name, row["size"], flags))
         row["estimate_reserved"] = est["reserved_bytes"]
         row["estimate_host"] = est["host_bytes"]
         ctx["peak"].disarm()
@@ -506,6 +540,9 @@ def print_row(row: dict, cuda: bool, flush: bool = False) -> None:
         extra += f"; host +{row['host_peak'] / div:.1f} of {row['estimate_host'] / div:.1f} GiB"
     if row.get("kept_float32"):
         extra += f"; kept float32 {row['kept_float32']}"
+    if row.get("traced") and row.get("allocated"):
+        ratio = row["allocated"] / row["traced"]
+        extra += f"; trace {row['traced'] / div:.2f} (allocated / trace {ratio:.3f})"
 
     print(
         f"{row['tier']:10s} {row['size']:>7s} {mem('allocated')} {mem('reserved')} "
@@ -791,7 +828,18 @@ def main(argv=None) -> int:
     )
     p.add_argument("--float32-size", default=None, help="WxH of the float32 row (416x240)")
     p.add_argument("--json", default=None, help="also write the rows here")
-    p.add_argument("--gaussians", type=int, default=None)
+    p.add_argument(
+        "--gaussians",
+        type=int,
+        default=None,
+        help="the scene's Gaussians, both objects (default 100,000; --tiny 2,000)",
+    )
+    p.add_argument(
+        "--trace",
+        type=Path,
+        default=TRACE,
+        help="the faked trace whose peaks go beside the measured ones (bench/gpu_trace.py)",
+    )
     p.add_argument("--verbose", action="store_true", help="print tracebacks of failed parts")
     p.add_argument(
         "--render-backend",
@@ -840,7 +888,7 @@ def main(argv=None) -> int:
         torch.set_num_threads(1)
     shape = TINY if tiny else peak_memory.A14B
     config = peak_memory.transformer_kwargs(shape, rope_max_seq_len=64 if tiny else 1024)
-    gaussians = args.gaussians or (2000 if tiny else 100_000)
+    gaussians = args.gaussians or (2000 if tiny else 2 * fake_iteration.CHECK_GAUSSIANS)
     dtype = torch.float32 if not cuda else torch.bfloat16
     dev = torch.cuda.get_device_name() if cuda else "CPU (--tiny)"
     report = {"device": dev, "allocator": allocator, "render_backend": args.render_backend}
@@ -865,7 +913,9 @@ def main(argv=None) -> int:
         vae_cfg = AutoencoderKLWan.load_config(folder / "vae")
         with torch.device("meta"):
             vae_params = sum(p.numel() for p in AutoencoderKLWan.from_config(vae_cfg).parameters())
-        scene = fixtures.block_scene(gaussians, frames).to(device)
+        method = workflow_method(width, height, frames, batch)
+        scene, *contact = fake_iteration.block_on_slab(method, gaussians=gaussians // 2)
+        scene = scene.to(device)
         text_dim = shape.text_dim
         g = torch.Generator().manual_seed(0)
         text = {
@@ -897,6 +947,9 @@ def main(argv=None) -> int:
             "batch": batch,
             "gaussians": gaussians,
             "scene": scene,
+            "method": method,
+            "contact": contact,
+            "traced": traced_peaks(args.trace, frames, batch, gaussians),
             "text": text,
             "guidance": guidance,
             "peak": Peak(cuda),
@@ -970,6 +1023,8 @@ def main(argv=None) -> int:
                 dynamic_gaussians=gaussians // 2,
                 model=ctx["shape"],
                 expert_bytes=4,
+                use_tiny_vae=method.use_tiny_vae,
+                contact_points=sum(len(p) for p in contact[2].values()),
             )
             row["estimate_main_size"] = main_size["gpu_bytes"]
             div, unit = (peak_memory.GiB, "GiB") if cuda else (peak_memory.MiB, "MiB")

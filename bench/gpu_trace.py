@@ -14,7 +14,11 @@ built on the fake device from their shapes, nothing read or materialised. Then:
   (:data:`PEAK_BF16`), the projection at 40 % and 60 % of it, and the release's s/it as a
   multiple of the floor.
 
-    python bench/gpu_trace.py [--config FILE] [--tier NAME]... [--json OUT]
+    python bench/gpu_trace.py [--config FILE] [--tier NAME]... [--gaussians N] [--json OUT]
+
+``--json bench/gpu_trace.json`` writes the file bench/gpu_check.py reads on the device: its
+scene (:func:`chord.checks.fake_iteration.block_on_slab`, 50,000 Gaussians per object) and the
+workflow's method are this trace's, so each measured row stands beside its traced peak.
 
 About 6 minutes on 2 cores for the five default tiers (BENCHMARKS.md has the table).
 """
@@ -30,6 +34,9 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from chord.checks.fake_iteration import CHECK_GAUSSIANS  # noqa: E402  (stdlib imports only)
+
 #: dense bf16 Tensor Core peaks, FLOP/s: NVIDIA's H100 (SXM5) and H200 (SXM) datasheets give
 #: 1,979 TFLOPS "with sparsity" for both; dense is half
 PEAK_BF16 = {"H100 SXM": 989.4e12, "H200 SXM": 989.4e12}
@@ -38,9 +45,9 @@ UTILISATION = (0.4, 0.6)
 RELEASE_S_PER_IT = 21.6
 
 
-def trace(config: Path, tiers: list[str], out: Path) -> dict:
+def trace(config: Path, tiers: list[str], out: Path, gaussians: int) -> dict:
     cmd = [sys.executable, "-m", "chord.checks.fake_iteration", "--experts", "a14b"]
-    cmd += ["--config", str(config), "--json", str(out)]
+    cmd += ["--config", str(config), "--json", str(out), "--gaussians", str(gaussians)]
     for tier in tiers:
         cmd += ["--tier", tier]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -51,7 +58,6 @@ def trace(config: Path, tiers: list[str], out: Path) -> dict:
 
 
 def budgets(config: Path) -> dict[str, int]:
-    sys.path.insert(0, str(ROOT))
     from chord.config import settings
     from chord.resources import tiers
 
@@ -97,10 +103,17 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", type=Path, default=ROOT / "config" / "config.yaml")
     parser.add_argument("--tier", action="append", default=[])
+    parser.add_argument(
+        "--gaussians",
+        type=int,
+        default=CHECK_GAUSSIANS,
+        help=f"per object (default {CHECK_GAUSSIANS:,}: bench/gpu_check.py's scene, so its "
+        "measured peaks go beside these)",
+    )
     parser.add_argument("--json", type=Path, help="write the report here")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
-        report = trace(args.config, args.tier, Path(tmp) / "trace.json")
+        report = trace(args.config, args.tier, Path(tmp) / "trace.json", args.gaussians)
     budget = budgets(args.config)
     for row in report["tiers"]:
         row["budget_bytes"] = budget[row["tier"]]

@@ -25,41 +25,7 @@ import types
 
 import torch
 
-
-def configure(model: torch.nn.Module, convert: torch.dtype | None = torch.bfloat16) -> None:
-    """mmgp 3.8's ``_configure`` on ``model``: the dtype pass and the argument casts."""
-    model_dtype = getattr(model, "_model_dtype", None)
-    for name, module in model.named_modules():
-        locked = hasattr(module, "_lock_dtype")
-        for p_name, p in module.named_parameters(recurse=False):
-            p.requires_grad = False
-            if locked:
-                continue
-            dtype = p.dtype
-            if convert is not None and dtype == torch.float32:
-                dtype = convert if model_dtype is None else model_dtype
-                if dtype != torch.float32:
-                    p.data = p.data.to(dtype)
-            if model_dtype is None:
-                model_dtype = dtype
-            elif model_dtype != dtype:  # mmgp: assert model_dtype == dtype
-                raise AssertionError(f"{name}.{p_name}: {dtype}, the model's is {model_dtype}")
-    model._dtype = model_dtype or convert or torch.bfloat16
-    for name, module in model.named_modules():
-        if "." not in name:  # the model ("") and its top-level submodules
-            module.register_forward_pre_hook(
-                _cast_hook(getattr(module, "_lock_dtype", model._dtype)), with_kwargs=True
-            )
-
-
-def _cast_hook(dtype: torch.dtype):
-    def cast(x):
-        return x.to(dtype) if torch.is_tensor(x) and x.dtype == torch.float32 else x
-
-    def hook(module, args, kwargs):
-        return tuple(cast(a) for a in args), {k: cast(v) for k, v in kwargs.items()}
-
-    return hook
+from chord.checks.fake_mmgp import configure
 
 
 class FakeMMGP:

@@ -27,11 +27,14 @@ What does not run faked, and how it is taken instead (listed in the report's ``m
 - nearest neighbours (the control points', ARAP's edges): scipy's KD-tree on the host needs the
   points' values; indices of the right shape and device stand in;
 - weights are read from disk on the host, outside the fake modes, then moved to the device;
-- ``enable_mmgp``: mmgp moves real weights between host and device; the faked run keeps the
-  expert on the device (its other flags apply). The memory model counts mmgp's window.
+- ``enable_mmgp``: mmgp moves real weights between host and device; its ``offload`` is taken
+  by :mod:`chord.checks.fake_mmgp`, which streams the expert as the memory model counts mmgp's
+  window (slices of ``mmgp_transformer_budget``, the next one prefetched); the rest of the mmgp
+  path (the residency, the expert switches, the unload after the DiT) runs as it is.
 
-    python -m chord.checks.fake_iteration [--config config/config.yaml] [--tier NAME]...
-        [--preset NAME] [--json OUT]
+    python -m chord.checks.fake_iteration [--config config/config.yaml] [--configfile F]...
+        [--tier NAME]... [--preset NAME | --scene NAME] [--experts tiny|a14b] [--wan FOLDER]
+        [--gaussians N] [--json OUT]
 
 Exit 0 when every tier's iteration ran, 1 when one failed (the report names the op).
 Nothing here imports torch before :func:`chord.checks.cuda_shim.load` (see there why).
@@ -54,11 +57,15 @@ REPO_CONFIG = Path("config/config.yaml")
 #: ops, not its sizes, are what a faked run exercises
 SCENE_GAUSSIANS = 400
 SCENE_CONTROL_POINTS = 8
+#: Gaussians per object of the GPU check's scene (bench/gpu_check.py, 100,000 in all): the
+#: trace of its shapes (bench/gpu_trace.py) builds the same scene
+CHECK_GAUSSIANS = 50_000
 
 
-def block_on_slab(method, seed: int = 0):
+def block_on_slab(method, seed: int = 0, gaussians: int = SCENE_GAUSSIANS):
     """(MotionScene, {name: mesh}, DistanceGrid, {name: contact points}) on the CPU: a block
-    (obj_0, dynamic) resting on a slab (obj_1, static)."""
+    (obj_0, dynamic) resting on a slab (obj_1, static), ``gaussians`` each. The GPU check
+    (bench/gpu_check.py) measures on this scene, so its peaks and the trace's are of one run."""
     import numpy as np
     import torch
     import trimesh
@@ -72,7 +79,7 @@ def block_on_slab(method, seed: int = 0):
         mesh = trimesh.creation.box(extents=extents)
         mesh.apply_translation(centre)
         mesh.visual.face_colors = (200, 90 + 40 * colour_seed, 40, 255)
-        g = gaussian_set.init_from_mesh([mesh], SCENE_GAUSSIANS, seed=colour_seed)
+        g = gaussian_set.init_from_mesh([mesh], gaussians, seed=colour_seed)
         return mesh, splat_tensors(g)
 
     block, dyn = box((0.3, 0.5, 0.3), (0.0, 0.25, 0.0), 0)
@@ -117,9 +124,10 @@ class Teacher:
     VAE and the Tiny VAE are built at Wan 2.2 I2V A14B's shapes on the fake device
     (:func:`chord.checks.fake_standins.a14b_components`: no weight is read or materialised),
     and the text condition is
-    UMT5-XXL's [512, 4096]."""
+    UMT5-XXL's [512, 4096]; ``shape`` (a :class:`ModelShape`, e.g. a Wan folder's) in place of
+    A14B's."""
 
-    def __init__(self, folder: Path, experts: str = "tiny"):
+    def __init__(self, folder: Path, experts: str = "tiny", shape=None):
         import torch
 
         from chord.guidance import text, tiny_models, wan_folder
@@ -129,7 +137,7 @@ class Teacher:
         self.folder = tiny_models.write_tiny_wan(folder / "wan")
         self.tiny_vae_path = tiny_models.write_tiny_vae(folder / "taew.safetensors", self.folder)
         if experts == "a14b":
-            self.shape = peak_memory.A14B
+            self.shape = shape or peak_memory.A14B
             e = torch.zeros(2, self.shape.text_len, self.shape.text_dim)
         else:
             self.shape = peak_memory.ModelShape.from_folder(self.folder)
@@ -138,33 +146,33 @@ class Teacher:
         self.text = {"prompt": e[0], "negative": e[1]}
 
     def guidance(self, method, memory, device):
-        import dataclasses
-
         from chord.config import settings
         from chord.guidance import wan
 
         folders = {"ckpt_dir": str(self.folder), "tiny_vae_path": str(self.tiny_vae_path)}
         cfg = settings.guidance_from_mapping({"backend": "wan", **folders})
-        memory = dataclasses.replace(memory, enable_mmgp=False)  # modelled: see the docstring
         return wan.from_config(cfg, method, memory, device=device)
 
 
-def run_tier(name: str, method, memory, teacher: Teacher, budget_bytes: int) -> dict:
+def run_tier(
+    name: str, method, memory, teacher: Teacher, budget_bytes: int, gaussians=SCENE_GAUSSIANS
+) -> dict:
     """One tier's iterations on the faked device: a report row (``ok``, and ``error`` and
     ``where`` when an op was refused)."""
     import dataclasses
 
-    from chord.checks import fake_cuda, fake_standins
+    from chord.checks import fake_cuda, fake_mmgp, fake_standins
     from chord.config import settings
     from chord.training.trainer import Trainer
 
     width, height = settings.parse_size(method.size, where=f"tier {name}: size")
-    scene, meshes, grid, points = block_on_slab(method)
+    scene, meshes, grid, points = block_on_slab(method, gaussians=gaussians)
     row = {
         "tier": name,
         "size": method.size,
         "frames": method.frame_num,
         "batch": method.batch_size,
+        "gaussians": 2 * gaussians,
         "flags": dataclasses.asdict(memory),
         "modelled": [
             "render_backend: torch (gsplat's CUDA kernels have no fake implementation)",
@@ -177,7 +185,9 @@ def run_tier(name: str, method, memory, teacher: Teacher, budget_bytes: int) -> 
     }
     if memory.enable_mmgp:
         row["modelled"].append(
-            "enable_mmgp: the expert stays on the device (mmgp streams real weights)"
+            "enable_mmgp: mmgp streams real weights; chord.checks.fake_mmgp streams the expert "
+            f"as the model counts it (slices of {memory.mmgp_transformer_budget} MiB, the next "
+            "prefetched; the modules outside the blocks on the device during a forward)"
         )
     start = time.perf_counter()
     try:
@@ -186,6 +196,8 @@ def run_tier(name: str, method, memory, teacher: Teacher, budget_bytes: int) -> 
             host_knn = stack.enter_context(fake_standins.modelled_parts())
             if teacher.experts == "a14b":
                 stack.enter_context(fake_standins.a14b_components(teacher.shape))
+            if memory.enable_mmgp:
+                streamed = stack.enter_context(fake_mmgp.fake_mmgp(fake_cuda.DEVICE)).streamed
             scene = scene.to(fake_cuda.DEVICE)
             guidance = teacher.guidance(method, memory, fake_cuda.DEVICE)
             trainer = Trainer(
@@ -229,6 +241,12 @@ def run_tier(name: str, method, memory, teacher: Teacher, budget_bytes: int) -> 
             if left:
                 raise fake_cuda.DeviceRuleError(f"parameters left the device: {left}")
             row["experts_loaded"] = guidance.loads
+            if memory.enable_mmgp:
+                row["mmgp_slices"] = [
+                    {"slices": len(s.slices), "largest_bytes": max(s.slice_bytes),
+                     "outside_bytes": s.outside_bytes}
+                    for s in streamed
+                ]  # fmt: skip
             row["host_knn_calls"] = len(host_knn)
             row["host_reads"] = sum(rules.readbacks.host.values())
             row["host_reads_by_line"] = dict(rules.readbacks.host.most_common())
@@ -339,9 +357,19 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m chord.checks.fake_iteration", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--config", type=Path, default=REPO_CONFIG, help="a workflow config")
+    parser.add_argument(
+        "--configfile",
+        type=Path,
+        action="append",
+        default=[],
+        help="a config file merged over --config, as snakemake --configfile does (repeatable)",
+    )
     parser.add_argument("--tier", action="append", help="a tier of the config (default: all)")
     parser.add_argument(
         "--preset", help="a preset of the config over its method, as a sheet row's preset column"
+    )
+    parser.add_argument(
+        "--scene", help="a scene of the config's sheet: its method, as the workflow resolves it"
     )
     parser.add_argument(
         "--experts",
@@ -349,8 +377,25 @@ def main(argv: list[str] | None = None) -> int:
         default="tiny",
         help="the tiny random folder's experts (default), or A14B's built on the fake device",
     )
+    parser.add_argument(
+        "--wan",
+        type=Path,
+        help="with --experts a14b: build the experts at this Wan folder's shapes (its "
+        "transformer/config.json), not A14B's",
+    )
+    parser.add_argument(
+        "--gaussians",
+        type=int,
+        default=SCENE_GAUSSIANS,
+        help=f"Gaussians of each of the scene's two objects (default {SCENE_GAUSSIANS}: the "
+        "graph's ops, not its sizes, are what most checks need)",
+    )
     parser.add_argument("--json", type=Path, help="write the report here")
     args = parser.parse_args(argv)
+    if args.gaussians < 2 * SCENE_CONTROL_POINTS:
+        print(f"fake_iteration: --gaussians {args.gaussians}: at least {2 * SCENE_CONTROL_POINTS}",
+              file=sys.stderr)  # fmt: skip
+        return 2
 
     from chord.checks import cuda_shim
 
@@ -362,11 +407,15 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from chord.config import settings
-    from chord.resources import tiers
+    from chord.resources import peak_memory, tiers
 
     try:
-        config = settings.validate_config(settings.read_yaml(args.config))
-    except settings.ConfigError as exc:
+        data = settings.read_yaml(args.config)
+        for extra in args.configfile:
+            data = settings.merge(data, settings.read_yaml(extra))
+        config = settings.validate_config(data)
+        shape = peak_memory.ModelShape.from_folder(args.wan) if args.wan else None
+    except (settings.ConfigError, OSError, ValueError) as exc:
         print(f"fake_iteration: {exc}", file=sys.stderr)
         return 2
     if args.preset is not None and args.preset not in config["presets"]:
@@ -380,6 +429,17 @@ def main(argv: list[str] | None = None) -> int:
         {**config["method"], **preset}, where=f"{args.config}: method"
     )
     memory = settings.MemoryConfig(**config["memory"])
+    if args.scene is not None:
+        try:
+            scenes = settings.load(data).scenes
+        except settings.ConfigError as exc:
+            print(f"fake_iteration: {exc}", file=sys.stderr)
+            return 2
+        if args.scene not in scenes:
+            print(f"fake_iteration: --scene {args.scene}: not a scene of {args.config}'s sheet",
+                  file=sys.stderr)  # fmt: skip
+            return 2
+        method = scenes[args.scene].method
     tier_map = tiers.parse(config["tiers"])
     names = args.tier or list(tier_map)
     unknown = [n for n in names if n not in tier_map]
@@ -391,11 +451,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        teacher = Teacher(Path(tmp), args.experts)
+        teacher = Teacher(Path(tmp), args.experts, shape)
         for name in names:
             tier = tier_map[name]
             m, mem = tiers.apply(tiers.per_gpu(method, tier), memory, tier)
-            rows.append(run_tier(name, m, mem, teacher, int(tier.gpu_mem_gb * 1e9)))
+            budget = int(tier.gpu_mem_gb * 1e9)
+            rows.append(run_tier(name, m, mem, teacher, budget, args.gaussians))
             print(describe(rows[-1]), flush=True)
     report = {
         "device": "faked cuda:0 (chord.checks.fake_cuda)",

@@ -84,6 +84,10 @@ def cmd_doctor(args) -> int:
     from chord.checks import doctor, report
 
     conf = cfg.load_file(Path(args.config), *(Path(p) for p in args.configfile))
+    if args.trace:  # the faked trace instead of this machine's checks
+        from chord.checks import trace
+
+        return 0 if trace.main(conf, Path(args.config), args.configfile) else EXIT_INPUT
     checks = doctor.run(conf, os.environ)
     print(report.table(checks))
     counts = {s: sum(c.status == s for c in checks) for s in (report.PASS, report.FAIL, report.NA)}
@@ -342,6 +346,13 @@ def build_parser() -> argparse.ArgumentParser:
         )
     )
     with_configfiles(sp)
+    sp.add_argument(
+        "--trace",
+        action="store_true",
+        help="instead: run each tier's training iteration at the config's real shapes on a faked "
+        "CUDA device (no GPU needed: a login node, a laptop; torch's CPU build) and print its "
+        "traced peak memory beside the model's and the tier's card",
+    )
     sp.set_defaults(func=cmd_doctor)
 
     sp = with_configfiles(

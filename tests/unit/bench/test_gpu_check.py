@@ -103,7 +103,9 @@ def test_an_out_of_memory_tier_is_a_row_and_the_next_tier_runs(monkeypatch, caps
         "shape": peak_memory.A14B,
         "tiers": mod.tier_table(64, 48),
         "verbose": False,
+        "method": mod.workflow_method(64, 48, 9, 2),
     }
+    ctx["contact"] = mod.fake_iteration.block_on_slab(ctx["method"], gaussians=100)[1:]
     rows = mod.tier_rows(ctx, ["full", "split", "offload", "lowres"])
     assert calls == ["full", "split", "offload", "lowres"]
     assert [r["status"] for r in rows] == [
@@ -271,3 +273,35 @@ def test_the_random_expert_keeps_diffusers_float32_modules():
     assert total > 0 and kept == total
     assert expert.blocks[0].attn1.to_q.weight.dtype == torch.bfloat16
     assert mod.kept_float32(expert.to(torch.bfloat16)) == (0, total)  # what mmgp's cast did
+
+
+def test_the_trace_of_the_same_run_goes_beside_the_measured_peak(tmp_path, capsys):
+    """A row takes the faked trace's peak of its own tier, size, flags, frames, batch and
+    Gaussians (bench/gpu_trace.json), and no other's."""
+    tiers = mod.tier_table(64, 48)
+    flags = lambda name: dataclasses.asdict(tiers[name][0])  # noqa: E731
+    row = {"ok": True, "frames": 9, "batch": 2, "gaussians": 2000, "size": "64*48"}
+    trace = {"tiers": [
+        {**row, "tier": "full", "flags": flags("full"), "traced_peak_bytes": 1000},
+        {**row, "tier": "split", "flags": flags("full"), "traced_peak_bytes": 7},  # other flags
+        {**row, "tier": "split_plain", "flags": flags("split_plain"), "traced_peak_bytes": 9,
+         "batch": 4},  # another batch
+    ]}  # fmt: skip
+    path = tmp_path / "gpu_trace.json"
+    path.write_text(json.dumps(trace))
+    peaks = mod.traced_peaks(path, frames=9, batch=2, gaussians=2000)
+    key = lambda name, f: (name, "64x48", json.dumps(flags(f), sort_keys=True))  # noqa: E731
+    assert peaks == {key("full", "full"): 1000, key("split", "full"): 7}
+    assert mod.traced_peaks(tmp_path / "none.json", 9, 2, 2000) == {}
+
+    ctx = {
+        "tiny": True, "cuda": False, "frames": 9, "batch": 2, "gaussians": 2000,
+        "peak": mod.Peak(False), "shape": peak_memory.A14B, "tiers": tiers, "verbose": False,
+        "method": mod.workflow_method(64, 48, 9, 2), "traced": peaks,
+    }  # fmt: skip
+    ctx["contact"] = mod.fake_iteration.block_on_slab(ctx["method"], gaussians=100)[1:]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(mod, "run_tier", lambda *a: {"status": "ok", "allocated": 1100})
+        rows = mod.tier_rows(ctx, ["full", "split"])
+    assert [r["traced"] for r in rows] == [1000, None]
+    assert "allocated / trace 1.100" in capsys.readouterr().out
