@@ -206,7 +206,7 @@ def _table(schema: dict, top: str = "##") -> list[str]:
             ("allowed", _allowed(spec, defs) or "any value of the type"),
             ("re-runs", _reruns(spec, section)),
         ]
-        out += [f"- **{k}**: {v}" for k, v in facts] + [""] + block
+        out += [" · ".join(f"**{k}** {v}" for k, v in facts), ""] + block
     return out
 
 
