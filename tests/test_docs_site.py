@@ -166,3 +166,29 @@ def test_reading_a_tools_parser_runs_nothing(name, tmp_path, monkeypatch):
     assert parser.prog == f"python -m {name}"
     assert list(tmp_path.iterdir()) == []
     assert argparse.ArgumentParser().parse_args([]) == argparse.Namespace()
+
+
+# What stands for a value in a quoted message: an elided part, a one-letter name (scene S,
+# tier T, N GiB), a number, a <name>, a sample value, a key the code composes (tiers.T.runtime_h).
+PLACEHOLDER = re.compile(
+    r"\.\.\./\S+|\[\.\.\.\]|\(\.\.\.\)|\.\.\.|\btiers\.[A-Z]\.\w+|\b[A-Z]\b|<\w+>|'x'"
+    r"|\b\d[\d.*]*\b|\bauto\b|\blowres\b|EXT_foo|;"
+)
+
+
+def test_troubleshooting_quotes_messages_the_code_prints():
+    """Each message docs/troubleshooting.md looks up (a bold code span heading an entry) is
+    made of the code's own words: every run of three or more words between its placeholders
+    stands in a string of chord/, rules/ or the Snakefile (adjacent literals joined)."""
+    sources = [*(REPO / "chord").rglob("*.py"), *(REPO / "rules").glob("*.smk"), REPO / "Snakefile"]
+    code = "\n".join(re.sub(r"[\"']\s*\n\s*[rf]*[\"']", "", p.read_text()) for p in sources)
+    page = (REPO / "docs" / "troubleshooting.md").read_text()
+    quoted = [q for line in page.splitlines() if line.startswith("**`") for q in
+              re.findall(r"`([^`]+)`", line)]  # fmt: skip
+    assert len(quoted) > 15
+    stale = {}
+    for message in quoted:
+        parts = [p.strip(" ,:()") for p in PLACEHOLDER.split(message)]
+        if missing := [p for p in parts if len(p.split()) >= 3 and p not in code]:
+            stale[message] = missing
+    assert not stale, f"messages the code no longer prints: {stale}"
