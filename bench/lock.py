@@ -1,7 +1,8 @@
 """The lock: the exact versions the tests run with and the main job installs, made by uv from
 pyproject.toml's ranges, and the GPU machine's carried wheels pinned from it.
 
-- ``requirements/test.txt``: the package, its ``test``, ``slurm`` and ``tensorboard`` extras;
+- ``requirements/test.txt``: the package, its ``test``, ``slurm``, ``tensorboard`` and ``docs``
+  extras;
   the README's test command and .ci/run install it.
 - ``requirements/main.txt``: the package alone, at test.txt's versions (resolved with test.txt
   as its constraints); the README's main-job command installs it.
@@ -59,7 +60,7 @@ WHEELS = ROOT / "bench" / "gpu_wheels.txt"
 #: the torch the README's commands install before the lock (the CPU build on this machine's disk)
 TORCH = "2.13.0"
 #: the extras test.txt holds besides the package's own requirements
-TEST_EXTRAS = ("test", "slurm", "tensorboard")
+TEST_EXTRAS = ("test", "slurm", "tensorboard", "docs")
 COMPILE_COMMAND = "python bench/lock.py compile"
 _ENTRY = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*==[^\s\\]+(?:\s*;[^\\]*)?)\s*\\?$")
 _VIA = re.compile(r"^\s+#\s+(?:via\s+)?(?!via\s*$)([A-Za-z0-9][A-Za-z0-9._-]*)\s*$")

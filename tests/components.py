@@ -32,6 +32,9 @@ CXX = Component("C++ compiler", "apt-get install g++ (or set CXX)", ci=True)
 CUDA = Component("CUDA GPU", "a machine with an NVIDIA GPU and a CUDA build of torch", ci=False)
 CPU_ONLY = Component("CPU-only paths", "they check what a machine without CUDA says", ci=False)
 TENSORBOARD = Component("TensorBoard", "pip install -e '.[test]'", ci=True)
+MKDOCS = Component(
+    "MkDocs", "pip install --require-hashes -r requirements/test.txt (the docs extra)", ci=True
+)
 # bpy in a venv of its own: it pins numpy<2 (the project's pandas needs numpy 2) and its wheel
 # is 374 MB (821 MB installed), so neither the `test` extra nor .ci/run brings it.
 BLENDER = Component(
@@ -44,8 +47,8 @@ BLENDER = Component(
 TEST_DATA = Component("test data", "a full clone of the repository (git tracks it)", ci=True)
 
 COMPONENTS = (
-    NODE, NPM_TOOLS, CHROMIUM, SLURM, SLURM_ROOT, SLURM_PLUGIN, TENSORBOARD, TEST_DATA, CXX, CUDA,
-    CPU_ONLY, BLENDER,
+    NODE, NPM_TOOLS, CHROMIUM, SLURM, SLURM_ROOT, SLURM_PLUGIN, TENSORBOARD, MKDOCS, TEST_DATA, CXX,
+    CUDA, CPU_ONLY, BLENDER,
 )  # fmt: skip
 
 

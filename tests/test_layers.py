@@ -1,8 +1,8 @@
 """The package as a house of folders (issue 35): every module sits in one folder of the layers
 declared in ``chord/__init__.py``, imports (at the top or in a function) only from its own
 folder or the ones before it, and no modules import each other in a circle; package faces hold
-no code; no module is over 500 lines; the README's table and docs/DESIGN.md show the declared
-layers."""
+no code; no module is over 500 lines; docs/development.md's table and docs/DESIGN.md show the
+declared layers."""
 
 from __future__ import annotations
 
@@ -160,8 +160,8 @@ def test_no_module_is_over_500_lines():
 
 def test_the_readme_and_the_design_show_the_declared_layers():
     layers = declared()
-    text = (REPO / "README.md").read_text()
-    section = text.split("### The package on one screen", 1)[1].split("\n#", 1)[0]
+    text = (REPO / "docs" / "development.md").read_text()
+    section = text.split("## The package on one screen", 1)[1].split("\n#", 1)[0]
     rows = [
         [c.strip() for c in line.strip().strip("|").split("|")]
         for line in section.splitlines()
@@ -174,7 +174,7 @@ def test_the_readme_and_the_design_show_the_declared_layers():
         if row[0] == "`stages/`":
             files &= listed  # one module per rule: the table names the shared one
         assert listed == files, (
-            f"README's row {row[0]}: lists {sorted(listed)}, holds {sorted(files)}"
+            f"docs/development.md's row {row[0]}: lists {sorted(listed)}, holds {sorted(files)}"
         )
     design = (REPO / "docs/DESIGN.md").read_text().split("## The package's layers", 1)[1]
     arrows = re.search(r"^(\w+(?: →\s+\w+)+)", design.replace("→\n", "→ "), re.M)

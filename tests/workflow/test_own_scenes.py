@@ -1,4 +1,4 @@
-"""README "Your own scenes", as written: a scene folder of compressed, optimised files (Draco,
+"""docs/own-scenes.md, as written: a scene folder of compressed, optimised files (Draco,
 meshopt, a .gltf with external files), a sheet, a config file merged over the shipped one;
 `chord validate` and a dry run. On the default oracle teacher, a row without a scripted
 motion stops the DAG build naming the row and the remedy; `chord validate` says the same."""

@@ -8,7 +8,7 @@ inputs); the re-plans are dry runs, one per set of files with the same stages (a
 edited at once: the same stages re-plan whichever one changed). Each edit appends a comment and
 is undone (content and time) before the next.
 
-The README's upgrade commands (section "Upgrading") run on a copy of that run after a simulated
+The upgrade commands of docs/upgrading.md run on a copy of that run after a simulated
 release that moves a module and rewrites every other: they keep every result and leave the new
 digests.
 """
@@ -111,7 +111,7 @@ def test_editing_a_source_reruns_exactly_the_stages_that_depend_on_it(finished):
     assert planned_jobs(snakemake(work, "-n")) == {}  # every edit undone
 
 
-# README "Upgrading": the line before its commands' bash block
+# docs/upgrading.md: the line before its commands' bash block
 UPGRADE_LINE = "To keep finished results, run once after upgrading"
 # the module the simulated upgrade moves (most stages use it); it is named only by this dotted
 # name, in both import forms, so a text replace moves every reference
@@ -119,9 +119,9 @@ MOVED = ("chord.config.sheet", "chord.config.scene_sheet")
 
 
 def upgrade_commands() -> list[list[str]]:
-    """The README's upgrade commands (the first bash block after UPGRADE_LINE), each as
-    Snakemake's arguments: the test runs what the note says."""
-    text = (REPO / "README.md").read_text()
+    """The upgrade commands of docs/upgrading.md (the first bash block after UPGRADE_LINE),
+    each as Snakemake's arguments: the test runs what the page says."""
+    text = (REPO / "docs" / "upgrading.md").read_text()
     after = text.split(f"\n{UPGRADE_LINE}", 1)[1]
     block = after.split("```bash\n", 1)[1].split("\n```", 1)[0]
     commands = [shlex.split(c) for c in re.split(r"&&|\n", block) if c.strip()]
@@ -155,9 +155,9 @@ def results_files(work: Path) -> dict[str, tuple[str, int]]:
     }
 
 
-def test_the_readme_upgrade_keeps_finished_results_and_live_digests(finished, tmp_path):
-    """README "Upgrading": after a release that moves modules, every code digest changes and
-    everything would re-run; the README's commands write the new digests and keep every result
+def test_the_upgrade_page_keeps_finished_results_and_live_digests(finished, tmp_path):
+    """docs/upgrading.md: after a release that moves modules, every code digest changes and
+    everything would re-run; the page's commands write the new digests and keep every result
     (same bytes, not rewritten: Snakemake's touch only updates times); then nothing is planned
     and a later edit re-plans what it should. On a copy of the finished run: nothing shared."""
     work = tmp_path / "upgrade"
@@ -181,7 +181,7 @@ def test_the_readme_upgrade_keeps_finished_results_and_live_digests(finished, tm
     assert users and users == [s for s in stages if new_file in new_sources[s]]
     for stage in stages:  # and every stage's contents
         assert cs.digest(new_sources[stage], root=pkg) != old_digests[stage], stage
-    # without the README's commands everything re-runs, training included
+    # without the page's commands everything re-runs, training included
     everything = planned_jobs(snakemake(work, "-n", "--forceall"))
     assert planned_jobs(snakemake(work, "-n")) == everything
     assert "train_coarse" in everything
