@@ -15,10 +15,12 @@ everything around that window, not the window itself:
 - the expert stays on the host (wherever the loader left it: ``WanGuidance`` does not move it
   when mmgp manages it);
 - during a forward the modules outside the transformer blocks are on the device;
-- the blocks' modules are cut, in the order they run, into slices of at most
+- the blocks' modules are cut, in the order they are registered, into slices of at most
   ``budgets["transformer"]`` MiB (a module larger than that is a slice of its own); when a
-  slice's first module runs, it and the next slice are on the device (mmgp's prefetch) and
-  every other slice is back on the host, so at most two slices are live;
+  module of a slice runs, that slice and the next are on the device (mmgp's prefetch) and every
+  other slice is back on the host, so at most two slices are live. Every module's forward
+  checks its own slice: a block need not run its modules in the order it registers them (a Wan
+  block registers its cross-attention before the norm that runs first);
 - after the forward, and on ``unload_all`` / ``release``, everything is back on the host.
 
 A weight "on the device" is a copy made on it (a new storage: the tracer counts it); "back on
@@ -82,7 +84,7 @@ class Streamed:
         ]
         for i, piece in enumerate(self.slices):
             hook = lambda *_, i=i: self._enter(i)  # noqa: E731
-            self.hooks.append(piece[0].register_forward_pre_hook(hook))
+            self.hooks += [module.register_forward_pre_hook(hook) for module in piece]
 
     def _load(self, modules) -> None:
         for module in modules:
@@ -106,6 +108,8 @@ class Streamed:
     def _enter(self, i: int) -> None:
         """Slice ``i`` starts: it and the next are on the device, no other slice is."""
         keep = {i, i + 1} & set(range(len(self.slices)))
+        if keep == self.live:
+            return
         for j in self.live - keep:
             self._drop(self.slices[j])
         for j in sorted(keep - self.live):

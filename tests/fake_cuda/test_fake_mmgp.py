@@ -20,14 +20,19 @@ from chord.guidance.mmgp_residency import MMGPResidency
 MiB = 2**20
 WIDTH = 1024  # a 1024x1024 Linear, which mmgp converts to bf16: 2 MiB of weight, 2 KiB of bias
 
+class Block(torch.nn.Module):  # runs its modules in another order than it registers them
+    def __init__(self):
+        super().__init__()
+        self.first, self.second, self.third = (torch.nn.Linear(WIDTH, WIDTH) for _ in range(3))
+
+    def forward(self, x):  # as a Wan block runs its norm2 before its attn2
+        return self.second(self.third(self.first(x)))
+
 class Expert(torch.nn.Module):  # the shape mmgp streams: an embedding, blocks, a head
     def __init__(self):
         super().__init__()
         self.embed = torch.nn.Linear(WIDTH, WIDTH)
-        self.blocks = torch.nn.ModuleList(
-            torch.nn.Sequential(torch.nn.Linear(WIDTH, WIDTH), torch.nn.Linear(WIDTH, WIDTH))
-            for _ in range(6)
-        )
+        self.blocks = torch.nn.ModuleList(Block() for _ in range(6))
         self.head = torch.nn.Linear(WIDTH, WIDTH)
 
     def forward(self, x):
@@ -66,8 +71,8 @@ def test_a_forward_holds_two_slices_and_the_outside_then_nothing():
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     linear = 1024 * 1024 * 2 + 1024 * 2  # bytes of one bf16 Linear's weight and bias
-    # the 5 MiB budget takes two Linears a slice: one block each
-    assert out["slices"] == [2] * 6 and out["slice_bytes"] == [2 * linear] * 6
+    # the 5 MiB budget takes two Linears a slice: a slice ends inside every other block
+    assert out["slices"] == [2] * 9 and out["slice_bytes"] == [2 * linear] * 9
     assert out["outside_bytes"] == 2 * linear  # the embedding and the head
     # the expert computes on the device, and its weights stay on the host
     assert out["device"] == "cuda:0" and out["weights_on"] == ["cpu"]
