@@ -18,8 +18,8 @@ from chord.resources.peak_memory import (
     GiB,
     MiB,
     ModelShape,
-    dit_block_params,
     dit_params,
+    dit_window,
     latent_shape,
     memory_config,
     read_json,
@@ -84,13 +84,7 @@ def preview_estimate(
     px = W * H
     L = tokens(W, H, T, s)
     fl, lh, lw = latent_shape(W, H, T)
-    expert = dit_params(s) * expert_bytes
-    block = dit_block_params(s) * expert_bytes
-    largest = max(s.dim * 6 * s.dim, s.dim * s.ffn) * expert_bytes
-    if f.enable_mmgp:
-        window = 2 * max(int(f.mmgp_transformer_budget) * MiB, largest) + expert - s.layers * block
-    else:
-        window = expert
+    window = dit_window(s, f, expert_bytes)
     video = 3 * T * px * 4  # float32 [1, 3, T, H, W]
     parts = {
         "dit_weights": window,

@@ -7,8 +7,8 @@ largest phase:
 
 - **weights**: one DiT expert in bf16 (its exact parameter count from the transformer
   configuration; with ``enable_mmgp`` only mmgp's streaming window: two slices of
-  max(budget, largest tensor) plus the modules outside the blocks), the Wan VAE in float32
-  (always: the image condition y uses it), the Tiny VAE and the cached text embeddings;
+  max(budget, a block's largest tensor) plus the modules outside the blocks), the Wan VAE in
+  float32 (always: the image condition y uses it), the Tiny VAE and the cached text embeddings;
 - **render graph** of one video with gradients (deform, projection, rasteriser):
   a·F·N + b·F·H·W bytes;
 - **encoder graph** with gradients: the Tiny VAE, c·F₄·H·W (F₄ = F padded to a multiple of 4;
@@ -357,13 +357,7 @@ def estimate(
     fl, lh, lw = latent_shape(W, H, T)
 
     expert = dit_params(s) * expert_bytes
-    block = dit_block_params(s) * expert_bytes
-    outside = expert - s.layers * block
-    largest = max(s.dim * 6 * s.dim, s.dim * s.ffn) * expert_bytes
-    if f.enable_mmgp:
-        window = 2 * max(int(f.mmgp_transformer_budget) * MiB, largest) + outside
-    else:
-        window = expert
+    window = dit_window(s, f, expert_bytes)
     parts = {
         "dit_weights": window,
         "vae_weights": s.vae_params * 4,
@@ -440,6 +434,23 @@ def estimate(
         host += expert // 2  # mmgp's pinned staging of the active expert's blocks
     host *= int(gpus)  # one process per GPU, each with its expert, scene and loaders
     return summary(phases, parts, host, width=W, height=H, tokens=L, batch=B, gpus=int(gpus))
+
+
+def dit_window(s: ModelShape, flags, expert_bytes: int = 2) -> int:
+    """The expert's bytes on the GPU while it runs: all of it, or with ``enable_mmgp`` mmgp's
+    window: two slices of max(``mmgp_transformer_budget``, a block's largest tensor), at most
+    all the blocks, and the modules outside the blocks (the faked run streams it so:
+    chord.checks.fake_mmgp)."""
+    expert = dit_params(s) * expert_bytes
+    if not flags.enable_mmgp:
+        return expert
+    blocks = s.layers * dit_block_params(s) * expert_bytes
+    # a block's largest tensor (its FFN's, else an attention projection): the time
+    # projection (dim -> 6·dim) is outside the blocks, counted once in `outside`
+    largest = max(s.dim * s.dim, s.dim * s.ffn) * expert_bytes
+    # two slices, but never more than the blocks hold (a small expert fits one slice)
+    window = min(2 * max(int(flags.mmgp_transformer_budget) * MiB, largest), blocks)
+    return window + expert - blocks
 
 
 def summary(phases: dict, parts: dict, host: int, **shape) -> dict:

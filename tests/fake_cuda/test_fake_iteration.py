@@ -20,6 +20,9 @@ from tests import components
 from tests.conftest import REPO
 
 CONFIG = REPO / "config" / "config.yaml"
+#: the model may exceed the traced peak by at most this factor (docs/BENCHMARKS.md, "At A14B's
+#: shapes": 1.01-1.21 there)
+MODEL_MARGIN = 1.25
 
 PROBE = r"""
 import json
@@ -163,4 +166,7 @@ def test_each_tiers_iteration_runs_on_the_faked_device(report, tier):
     phases = row["phases"]
     assert row["traced_peak_bytes"] == max(phases.values()) > phases["resident"] > 0
     assert row["model_peak_bytes"] >= row["traced_peak_bytes"], (row["phases"], row["model_phases"])
+    # ... nor drift far above it: the margin docs/BENCHMARKS.md states (the model's analytic DiT
+    # activations and what a trace cannot see: workspaces, block rounding, the compositor)
+    assert row["model_peak_bytes"] <= MODEL_MARGIN * row["traced_peak_bytes"], row["model_phases"]
     assert proc.returncode == 0 and f"{tier}: ok" in proc.stdout

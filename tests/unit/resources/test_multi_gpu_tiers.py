@@ -218,7 +218,7 @@ def test_the_tier_table_command_prints_the_peak_per_gpu(tmp_path, capsys):
     rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[2:]}
     assert rows["quad24"][1:3] == ["4", "1"]  # gpus, videos per GPU
     assert rows["duo48"][1:3] == ["2", "2"] and rows["full"][1:3] == ["1", "4"]
-    assert rows["quad24"][6:9] == ["8.4G", "24G", "yes"] and rows["quad24"][9] == "184G"
+    assert rows["quad24"][6:9] == ["8.0G", "24G", "yes"] and rows["quad24"][9] == "184G"
     job_size.main(["--config", str(path), "--batch", "2"])
     rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[2:]}
     assert rows["quad24"][8] == "batch"  # 2 videos do not split over 4 GPUs
