@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from chord.core.errors import InputError
+from chord.gltf import format_rules
 from chord.gltf.container import (
     ARRAY_BUFFER,
     COMPONENTS,
@@ -317,6 +318,7 @@ def _read(path: Path, mem_mb: int | None) -> Source:
     checker = Checker(doc, where)
     checker.data([None if b is None else len(b) for b in buffers])
     check_counts(where, doc)  # before an image is opened or an array made
+    format_rules.check_counts(doc, where)
     warnings = _check_extensions(doc, where)
     images = [_image_bytes(doc, i, buffers, path) for i in range(len(doc.get("images", [])))]
     pixels = sum(image_pixels(data, f"{where}: image {i}") for i, data in enumerate(images))
@@ -372,6 +374,7 @@ def _read(path: Path, mem_mb: int | None) -> Source:
             if key in acc:
                 out.doc["accessors"][i][key] = acc[key]
     check_indices(doc, arrays, where)
+    format_rules.check_values(doc, arrays, where)
     for mesh in out.doc.get("meshes", []):
         for prim in mesh.get("primitives", []):
             prim.get("extensions", {}).pop(DRACO, None)
