@@ -178,10 +178,15 @@ def peak_bytes(doc: dict, file_bytes: int, buffer_bytes: int, pixels: int = 0) -
     )
 
 
-BUDGET_FIX = (
-    "give ingest more memory (snakemake --set-resources ingest:mem_mb=N, or chord ingest "
-    "--mem-mb N) or decimate the asset (e.g. `npx @gltf-transform/cli simplify IN OUT`)"
-)
+def budget_fix(peak: int) -> str:
+    """How to read a file needing ``peak`` bytes: the mem_mb to give (a quarter over, in
+    thousands), or decimating it."""
+    need = math.ceil(peak / 2**20 * 1.25 / 1000) * 1000
+    return (
+        f"give ingest more memory (snakemake --set-resources ingest:mem_mb={need}, or chord "
+        f"ingest --mem-mb {need}) or decimate the asset (e.g. `npx @gltf-transform/cli "
+        "simplify IN OUT`)"
+    )
 
 
 def mem_budget_mb(mem_mb: int | None = None) -> int:
@@ -199,9 +204,7 @@ def mem_budget_mb(mem_mb: int | None = None) -> int:
 def check_budget(where: str, peak: int, mem_mb: int) -> None:
     """Refuse a file whose estimated peak exceeds ``mem_mb``, naming the figure and the fix."""
     if peak > mem_mb * 2**20:
-        need = math.ceil(peak / 2**20 * 1.25 / 1000) * 1000
         raise InputError(
             f"{where}: reading it needs an estimated {peak / 2**30:.1f} GiB, more than the "
-            f"ingest job's {mem_mb} MB (its mem_mb); "
-            + BUDGET_FIX.replace("=N", f"={need}").replace("-mb N", f"-mb {need}")
+            f"ingest job's {mem_mb} MB (its mem_mb); {budget_fix(peak)}"
         )

@@ -27,6 +27,7 @@ from __future__ import annotations
 import base64
 import copy
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,7 +57,7 @@ from chord.gltf.decode import (
     normalised_values,
 )
 from chord.gltf.document_checks import Checker, check_depth
-from chord.gltf.memory_budget import BUDGET_FIX, check_budget, check_counts, mem_budget_mb, peak_bytes
+from chord.gltf.memory_budget import budget_fix, check_budget, check_counts, mem_budget_mb, peak_bytes
 from chord.gltf.read_checks import MAX_IMAGE_PIXELS, check_decoded, check_indices, image_pixels
 from chord.gltf.textures import (
     IMAGE_EXTENSIONS,
@@ -182,7 +183,11 @@ def _load(path: Path, mem_mb: int) -> tuple[dict, list[bytes | None], int]:
     def refuse(why: str):
         raise InputError(f"{path}: {why}")
 
-    over = f"more than the ingest job's {mem_mb} MB (its mem_mb); " + BUDGET_FIX
+    try:  # the figure for the message; regular_bytes checks the open file
+        size = os.stat(path).st_size
+    except OSError:
+        size = 0
+    over = f"more than the ingest job's {mem_mb} MB (its mem_mb); {budget_fix(size)}"
     data = regular_bytes(path, refuse, limit=(mem_mb * 2**20, over))
     size = len(data)
     if data[:4] == GLB_MAGIC:
