@@ -47,7 +47,9 @@ def build(kind: str, n: int, path: Path) -> None:
     prim = b.doc["meshes"][0]["primitives"][0]
     root: dict = {"mesh": 0}
     if kind in ("nodes", "empty"):
-        root["children"] = [b.add("nodes", {"mesh": 0} if kind == "nodes" else {}) for _ in range(n)]
+        root["children"] = [
+            b.add("nodes", {"mesh": 0} if kind == "nodes" else {}) for _ in range(n)
+        ]
     elif kind == "instances":
         b.add_accessor(np.zeros((n, 1), np.uint8), "SCALAR", component=5121, bounds=False)
         tr = b.add("accessors", {"componentType": 5126, "count": n, "type": "VEC3"})

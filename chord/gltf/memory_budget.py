@@ -117,9 +117,7 @@ def cap(name: str) -> int:
     try:
         return int(os.environ.get(env, default))
     except ValueError:
-        raise InputError(
-            f"{env}: {shown(os.environ[env], 40)} is not a whole number"
-        ) from None
+        raise InputError(f"{env}: {shown(os.environ[env], 40)} is not a whole number") from None
 
 
 def check_counts(where: str, doc: dict, checked: bool = True) -> dict[str, int]:

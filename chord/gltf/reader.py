@@ -57,7 +57,13 @@ from chord.gltf.decode import (
     normalised_values,
 )
 from chord.gltf.document_checks import Checker, check_depth
-from chord.gltf.memory_budget import budget_fix, check_budget, check_counts, mem_budget_mb, peak_bytes
+from chord.gltf.memory_budget import (
+    budget_fix,
+    check_budget,
+    check_counts,
+    mem_budget_mb,
+    peak_bytes,
+)
 from chord.gltf.read_checks import MAX_IMAGE_PIXELS, check_decoded, check_indices, image_pixels
 from chord.gltf.textures import (
     IMAGE_EXTENSIONS,

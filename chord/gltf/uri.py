@@ -3,9 +3,10 @@ URIs are relative references to files inside the scene's folder (percent-decoded
 resolved, symlinks followed), or ``data:`` URIs; an absolute path, a path leading out of the
 folder (``../elsewhere/x.bin``, or a link to a file outside it) and any other scheme
 (``file:``, ``http:``, ...) are refused, naming the file, the URI and this rule, before any
-file is opened. A file they name is read by :func:`regular_bytes`: a regular file (not a folder, a FIFO
-or a device, nor a link to one) of the size its document declares, and no more of it. What the reader (:mod:`chord.gltf.reader`) and the workflow's inputs
-(:func:`chord.gltf.reader.external_files`) both follow."""
+file is opened. What the reader (:mod:`chord.gltf.reader`) and the workflow's inputs
+(:func:`chord.gltf.reader.external_files`) both follow. A file a URI names is read by
+:func:`regular_bytes`: a regular file (not a folder, a FIFO or a device, nor a link to one) of
+the size its document declares, and no more of it."""
 
 from __future__ import annotations
 
@@ -63,8 +64,13 @@ def scene_path(uri, folder: Path | str, where: str, what: str) -> Path:
     return Path(os.path.normpath(Path(folder) / name))
 
 
-KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-         (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))  # fmt: skip
+KINDS = (
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
 
 
 def _problem(file, mode: int | None) -> str | None:
@@ -91,8 +97,9 @@ def file_problem(file: Path | str) -> str | None:
     return _problem(file, mode)
 
 
-def regular_bytes(file: Path | str, refuse, *, length: int | None = None,
-                  limit: tuple[int, str] | None = None) -> bytes:
+def regular_bytes(
+    file: Path | str, refuse, *, length: int | None = None, limit: tuple[int, str] | None = None
+) -> bytes:
     """The bytes of ``file``, a regular file, else ``refuse(why)`` (which raises;
     :func:`file_problem`'s words); also where it holds other than ``length`` bytes (when
     given; both named) or more than ``limit`` (bytes, and why that many: "more than ...").

@@ -14,7 +14,9 @@ from chord.gltf import container, reader
 from tests.unit.gltf.test_untrusted import box_glb, refused, write
 
 
-def _add(doc: dict, blob: bytes, values, dtype: str, kind: str, component: int) -> tuple[int, bytes]:
+def _add(
+    doc: dict, blob: bytes, values, dtype: str, kind: str, component: int
+) -> tuple[int, bytes]:
     """``values`` appended as a new accessor (its own bufferView): (its index, the blob)."""
     data = np.ascontiguousarray(values, dtype=dtype).tobytes()
     blob = blob + b"\0" * (-len(blob) % 4)
@@ -81,8 +83,7 @@ KEPT = {
 BROKEN = {
     "joints": (
         lambda: skinned(joint=3),
-        "mesh 0 primitive 0: JOINTS_0 (accessor 3) holds joint 3, but node 0's skin 0 has 1 "
-        "joints",
+        "mesh 0 primitive 0: JOINTS_0 (accessor 3) holds joint 3, but node 0's skin 0 has 1 joints",
     ),
     "inverse_bind": (
         lambda: skinned(ibm_type="SCALAR"),

@@ -156,7 +156,10 @@ def rule_cases(doc: dict, blob: bytes, data: bytes):
                    "bufferViews": doc["bufferViews"]}  # fmt: skip
             kind = container.COMPONENTS[sp["indices"]["componentType"]]
             for label, values in (("repeated", [1, 1]), ("decreasing", [2, 1])):
-                yield f"sparse {i} {label}", container.glb_bytes(doc, _written(tmp, blob, 0, values, kind))
+                yield (
+                    f"sparse {i} {label}",
+                    container.glb_bytes(doc, _written(tmp, blob, 0, values, kind)),
+                )
     for i, skin in enumerate(doc.get("skins", [])):
         joints = len(skin["joints"])
         for mesh in doc["meshes"]:
@@ -166,14 +169,18 @@ def rule_cases(doc: dict, blob: bytes, data: bytes):
                     yield f"skin {i} joint {joints}", container.glb_bytes(doc, out)
         ibm = skin["inverseBindMatrices"]
         for key, value in (("type", "SCALAR"), ("count", joints - 1)):
-            yield f"skin {i} matrices {key}", container.glb_bytes(
-                replaced(doc, ("accessors", ibm, key), value), blob
+            yield (
+                f"skin {i} matrices {key}",
+                container.glb_bytes(replaced(doc, ("accessors", ibm, key), value), blob),
             )
     for a, anim in enumerate(doc.get("animations", [])):
         for j, sampler in enumerate(anim["samplers"]):
             out = doc["accessors"][sampler["output"]]["count"] - 1
-            yield f"animation {a} sampler {j} outputs", container.glb_bytes(
-                replaced(doc, ("accessors", sampler["output"], "count"), out), blob
+            yield (
+                f"animation {a} sampler {j} outputs",
+                container.glb_bytes(
+                    replaced(doc, ("accessors", sampler["output"], "count"), out), blob
+                ),
             )
             for label, times in (("NaN", [0.0, float("nan")]), ("decreasing", [1.0, 0.5])):
                 mutated = _written(doc, blob, sampler["input"], times, "<f4")
