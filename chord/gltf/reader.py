@@ -212,6 +212,10 @@ def _load(path: Path, mem_mb: int) -> tuple[dict, list[bytes | None], int]:
     check_counts(where, doc, checked=False)  # a million nodes refused before a walk over them
     check_depth(doc, where)
     Checker(doc, where).top()
+    # the buffers' declared bytes (each file is read only if it holds exactly those) against
+    # the budget before one is read: a .gltf naming one large .bin many times is refused here
+    declared = size + sum(b.get("byteLength", 0) for b in doc.get("buffers", []) if "uri" in b)
+    check_budget(where, declared, mem_mb)
     buffers: list[bytes | None] = []
     for i, buf in enumerate(doc.get("buffers", [])):
         what = f"buffer {i}"
@@ -331,9 +335,12 @@ def _read(path: Path, mem_mb: int | None) -> Source:
     check_counts(where, doc)  # before an image is opened or an array made
     format_rules.check_counts(doc, where)
     warnings = _check_extensions(doc, where)
-    images = [_image_bytes(doc, i, buffers, path) for i in range(len(doc.get("images", [])))]
-    pixels = sum(image_pixels(data, f"{where}: image {i}") for i, data in enumerate(images))
     held = sum(len(b) for b in buffers if b is not None)
+    images = []
+    for i in range(len(doc.get("images", []))):  # what is held checked as each one is read
+        images.append(_image_bytes(doc, i, buffers, path))
+        check_budget(where, size + held + sum(len(data) for data in images), budget)
+    pixels = sum(image_pixels(data, f"{where}: image {i}") for i, data in enumerate(images))
     check_budget(where, peak_bytes(doc, size, held, pixels), budget)
     used = set(doc.get("extensionsUsed", [])) | set(doc.get("extensionsRequired", []))
     views, blob = flat_views(doc, buffers, where)

@@ -211,3 +211,22 @@ def test_an_image_file_larger_than_any_image_chord_decodes_is_refused_unread(tmp
     message = refused(write(tmp_path, doc, blob))
     assert f"image 0 refers to {tmp_path / 'big.png'}, which holds " in message
     assert "more than an image of the most pixels chord decodes (134217728) can hold" in message
+
+
+def test_one_bin_named_by_many_buffers_is_refused_before_any_is_read(tmp_path):
+    path, bin_file = gltf_with_bin(tmp_path)
+    doc = json.loads(path.read_text())
+    os.truncate(bin_file, 2**30)  # sparse: 1 GiB, named 20 times (20 GiB read)
+    doc["buffers"] = [{"uri": bin_file.name, "byteLength": 2**30}] * 20
+    path.write_text(json.dumps(doc))
+    message = refused(path, mem_mb=8000)  # the tracemalloc limit: none was read
+    assert "reading it needs an estimated 20.0 GiB, more than the ingest job's 8000 MB" in message
+
+
+def test_images_read_past_the_budget_are_refused_as_they_are_read(tmp_path):
+    doc, blob = box_glb()
+    (tmp_path / "big.png").write_bytes(b"")
+    os.truncate(tmp_path / "big.png", 8 * 2**20)  # sparse, 8 MiB, named by 8 images
+    doc["images"] = [{"uri": "big.png"}] * 8
+    message = refused(write(tmp_path, doc, blob), mem_mb=20)  # after the third: 24 MiB read
+    assert "more than the ingest job's 20 MB (its mem_mb)" in message
