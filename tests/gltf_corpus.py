@@ -329,10 +329,38 @@ def with_draco(dst: Path) -> Path:
     return dst
 
 
+def skinned_animated(src: Path, dst: Path) -> Path:
+    """The first mesh skinned to two joints (JOINTS_0, WEIGHTS_0, an inverse-bind matrix per
+    joint), the second joint's translation keyed at three times (LINEAR)."""
+    d = Doc(src)
+    n = d.doc["accessors"][d.prim()["attributes"]["POSITION"]]["count"]
+    joints = np.zeros((n, 4), np.uint8)
+    joints[n // 2 :, 0] = 1
+    d.prim()["attributes"]["JOINTS_0"] = d.add(joints, "VEC4", container.UNSIGNED_BYTE)
+    weights = np.tile(np.float32([1, 0, 0, 0]), (n, 1))
+    d.prim()["attributes"]["WEIGHTS_0"] = d.add(weights, "VEC4", container.FLOAT)
+    ibm = d.add(np.tile(np.eye(4, dtype=np.float32).reshape(1, 16), (2, 1)), "MAT4",
+                container.FLOAT)  # fmt: skip
+    first = len(d.doc["nodes"])
+    d.doc["nodes"] += [{"name": "joint_0", "children": [first + 1]},
+                       {"name": "joint_1", "translation": [0.0, 0.1, 0.0]}]  # fmt: skip
+    d.doc["scenes"][d.doc.get("scene", 0)]["nodes"].append(first)
+    d.doc["skins"] = [{"joints": [first, first + 1], "inverseBindMatrices": ibm}]
+    next(node for node in d.doc["nodes"] if "mesh" in node)["skin"] = 0
+    times = d.add(np.float32([[0.0], [0.5], [1.0]]), "SCALAR", container.FLOAT,
+                  min=[0.0], max=[1.0])  # fmt: skip
+    moves = d.add(np.float32([[0, 0.1, 0], [0, 0.2, 0], [0, 0.1, 0]]), "VEC3", container.FLOAT)
+    d.doc["animations"] = [{
+        "samplers": [{"input": times, "output": moves, "interpolation": "LINEAR"}],
+        "channels": [{"sampler": 0, "target": {"node": first + 1, "path": "translation"}}],
+    }]  # fmt: skip
+    return d.save(dst)
+
+
 def fuzz_bases(folder: Path) -> list[Path]:
     """Small real files of each structure the reader handles: a textured indexed box, five
-    nodes sharing a mesh under a parent, sparse positions, GPU instancing, Draco, and a .gltf
-    with its buffers in .bin files beside it."""
+    nodes sharing a mesh under a parent, sparse positions, GPU instancing, Draco, a skinned
+    and animated box, and a .gltf with its buffers in .bin files beside it."""
     folder.mkdir(parents=True, exist_ok=True)
     textured = write_glb(textured_box(), folder / "textured.glb")
     nodes, _ = shared_mesh_nodes(folder / "nodes.glb", n=5)
@@ -349,4 +377,5 @@ def fuzz_bases(folder: Path) -> list[Path]:
     gltf = folder / "external" / "obj_0.gltf"
     gltf.parent.mkdir()
     textured_box(seed=1).export(gltf)
-    return [textured, nodes, sparse, instanced, with_draco(folder / "draco.glb"), gltf]
+    skinned = skinned_animated(textured, folder / "skinned.glb")
+    return [textured, nodes, sparse, instanced, with_draco(folder / "draco.glb"), skinned, gltf]

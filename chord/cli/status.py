@@ -49,6 +49,7 @@ from chord.cli.state_files import (  # noqa: F401 (status.last_error: its tests'
     read_state,
 )
 from chord.config import settings as cc
+from chord.core.errors import InputError
 from chord.plan import results_layout as P
 from chord.plan import scene_plan
 from chord.resources import out_of_memory, tiers
@@ -151,8 +152,8 @@ def _records(p: scene_plan.ScenePlan, now: float, damaged: list[str]) -> str | N
         path = folder / out_of_memory.RECORD
         try:
             oom = out_of_memory.read(path)
-        except (OSError, ValueError) as exc:  # not a file, not text
-            damaged.append(f"{path}: cannot be read ({exc})")
+        except InputError as exc:  # not a file, not text: the message names it
+            damaged.append(str(exc))
             oom = set()
         if oom:
             notes.append(f"{st}: out of memory on {','.join(sorted(oom))}")

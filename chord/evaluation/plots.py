@@ -100,6 +100,7 @@ def _loss_panels(path: Path | str, frames: dict[str, pd.DataFrame], *, title, le
 #: a value drawn as a black tick over a panel's bars, where the table has it: the scripted
 #: motion's own (what the oracle teacher renders), so the report shows teacher and trained side
 #: by side
+PLOTTABLE = np.finfo(np.float64).max / 1e8  # a bar's value; the axis' arithmetic stays finite
 BAR_MARKS = {"penetration_excess": ("scripted_penetration_excess", "scripted motion")}
 
 
@@ -125,7 +126,10 @@ def metric_bars(path: Path | str, table: pd.DataFrame) -> None:
         scenes = [f"{s} ({note})" if f else s for s, f in zip(scenes, flags, strict=True)]
         hatches = [h + hatch if f else h for h, f in zip(hatches, flags, strict=True)]
     for ax, col in zip(axes.flat, cols, strict=False):
-        vals = table[col].astype(float).to_numpy()
+        vals = table[col].astype(float).to_numpy(copy=True)
+        # an infinite metric, or one so large that the axis' margins and ticks overflow (a
+        # damaged file's): drawn as n/a
+        vals[~(np.abs(vals) < PLOTTABLE)] = np.nan
         bars = ax.bar(scenes, np.nan_to_num(vals), color=colours)
         for bar, hatch in zip(bars, hatches, strict=True):
             if hatch:
@@ -136,7 +140,8 @@ def metric_bars(path: Path | str, table: pd.DataFrame) -> None:
                         ha="center", va="bottom", fontsize=7)  # fmt: skip
         mark, label = BAR_MARKS.get(col, (None, None))
         if mark in table.columns and table[mark].notna().any():
-            ticks = table[mark].astype(float).to_numpy()
+            ticks = table[mark].astype(float).to_numpy(copy=True)
+            ticks[~(np.abs(ticks) < PLOTTABLE)] = np.nan
             ax.scatter(range(len(ticks)), ticks, marker="_", s=500, color="k", label=label)
             ax.legend(fontsize=7, loc="upper left")
         ax.set_title(BAR_METRICS[col], fontsize=9)

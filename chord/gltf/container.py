@@ -36,7 +36,8 @@ def read_glb(path: Path | str) -> tuple[dict, bytes]:
 
 def parse_glb(data: bytes, where: str) -> tuple[dict, bytes]:
     """:func:`read_glb` of a GLB's bytes; a file cut short is refused as such, naming the
-    bytes its header or a chunk claims and those it holds."""
+    bytes its header or a chunk claims and those it holds; a second BIN chunk is refused
+    (a GLB holds at most one)."""
     if data[:4] != GLB_MAGIC:
         raise InputError(f"{where}: not a GLB file (binary glTF must start with 'glTF')")
     if len(data) < 12:
@@ -49,7 +50,7 @@ def parse_glb(data: bytes, where: str) -> tuple[dict, bytes]:
             f"{where}: a GLB file cut short: its header gives {length} bytes, the file holds "
             f"{len(data)}"
         )
-    doc, blob, pos = None, b"", 12
+    doc, blob, pos, bins = None, b"", 12, 0
     while pos < length:
         if pos + 8 > length:
             raise InputError(f"{where}: a GLB file cut short: a chunk header at byte {pos}")
@@ -66,8 +67,12 @@ def parse_glb(data: bytes, where: str) -> tuple[dict, bytes]:
             except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
                 reason = "nested too deep" if isinstance(exc, RecursionError) else exc
                 raise InputError(f"{where}: unreadable glTF JSON chunk ({reason})") from exc
-        elif kind == CHUNK_BIN and not blob:
-            blob = chunk
+        elif kind == CHUNK_BIN:
+            if bins:
+                raise InputError(
+                    f"{where}: a second BIN chunk at byte {pos}; a GLB holds at most one"
+                )
+            blob, bins = chunk, 1
         pos += 8 + size
     if doc is None:
         raise InputError(f"{where}: GLB without a JSON chunk")
@@ -156,6 +161,12 @@ def read_accessor(doc: dict, blob: bytes, index: int) -> np.ndarray:
         if idx.size and idx.max() >= count:
             raise InputError(
                 f"accessor {index} (sparse): index {int(idx.max())} is beyond its {count} elements"
+            )
+        if idx.size > 1 and (np.diff(idx) <= 0).any():  # glTF: strictly increasing
+            k = int(np.flatnonzero(np.diff(idx) <= 0)[0])
+            raise InputError(
+                f"accessor {index} (sparse): index {idx[k + 1]} at position {k + 1} follows "
+                f"{idx[k]}; sparse indices must strictly increase"
             )
         out[idx] = read_accessor(tmp, blob, 1)
     if acc.get("normalized") and acc["componentType"] != FLOAT:

@@ -27,12 +27,14 @@ from __future__ import annotations
 import base64
 import copy
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from chord.core.errors import InputError
+from chord.gltf import format_rules
 from chord.gltf.container import (
     ARRAY_BUFFER,
     COMPONENTS,
@@ -55,8 +57,14 @@ from chord.gltf.decode import (
     normalised_values,
 )
 from chord.gltf.document_checks import Checker, check_depth
-from chord.gltf.memory_budget import check_budget, mem_budget_mb, peak_bytes
-from chord.gltf.read_checks import check_decoded, check_indices, image_pixels
+from chord.gltf.memory_budget import (
+    budget_fix,
+    check_budget,
+    check_counts,
+    mem_budget_mb,
+    peak_bytes,
+)
+from chord.gltf.read_checks import MAX_IMAGE_PIXELS, check_decoded, check_indices, image_pixels
 from chord.gltf.textures import (
     IMAGE_EXTENSIONS,
     TRANSFORM,
@@ -65,7 +73,7 @@ from chord.gltf.textures import (
     plain_images,
     texture_infos,
 )
-from chord.gltf.uri import is_data, scene_path
+from chord.gltf.uri import is_data, regular_bytes, scene_path
 
 SUFFIXES = (".glb", ".gltf")
 QUANTIZATION = "KHR_mesh_quantization"
@@ -99,6 +107,9 @@ UNRENDERED = {
 }
 FIX = "re-export it without the extension (e.g. from Blender's glTF exporter)"
 TRIANGLES = 4
+#: the largest image file read: the most pixels chord decodes at 8 bytes each (16-bit RGBA
+#: stored uncompressed) and 1 MiB of headers and metadata
+MAX_IMAGE_FILE_BYTES = MAX_IMAGE_PIXELS * 8 + 2**20
 MODES = {0: "POINTS", 1: "LINES", 2: "LINE_LOOP", 3: "LINE_STRIP", 4: "TRIANGLES",
          5: "TRIANGLE_STRIP", 6: "TRIANGLE_FAN"}  # fmt: skip
 
@@ -149,27 +160,42 @@ def external_files(path: Path | str) -> list[Path]:
     return files
 
 
-def _uri_bytes(uri: str, folder: Path, where: str, what: str) -> bytes:
+def _uri_bytes(uri: str, folder: Path, where: str, what: str, length: int | None = None) -> bytes:
+    """The bytes a buffer's (``length``: its byteLength, all that is read) or an image's URI
+    names: a data URI's, or a regular file's inside the scene's folder (:mod:`chord.gltf.uri`);
+    an image file no larger than the largest image chord decodes could be."""
     if is_data(uri):
         try:
             return base64.b64decode(uri.split(",", 1)[1])
         except (IndexError, ValueError) as exc:
             raise InputError(f"{where}: {what} has an unreadable data URI ({exc})") from exc
     file = scene_path(uri, folder, where, what)
-    if not file.is_file():
-        raise InputError(f"{where}: {what} refers to {file}, which does not exist")
-    return file.read_bytes()
+
+    def refuse(why: str):
+        raise InputError(f"{where}: {what} refers to {file}, which {why}")
+
+    limit = None
+    if length is None:
+        limit = (MAX_IMAGE_FILE_BYTES, f"more than an image of the most pixels chord decodes "
+                 f"({MAX_IMAGE_PIXELS}) can hold")  # fmt: skip
+    return regular_bytes(file, refuse, length=length, limit=limit)
 
 
-def _load(path: Path) -> tuple[dict, list[bytes | None], int]:
+def _load(path: Path, mem_mb: int) -> tuple[dict, list[bytes | None], int]:
     """The JSON (its structure checked), each buffer's bytes (None for a meshopt fallback
-    buffer, which has none) and the file's size."""
+    buffer, which has none) and the file's size; a file over ``mem_mb`` is not read."""
     where = str(path)
-    if path.is_dir():
-        raise InputError(f"{path}: is a folder, not a glTF file")
-    if not path.is_file():
-        raise InputError(f"{path}: does not exist")
-    data = path.read_bytes()
+
+    def refuse(why: str):
+        raise InputError(f"{path}: {why}")
+
+    try:  # the figure for the message; regular_bytes checks the open file
+        size = os.stat(path).st_size
+    except OSError:
+        size = 0
+    over = f"more than the ingest job's {mem_mb} MB (its mem_mb); {budget_fix(size)}"
+    data = regular_bytes(path, refuse, limit=(mem_mb * 2**20, over))
+    size = len(data)
     if data[:4] == GLB_MAGIC:
         doc, blob = parse_glb(data, where)
     else:
@@ -183,14 +209,19 @@ def _load(path: Path) -> tuple[dict, list[bytes | None], int]:
     asset = doc.get("asset") if isinstance(doc, dict) else None
     if not isinstance(asset, dict) or str(asset.get("version", "")) != "2.0":
         raise InputError(f'{path}: not a glTF 2.0 file (asset.version must be "2.0")')
+    check_counts(where, doc, checked=False)  # a million nodes refused before a walk over them
     check_depth(doc, where)
     Checker(doc, where).top()
+    # the buffers' declared bytes (each file is read only if it holds exactly those) against
+    # the budget before one is read: a .gltf naming one large .bin many times is refused here
+    declared = size + sum(b.get("byteLength", 0) for b in doc.get("buffers", []) if "uri" in b)
+    check_budget(where, declared, mem_mb)
     buffers: list[bytes | None] = []
     for i, buf in enumerate(doc.get("buffers", [])):
         what = f"buffer {i}"
         exts = buf.get("extensions", {})
         if "uri" in buf:
-            data = _uri_bytes(buf["uri"], path.parent, where, what)
+            data = _uri_bytes(buf["uri"], path.parent, where, what, buf.get("byteLength", 0))
         elif i == 0 and blob:
             data = blob
         elif any(isinstance(exts.get(m), dict) and exts[m].get("fallback") for m in MESHOPT):
@@ -201,7 +232,7 @@ def _load(path: Path) -> tuple[dict, list[bytes | None], int]:
         if len(data) < buf.get("byteLength", 0):
             raise InputError(f"{path}: {what} holds {len(data)} bytes, not {buf['byteLength']}")
         buffers.append(data)
-    return doc, buffers, path.stat().st_size
+    return doc, buffers, size
 
 
 # --- extensions ---------------------------------------------------------------------------
@@ -297,14 +328,20 @@ def read(path: Path | str, *, mem_mb: int | None = None) -> Source:
 
 def _read(path: Path, mem_mb: int | None) -> Source:
     where = str(path)
-    doc, buffers, size = _load(path)
+    budget = mem_budget_mb(mem_mb)
+    doc, buffers, size = _load(path, budget)
     checker = Checker(doc, where)
     checker.data([None if b is None else len(b) for b in buffers])
+    check_counts(where, doc)  # before an image is opened or an array made
+    format_rules.check_counts(doc, where)
     warnings = _check_extensions(doc, where)
-    images = [_image_bytes(doc, i, buffers, path) for i in range(len(doc.get("images", [])))]
-    pixels = sum(image_pixels(data, f"{where}: image {i}") for i, data in enumerate(images))
     held = sum(len(b) for b in buffers if b is not None)
-    check_budget(where, peak_bytes(doc, size, held, pixels), mem_budget_mb(mem_mb))
+    images = []
+    for i in range(len(doc.get("images", []))):  # what is held checked as each one is read
+        images.append(_image_bytes(doc, i, buffers, path))
+        check_budget(where, size + held + sum(len(data) for data in images), budget)
+    pixels = sum(image_pixels(data, f"{where}: image {i}") for i, data in enumerate(images))
+    check_budget(where, peak_bytes(doc, size, held, pixels), budget)
     used = set(doc.get("extensionsUsed", [])) | set(doc.get("extensionsRequired", []))
     views, blob = flat_views(doc, buffers, where)
     flat = {**doc, "bufferViews": views}
@@ -355,6 +392,7 @@ def _read(path: Path, mem_mb: int | None) -> Source:
             if key in acc:
                 out.doc["accessors"][i][key] = acc[key]
     check_indices(doc, arrays, where)
+    format_rules.check_values(doc, arrays, where)
     for mesh in out.doc.get("meshes", []):
         for prim in mesh.get("primitives", []):
             prim.get("extensions", {}).pop(DRACO, None)

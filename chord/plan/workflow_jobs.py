@@ -15,6 +15,7 @@ from pathlib import Path
 
 from chord.config import result_keys as rk
 from chord.config import settings as cc
+from chord.core.errors import InputError
 from chord.plan import results_layout as P
 from chord.plan import scene_plan as cp
 from chord.resources import job_memory, job_size, out_of_memory
@@ -79,7 +80,10 @@ class WorkflowJobs:
         oom = []
         if attempt > 1:
             record = P.checkpoints(self.results, run, stage) / out_of_memory.RECORD
-            oom = out_of_memory.read(record)
+            try:
+                oom = out_of_memory.read(record)
+            except InputError as exc:  # this run retries on its tier; the others as they are
+                self._log(f"warning: {exc}")
         start = self.scene_tier(P.run_parts(run)[0])
         return self.tiers[ct.for_attempt(start, attempt, self.tiers, oom)]
 

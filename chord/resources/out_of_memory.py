@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
+from chord.core.errors import InputError
 from chord.resources.tiers import REMEDIES
 
 logger = logging.getLogger(__name__)
@@ -23,11 +24,21 @@ RECORD = "out_of_memory.txt"
 
 
 def read(path: Path) -> set[str]:
-    """Tier names recorded in ``path`` (missing file: none)."""
+    """Tier names recorded in ``path`` (missing file: none). Written by another job, maybe on
+    a file system that filled up: a file that cannot be read or is not text is an InputError
+    of one line naming it (the tier to train on cannot be known without it; deleting it starts
+    again from the configured tier)."""
     try:
-        return {line.strip() for line in Path(path).read_text().splitlines() if line.strip()}
+        text = Path(path).read_bytes().decode("utf-8")
     except FileNotFoundError:
         return set()
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise InputError(
+            f"{path}: an unreadable out-of-memory record ({why}); delete it to train again "
+            "from the configured tier"
+        ) from None
+    return {line.strip() for line in text.splitlines() if line.strip()}
 
 
 def record(path: Path, tier: str) -> None:

@@ -17,6 +17,7 @@ if TYPE_CHECKING:  # imported where used, not here: the DAG build imports this m
 
 from chord.core.errors import InputError
 from chord.gltf import reader
+from chord.gltf.uri import file_problem
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ def object_files(folder: Path) -> dict[int, list[Path]]:
 
 def scene_file(folder: Path) -> Path | None:
     """``scene.glb`` or ``scene.gltf`` in ``folder`` (the first present), else None."""
-    return next((Path(folder) / n for n in SCENE_NAMES if (Path(folder) / n).exists()), None)
+    return next((Path(folder) / n for n in SCENE_NAMES if os.path.lexists(Path(folder) / n)), None)
 
 
 def is_scene_file(path: Path | str) -> bool:
@@ -84,16 +85,16 @@ def discover_objects(folder: Path, obj_num: int = -1) -> list[Path]:
         raise SceneError(
             f"{folder / 'scene.glb'}: missing (every scene folder needs scene.glb or scene.gltf)"
         )
-    if not scene.is_file():
-        raise SceneError(f"{scene}: is a folder, not a glTF file")
+    if problem := file_problem(scene):  # a folder, a FIFO, a link to /dev/zero, ...
+        raise SceneError(f"{scene}: {problem}")
     found = object_files(folder)
     if not found:
         raise SceneError(f"{folder}: no obj_<i>.glb (or .gltf) files")
     for i, ps in sorted(found.items()):
         if len(ps) > 1:
             raise SceneError(f"{ps[1]}: obj_{i} is given twice ({ps[0].name} and {ps[1].name})")
-        if not ps[0].is_file():
-            raise SceneError(f"{ps[0]}: is a folder, not a glTF file")
+        if problem := file_problem(ps[0]):
+            raise SceneError(f"{ps[0]}: {problem}")
     ids = sorted(found)
     n = ids[-1] + 1
     missing = sorted(set(range(n)) - set(ids))

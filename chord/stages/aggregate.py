@@ -16,14 +16,25 @@ logger = logging.getLogger(__name__)
 
 
 def table(metrics: dict[str, Path]) -> pd.DataFrame:
-    """One row per scene (in the given order) of the scalar entries of each metrics.json."""
-    rows = []
+    """One row per scene (in the given order) of the scalar entries of each metrics.json. A
+    file that cannot be read or is damaged (:func:`chord.evaluation.metrics_file.read`, with
+    the plotted metrics as numbers) is a warning naming it and its scene's row holds only
+    ``unreadable`` (why): every other scene's row is kept. None readable is an InputError."""
+    numbers = [*plots.BAR_METRICS, *(m for m, _ in plots.BAR_MARKS.values())]
+    rows, unreadable = [], []
     for scene, path in metrics.items():
-        row = metrics_file.scalars(metrics_file.read(path))
+        try:
+            row = metrics_file.scalars(metrics_file.read(path, numbers))
+        except InputError as exc:
+            logger.warning("%s (scene %s left out of the table's metrics)", exc, scene)
+            row = {"unreadable": str(exc)}
+            unreadable.append(str(exc))
         row["scene"] = scene
         rows.append(row)
     if not rows:
         raise InputError("aggregate: no scenes to aggregate")
+    if len(unreadable) == len(rows):
+        raise InputError(f"aggregate: no readable metrics.json; {unreadable[0]}")
     df = pd.DataFrame(rows).set_index("scene")
     return df
 

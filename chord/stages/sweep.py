@@ -70,7 +70,7 @@ def run(
             f"sweep {scene}: videos of seeds {sorted(videos)}, metrics of {sorted(metrics)}"
         )
     seeds = sorted(metrics)
-    docs = {s: metrics_file.read(metrics[s]) for s in seeds}
+    docs = {s: metrics_file.read(metrics[s], [rule.metric]) for s in seeds}
     frames = {s: picked(read_video(videos[s])) for s in seeds}  # every input read: then write
     choice = sw.choose(
         docs, metric=rule.metric, mode=rule.mode, require_moved=rule.require_moved, where=metrics

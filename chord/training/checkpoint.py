@@ -8,6 +8,19 @@ from chord.motion import state
 from chord.training import float32_fallback, optimiser
 
 CKPT_FORMAT = "chord-train/1"
+# What each field of a checkpoint (:func:`contents`) and of a hand-off (:func:`handoff_contents`
+# adds the rest) must be when read back (:func:`problems`): the readers index and compute with
+# them, and the file may come from another version or a full disk. Python types; None allowed
+# where the tuple holds type(None).
+FIELDS = {
+    "format": (str,), "iteration": (int,), "seed": (int,), "config_hash": (str,),
+    "motion": (dict,), "motion_meta": (dict,), "optimizers": (dict,),
+    "surface_voxel_size": (dict,), "float32_fallback": (bool,),
+}  # fmt: skip
+HANDOFF_FIELDS = {
+    "size": (str,), "tier": (str, type(None)), "tiers": (list,), "render_backend": (str,),
+    "device": (str,),
+}  # fmt: skip
 
 
 def contents(trainer, it: int, config_hash: str) -> dict:
@@ -25,6 +38,22 @@ def contents(trainer, it: int, config_hash: str) -> dict:
         # the guidance fell back to float32: a resumed run computes as this one did
         "float32_fallback": trainer.float32_fallback,
     }
+
+
+def problems(ckpt: dict) -> list[str]:
+    """What is wrong with a loaded checkpoint's fields (:data:`FIELDS`, and
+    :data:`HANDOFF_FIELDS`): no ``iteration`` (every reader reads it), or a field of another
+    type, each named. Other fields may be absent (older files lack ``float32_fallback``; a
+    reader of a part of the state writes that part)."""
+    found = [] if "iteration" in ckpt else ["no iteration"]
+    for name, kinds in {**FIELDS, **HANDOFF_FIELDS}.items():
+        if name not in ckpt:
+            continue
+        value = ckpt[name]
+        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+            want = " or ".join("None" if k is type(None) else k.__name__ for k in kinds)
+            found.append(f"{name} is {type(value).__name__}, not {want}")
+    return found
 
 
 def restore(trainer, ckpt: dict) -> int:

@@ -35,6 +35,8 @@ def load_checkpoint(path: Path) -> dict:
         raise InputError(f"{path}: not a readable training checkpoint ({exc})") from exc
     if not isinstance(ckpt, dict) or ckpt.get("format") != CKPT_FORMAT:
         raise InputError(f"{path}: not a {CKPT_FORMAT} checkpoint")
+    if found := checkpoint.problems(ckpt):  # written by another version, or cut short
+        raise InputError(f"{path}: a damaged {CKPT_FORMAT} checkpoint: {'; '.join(found)}")
     return ckpt
 
 

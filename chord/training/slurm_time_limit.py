@@ -24,6 +24,38 @@ logger = logging.getLogger(__name__)
 TIME_LIMIT_RECORD = "time_limit.json"
 
 
+# What each field of the record must be when read back (None allowed where type(None) is
+# listed; deadline and tier required, the rest may be absent)
+RECORD_FIELDS = {"job": (str, int, type(None)), "deadline": (int, float), "tier": (str,),
+                 "runtime_h": (int, float), "checkpoint": (str, type(None))}  # fmt: skip
+
+
+def previous_record(path: Path) -> dict | None:
+    """The record a job before this one left (None: none). It was written by another job,
+    maybe another version, on a file system that may have filled up: one that cannot be read,
+    is cut short or has a field of another type is a warning naming the file and the field,
+    and is not used (the job trains as if there were none)."""
+    try:
+        doc = json.loads(Path(path).read_bytes())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, RecursionError) as exc:
+        logger.warning("%s: an unreadable time-limit record (%s); not used", path, exc)
+        return None
+    if not isinstance(doc, dict):
+        logger.warning("%s: a time-limit record that is no JSON object; not used", path)
+        return None
+    wrong = [f"no {k}" for k in ("deadline", "tier") if k not in doc]
+    for key, kinds in RECORD_FIELDS.items():
+        value = doc.get(key)
+        if key in doc and (not isinstance(value, kinds) or isinstance(value, bool)):
+            wrong.append(f"{key} is {value!r:.40}")
+    if wrong:
+        logger.warning("%s: a damaged time-limit record (%s); not used", path, "; ".join(wrong))
+        return None
+    return doc
+
+
 def slurm_deadline(env) -> float | None:
     """The end of this Slurm job's time limit (seconds since the epoch, from ``squeue``), or
     None outside a Slurm job (no ``SLURM_JOB_ID`` in ``env``), without a limit, or when
@@ -85,12 +117,9 @@ def time_limit(folder: Path, tier: tiers.Tier, env, deadline: float | None, scen
 
     path = Path(folder) / TIME_LIMIT_RECORD
     newest = _newest_checkpoint_file(folder)
-    try:
-        before = json.loads(path.read_text())
-    except (OSError, ValueError):
-        before = None
+    before = previous_record(path)
     if (
-        isinstance(before, dict)
+        before is not None
         and before.get("checkpoint") == newest
         and before.get("tier") == tier.name
         and tier.runtime_h <= before.get("runtime_h", 0)

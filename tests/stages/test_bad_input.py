@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import struct
 from pathlib import Path
 from typing import NamedTuple
 
@@ -129,7 +130,36 @@ def _uri_outside(data: Path) -> None:
     (data / "obj_0.gltf").write_text(json.dumps(doc))
 
 
+def _gltf_bin(data: Path) -> Path:
+    """obj_0 as a .gltf beside its .bin; the .bin."""
+    (data / "obj_0.glb").unlink()
+    trimesh.creation.box().export(data / "obj_0.gltf")
+    return data / json.loads((data / "obj_0.gltf").read_text())["buffers"][0]["uri"]
+
+
+def _bin_a_fifo(data: Path) -> None:
+    path = _gltf_bin(data)
+    path.unlink()
+    os.mkfifo(path)
+
+
+def _bin_larger(data: Path) -> None:
+    os.truncate(_gltf_bin(data), 20 * 2**30)  # sparse
+
+
+def _second_bin_chunk(data: Path) -> None:
+    glb = data / "obj_0.glb"
+    raw = glb.read_bytes()
+    extra = struct.pack("<II", 4, container.CHUNK_BIN) + b"\0" * 4
+    glb.write_bytes(raw[:8] + struct.pack("<I", len(raw) + len(extra)) + raw[12:] + extra)
+
+
 HOSTILE = {
+    "bin_a_fifo": (_bin_a_fifo, "obj_0.gltf: buffer 0 refers to ",
+                   "gltf_buffer_0.bin, which is not a regular file (a FIFO)"),
+    "bin_larger": (_bin_larger, "obj_0.gltf: buffer 0 refers to ",
+                   f"gltf_buffer_0.bin, which holds {20 * 2**30} bytes, but its byteLength is 144"),
+    "second_bin_chunk": (_second_bin_chunk, "obj_0.glb: a second BIN chunk at byte "),
     "uri_outside": (_uri_outside, "obj_0.gltf: buffer 0 has the URI '../elsewhere/x.bin', which "
                     "leads outside the scene's folder; buffer and image URIs must be relative"),
     "two_billion_elements": (_two_billion, "obj_0.glb: accessor 3: count 2000000000 without a "
@@ -144,10 +174,11 @@ def test_a_hostile_gltf_is_refused_in_one_line_by_ingest_and_validate(capsys, pr
     """Exit 2, the one line naming the file, the object and the numbers, no traceback and
     nothing under results/ (ingest_error); `chord validate` says the same."""
     config, data = project
-    make, message = HOSTILE[name]
+    make, message, *tail = HOSTILE[name]
     make(data)
     err = ingest_error(capsys, config)
     assert f"{data}/{message}" in err and "Traceback" not in err, err
+    assert all(f"{data}/{end}" in err for end in tail), err
     assert len([line for line in err.splitlines() if str(data) in line]) == 1, err
     code, err = run_cli(capsys, "validate", "--config", str(config))
     assert code == 2 and f"{data}/{message}" in err and "Traceback" not in err, err
@@ -159,10 +190,12 @@ def test_an_asset_over_the_ingest_memory_budget_is_refused_naming_the_figure(cap
         capsys, "ingest", "--config", str(config), "--scene", "toy", "--mem-mb", "0"
     )
     assert code == 2 and results_files(config.parent) == [], err
+    size = (data / "scene.glb").stat().st_size  # the file alone is over 0 MB, unread
     assert (
-        f"{data / 'scene.glb'}: reading it needs an estimated 0.0 GiB, more than the ingest " in err
+        f"{data / 'scene.glb'}: holds {size} bytes, more than the ingest job's 0 MB (its mem_mb)"
+        in err
     )
-    assert "--set-resources ingest:mem_mb=" in err and "decimate" in err
+    assert "--set-resources ingest:mem_mb=1000" in err and "decimate" in err
 
 
 # ------------------------------------------------------------------------ config bad inputs

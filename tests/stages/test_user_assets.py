@@ -167,7 +167,7 @@ def rest_vertices(path: Path) -> np.ndarray:
 def folder_for_a_file(data: Path) -> str:
     (data / "obj_0.glb").unlink()
     (data / "obj_0.glb").mkdir()
-    return f"{data / 'obj_0.glb'}: is a folder, not a glTF file"
+    return f"{data / 'obj_0.glb'}: is not a regular file (a folder)"
 
 
 def lines(data: Path) -> str:

@@ -319,7 +319,7 @@ HOSTILE_RECORDS = {
             (folder / out_of_memory.RECORD).unlink() or (folder / out_of_memory.RECORD).mkdir()
         ),
         out_of_memory.RECORD,
-        "cannot be read (",
+        "an unreadable out-of-memory record (Is a directory); delete it",
     ),
 }
 

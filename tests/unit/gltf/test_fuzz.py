@@ -1,5 +1,6 @@
 """The glTF reader fuzzed: mutated real files (tests/gltf_corpus.py's fuzz_bases: textured and
-indexed, multi-node, sparse, instanced, Draco, a .gltf with external .bin files) each end as a
+indexed, multi-node, sparse, instanced, Draco, skinned and animated, a .gltf with external .bin
+files) each end as a
 correct read or as one :class:`InputError` line, never another exception, never a tracemalloc
 peak over :data:`PEAK_LIMIT`. Reads that succeed also go through ingest's
 :func:`chord.scene.ingestion.load_source` (trimesh on the plain file).
@@ -7,11 +8,14 @@ peak over :data:`PEAK_LIMIT`. Reads that succeed also go through ingest's
 Mutations: byte flips anywhere; truncations at every chunk boundary (and 1, 4 and 8 bytes
 either side) and at random points; every JSON field replaced by values of wrong types, huge
 and negative numbers, and 200-deep nesting, or deleted; cycles, self-children and shared
-children in the node graph; the .gltf's .bin files cut short.
+children in the node graph; the .gltf's .bin files cut short; and for each rule of
+:data:`RULES` (joint indices, inverse-bind matrices, sparse order, sampler counts, finite and
+ordered times, one BIN chunk) a mutation that breaks it, each rule's refusal required.
 
-Quick tier (the default): 3,725 cases (886 correct reads, 443 distinct plain files through
-load_source) in 35 s wall, 15 s CPU, on the 2-core dev machine under a load of 3-5; 410
-distinct refusal templates (values blanked); slowest case 131 ms; tracemalloc peak 3.8 MiB.
+Quick tier (the default): 4,371 cases (1,011 correct reads, 520 distinct plain files through
+load_source) in 53-70 s wall on the 2-core dev machine under load (issue 47's skinned base and
+rule mutations added; 3,725 cases in 35 s before); 454 distinct refusal templates (values
+blanked); slowest case 0.4 s; tracemalloc peak 3.3 MiB.
 ``CHORD_FUZZ=full`` runs every JSON field against every value and 10x the flips and cuts:
 21,222 cases in 202 s, 662 templates, peak 9.7 MiB (BENCHMARKS.md, "glTF reader fuzz")."""
 
@@ -21,6 +25,7 @@ import copy
 import json
 import os
 import re
+import struct
 import time
 import traceback
 import tracemalloc
@@ -100,6 +105,7 @@ def glb_cases(data: bytes, rng: np.random.Generator):
     doc, blob = container.parse_glb(data, "base")
     for label, mutated in json_cases(doc, rng):
         yield label, container.glb_bytes(mutated, blob)
+    yield from rule_cases(doc, blob, data)
     bounds, pos = {0, 4, 8, 12}, 12
     while pos + 8 <= len(data):
         bounds |= {pos, pos + 4, pos + 8}
@@ -113,6 +119,72 @@ def glb_cases(data: bytes, rng: np.random.Generator):
         for at in rng.integers(0, len(data), 1 + k % 4):
             out[at] ^= 1 << int(rng.integers(0, 8))
         yield f"flips {k}", bytes(out)
+
+
+def _written(doc: dict, blob: bytes, acc: int, values, dtype: str) -> bytes:
+    """``blob`` with accessor ``acc``'s first elements overwritten by ``values``."""
+    a = doc["accessors"][acc]
+    start = doc["bufferViews"][a["bufferView"]].get("byteOffset", 0) + a.get("byteOffset", 0)
+    data = np.asarray(values, dtype=dtype).tobytes()
+    return blob[:start] + data + blob[start + len(data) :]
+
+
+#: what each rule of chord.gltf.format_rules (and read_accessor's, parse_glb's) says when it
+#: refuses: the fuzz must reach every one
+RULES = {
+    "joints": "holds joint N, but node N's skin N has N joints",
+    "inverse_bind": "skin N: inverseBindMatrices accessor N holds N",
+    "sparse": "sparse indices must strictly increase",
+    "sampler_counts": "input times but N output values",
+    "finite_times": "not a finite time",
+    "ordered_times": "times must not decrease",
+    "one_bin": "a second BIN chunk at byte N; a GLB holds at most one",
+}
+
+
+def rule_cases(doc: dict, blob: bytes, data: bytes):
+    """(label, bytes): mutations that break each rule of :data:`RULES` the base can break:
+    a joint index at the joint count, inverse-bind matrices of another type or count, repeated
+    and decreasing sparse indices, a sampler's output count, a NaN and a decreasing time, and
+    a second BIN chunk."""
+    extra = struct.pack("<II", 4, container.CHUNK_BIN) + b"\0" * 4
+    yield "second BIN chunk", data[:8] + struct.pack("<I", len(data) + 8 + 4) + data[12:] + extra
+    for i, acc in enumerate(doc["accessors"]):
+        if "sparse" in acc:
+            sp = acc["sparse"]
+            tmp = {"accessors": [{"bufferView": sp["indices"]["bufferView"], "type": "SCALAR"}],
+                   "bufferViews": doc["bufferViews"]}  # fmt: skip
+            kind = container.COMPONENTS[sp["indices"]["componentType"]]
+            for label, values in (("repeated", [1, 1]), ("decreasing", [2, 1])):
+                yield (
+                    f"sparse {i} {label}",
+                    container.glb_bytes(doc, _written(tmp, blob, 0, values, kind)),
+                )
+    for i, skin in enumerate(doc.get("skins", [])):
+        joints = len(skin["joints"])
+        for mesh in doc["meshes"]:
+            for prim in mesh["primitives"]:
+                if "JOINTS_0" in prim["attributes"]:
+                    out = _written(doc, blob, prim["attributes"]["JOINTS_0"], [joints], "u1")
+                    yield f"skin {i} joint {joints}", container.glb_bytes(doc, out)
+        ibm = skin["inverseBindMatrices"]
+        for key, value in (("type", "SCALAR"), ("count", joints - 1)):
+            yield (
+                f"skin {i} matrices {key}",
+                container.glb_bytes(replaced(doc, ("accessors", ibm, key), value), blob),
+            )
+    for a, anim in enumerate(doc.get("animations", [])):
+        for j, sampler in enumerate(anim["samplers"]):
+            out = doc["accessors"][sampler["output"]]["count"] - 1
+            yield (
+                f"animation {a} sampler {j} outputs",
+                container.glb_bytes(
+                    replaced(doc, ("accessors", sampler["output"], "count"), out), blob
+                ),
+            )
+            for label, times in (("NaN", [0.0, float("nan")]), ("decreasing", [1.0, 0.5])):
+                mutated = _written(doc, blob, sampler["input"], times, "<f4")
+                yield f"animation {a} sampler {j} {label} time", container.glb_bytes(doc, mutated)
 
 
 def gltf_cases(path: Path, rng: np.random.Generator):
@@ -223,5 +295,8 @@ def test_mutated_files_end_in_a_read_or_one_line(bases, tmp_path):
         f"{tally.peak[0] / 2**20:.1f} MiB ({tally.peak[1]})"
     )
     assert not tally.failures, f"{len(tally.failures)} escaped:\n" + "\n".join(tally.failures[:40])
+    said = "\n".join(tally.refusals)
+    unreached = [rule for rule, words in RULES.items() if words not in said]
+    assert not unreached, f"no mutation reached the rules {unreached}"
     assert tally.peak[0] < PEAK_LIMIT, tally.peak
     assert tally.cases >= (20000 if FULL else 3000)

@@ -258,7 +258,7 @@ def test_files_without_a_surface_are_refused_naming_the_file(tmp_path, make, mes
 def test_a_folder_where_a_file_should_be_is_refused(tmp_path):
     (tmp_path / "scene.glb").write_bytes(empty_glb())  # its content is not read
     (tmp_path / "obj_0.glb").mkdir()
-    with pytest.raises(sc.SceneError, match="obj_0.glb: is a folder, not a glTF file"):
+    with pytest.raises(sc.SceneError, match=r"obj_0.glb: is not a regular file \(a folder\)"):
         sc.discover_objects(tmp_path)
 
 

@@ -232,7 +232,12 @@ def test_state_round_trip_gives_identical_renders(tmp_path):
     from chord.training import run_loop
 
     tensors, meta = state.to_dict(scene, iteration=300)
-    ckpt = {"format": run_loop.CKPT_FORMAT, "motion": tensors, "motion_meta": meta}
+    ckpt = {
+        "format": run_loop.CKPT_FORMAT,
+        "iteration": 300,
+        "motion": tensors,
+        "motion_meta": meta,
+    }
     run_loop.save_checkpoint(tmp_path / "s.pt", ckpt)  # as every training state is written
     fresh = scene_with_motion()
     with torch.no_grad():

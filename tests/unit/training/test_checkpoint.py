@@ -24,6 +24,12 @@ def test_a_checkpoint_holds_what_continues_the_run():
     assert (ckpt["iteration"], ckpt["seed"], ckpt["config_hash"]) == (2, tr.seed, "h")
     assert ckpt["surface_voxel_size"] == {"obj_0": 0.05} and ckpt["float32_fallback"] is False
     assert set(ckpt["optimizers"]) == {"obj_0"} and ckpt["motion"]
+    # what load_checkpoint checks (issue 47) is what is written: one table, each field's type
+    assert set(ckpt) == set(checkpoint.FIELDS) and checkpoint.problems(ckpt) == []
+    handoff = checkpoint.handoff_contents(tr, 2, "h", size="32*16", tier="full", before=None,
+                                          device="cpu")  # fmt: skip
+    assert set(handoff) - set(ckpt) == set(checkpoint.HANDOFF_FIELDS)
+    assert checkpoint.problems(handoff) == []
 
 
 def test_restoring_a_checkpoint_continues_after_its_iteration(tmp_path):
