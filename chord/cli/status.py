@@ -10,7 +10,9 @@ gives each job (``rule_<rule>_wildcards_<values joined by _, / as _>``).
 States: ``done`` (metrics.json written), ``running`` (a training reported within the stall
 limit, a new attempt of it is loading, or its Slurm job runs), ``stalled`` (a training's
 newest progress is older than max(:data:`STALL_FACTOR` x its slowest iteration,
-:data:`STALL_FLOOR_S`) and it did not say it stopped), ``failed`` (an error ends the newest
+:data:`STALL_FLOOR_S`) and it did not say it stopped), ``stopped`` (a training stopped itself
+at a SIGTERM or its time limit, after writing a checkpoint: the log's own line and that
+checkpoint are shown; the next attempt resumes from it), ``failed`` (an error ends the newest
 attempt's log, a training recorded a failure or a bad input, or Slurm ended its job so),
 ``waiting`` (none of these: not started, queued, or between jobs). Reads files only and
 imports no torch.
@@ -56,7 +58,7 @@ from chord.resources import out_of_memory, tiers
 from chord.training import progress
 from chord.training.slurm_time_limit import TIME_LIMIT_RECORD
 
-STATES = ("done", "running", "stalled", "failed", "waiting")
+STATES = ("done", "running", "stalled", "stopped", "failed", "waiting")
 STALL_FACTOR = 10  # stalled: no progress for this many of the slowest iteration ...
 STALL_FLOOR_S = 600.0  # ... and at least this long
 INPUT_ERROR_RECORD = "input_error.txt"  # chord.stages.adapter's (it imports the stages)
@@ -91,6 +93,7 @@ class RunStatus:
     device: str | None = None  # the training's device type (cpu, cuda), from its log
     remaining_cpu_h: float | None = None  # a CPU run's hours left (wall clock)
     damaged: list[str] = dataclasses.field(default_factory=list)  # "<file>: what is wrong"
+    checkpoint: str | None = None  # a stopped training's newest checkpoint
 
 
 def _stage_outputs(p: scene_plan.ScenePlan) -> list[tuple[str, list[Path]]]:
@@ -318,13 +321,17 @@ def run_status(
             st.eta_s = max(st.eta_s - st.age_s, 0.0)
     elif pstate == "failed":
         st.state = "failed"
+    elif pstate == "stopped":  # it said so: a SIGTERM or its time limit, checkpoint written
+        st.state = "stopped"
+        ckpts = sorted(folder.glob("ckpt_*.pt")) if folder is not None else []
+        st.checkpoint = str(ckpts[-1]) if ckpts else None
     if pstate in (None, "failed", "stopped") and _loading(p, now, (doc or {}).get("updated_at")):
         st.state = "running"  # a new attempt of the training loads (no iteration yet)
     if st.job_state in SLURM_LIVE and st.state != "stalled":
         st.state = "running" if st.job_state == "RUNNING" else st.state
-    elif st.job_state in SLURM_FAILED and st.state != "running":
+    elif st.job_state in SLURM_FAILED and st.state not in ("running", "stopped"):
         st.state = "failed"
-    if st.state in ("waiting", "failed", "stalled"):
+    if st.state in ("waiting", "failed", "stalled", "stopped"):
         failure = _failure(p)
         if failure and (st.state != "waiting" or st.job_state not in SLURM_LIVE):
             st.log, st.error = failure
@@ -332,7 +339,7 @@ def run_status(
                 st.state = "failed"
         elif st.state == "failed" and st.record and "bad input" in st.record:
             st.error = st.record
-    if st.state in ("failed", "stalled") and st.log is None and st.stage:
+    if st.state in ("failed", "stalled", "stopped") and st.log is None and st.stage:
         st.log = str(P.log(p.results, p.run, f"train_{st.stage}"))
     st.device = _device(p, st.stage)
     hours = _remaining(st, spec)
@@ -426,8 +433,10 @@ def render(rows: list[RunStatus]) -> str:
             out.append(f"    damaged: {note}")
         if st.record:
             out.append(f"    record: {st.record}")
-        if st.log and st.state in ("failed", "stalled"):
+        if st.log and st.state in ("failed", "stalled", "stopped"):
             out.append(f"    log: {st.log}" + (f": {st.error}" if st.error else ""))
+        if st.checkpoint:
+            out.append(f"    checkpoint: {st.checkpoint} (the next attempt resumes from it)")
         elif st.error:
             out.append(f"    error: {st.error}")
         if st.preview and st.state != "done":
@@ -441,7 +450,8 @@ def render(rows: list[RunStatus]) -> str:
         left.append(f"hours left on CPU (measured s/it): {t['cpu_h_left']:.1f}")
     out.append(
         f"total: {t['runs']} runs: {t['done']} done, {t['running']} running, "
-        f"{t['stalled']} stalled, {t['failed']} failed, {t['waiting']} waiting; "
+        f"{t['stalled']} stalled, {t['stopped']} stopped, {t['failed']} failed, "
+        f"{t['waiting']} waiting; "
         + "; ".join(left)
         + (f"; {t['unmeasured']} not measured yet" if t["unmeasured"] else "")
         + (f"; {t['damaged']} with damaged state files" if t["damaged"] else "")

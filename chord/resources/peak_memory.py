@@ -36,14 +36,12 @@ graph of one ``split_render_chunk_size`` chunk). Without mmgp the active expert 
 through the backward (METHOD §15); with it, mmgp unloads it after the targets.
 
 Calibration. a, b, a_d, c, c′, g, g′ and d are least-squares fits of CPU proxy measurements
-(``python bench/scaling.py memory-fit``: autograd-graph RSS and transient peaks of the torch
-renderer, the deformation, the Tiny VAE and random-weight Wan VAEs at small shapes; they are
-linear in the counts); the renderer term is the torch backend's, an upper bound for gsplat's,
-which keeps per tile what the torch backend keeps per pixel. e is analytic (see
-``CPU_PROXY``), and so are β_h and β_f, read off the diffusers Wan block (bf16 states, float32
-norm copies, float64 rotary temporaries); they are to be replaced by the fit of
-``bench/gpu_check.py``'s table once a GPU run exists (BENCHMARKS.md). Allocated bytes become
-reserved bytes with a fragmentation factor, and :func:`fits` adds a CUDA context.
+(``python bench/scaling.py memory-fit``, linear in the counts; the renderer term is the torch
+backend's, an upper bound for gsplat's); e, β_h and β_f are analytic (diffusers' Wan block:
+bf16 states, float32 norm copies, float64 rotary temporaries). The faked run's trace at A14B's
+shapes holds the model 1.01-1.21x above it on every tier (BENCHMARKS.md); the first GPU run's
+``bench/gpu_check.py`` table settles the rest. Allocated bytes become reserved bytes with a
+fragmentation factor, and :func:`fits` adds a CUDA context.
 """
 
 from __future__ import annotations
@@ -309,10 +307,7 @@ def estimate(
 
     Args:
         flags: the memory flags, a :class:`chord.config.settings.MemoryConfig` (or a mapping of
-        some of
-            them; the others take their defaults): split_sds_backward, split_render_backward,
-            split_render_chunk_size, enable_mmgp, mmgp_transformer_budget,
-            checkpoint_tiny_vae and sds_cfg_batch are read.
+            some of them; the others take their defaults).
         width, height, frames, batch: the SDS size trained at, frame_num and the videos per
             GPU (batch_size on one GPU; batch_size / gpus on a multi-GPU tier).
         gaussians: all Gaussians of the scene (every frame renders them);
@@ -335,10 +330,9 @@ def estimate(
         per GPU, "gpus"}.
 
     Example:
-        >>> from chord.resources import peak_memory as memory
-        >>> e = memory.estimate({}, width=832, height=480, frames=41, batch=4,
-        ...                     gaussians=200_000)
-        >>> e["gpu_bytes"] > 48 * memory.GiB  # the default mode needs more than 48 GB
+        >>> from chord.resources import peak_memory as m
+        >>> e = m.estimate({}, width=832, height=480, frames=41, batch=4, gaussians=200_000)
+        >>> e["gpu_bytes"] > 48 * m.GiB  # the default mode needs more than 48 GB
         True
     """
     s = MODELS[model] if isinstance(model, str) else model
@@ -437,18 +431,14 @@ def estimate(
 
 
 def dit_window(s: ModelShape, flags, expert_bytes: int = 2) -> int:
-    """The expert's bytes on the GPU while it runs: all of it, or with ``enable_mmgp`` mmgp's
-    window: two slices of max(``mmgp_transformer_budget``, a block's largest tensor), at most
-    all the blocks, and the modules outside the blocks (the faked run streams it so:
-    chord.checks.fake_mmgp)."""
+    """The expert's bytes on the GPU while it runs: all of it, or (``enable_mmgp``) two slices
+    of max(budget, a block's largest tensor: its FFN's; the time projection is outside the
+    blocks), at most the blocks, and the modules outside them (as chord.checks.fake_mmgp)."""
     expert = dit_params(s) * expert_bytes
     if not flags.enable_mmgp:
         return expert
     blocks = s.layers * dit_block_params(s) * expert_bytes
-    # a block's largest tensor (its FFN's, else an attention projection): the time
-    # projection (dim -> 6·dim) is outside the blocks, counted once in `outside`
     largest = max(s.dim * s.dim, s.dim * s.ffn) * expert_bytes
-    # two slices, but never more than the blocks hold (a small expert fits one slice)
     window = min(2 * max(int(flags.mmgp_transformer_budget) * MiB, largest), blocks)
     return window + expert - blocks
 

@@ -220,7 +220,8 @@ def test_a_new_attempt_loading_runs_and_only_a_passed_time_limit_is_a_record(tre
     proc = chord_status(tree, "--json", path=no_slurm_path())
     runs = {r["run"]: r for r in json.loads(proc.stdout)["runs"]}
     assert (runs["bad"]["state"], runs["bad"]["error"]) == ("running", None)
-    assert runs["wait"]["state"] == "waiting"
+    # it stopped itself at its time limit: "stopped", not waiting or failed (issue 47)
+    assert runs["wait"]["state"] == "stopped"
     assert runs["wait"]["record"] == "coarse: job 41 reached its time limit on tier full"
     assert runs["run"]["record"] == "coarse: out of memory on full"  # no time-limit record
 
@@ -344,6 +345,9 @@ def test_a_sigterm_stop_shows_the_logs_own_line(tree):
     progress_doc(P.checkpoints(res, "wait", "coarse") / "h" / progress.LATEST, age_s=900,
                  state="stopped", it=65, event="sigterm")  # fmt: skip
     line = "SIGTERM after iteration 65; checkpoint written"
+    ckpt = P.checkpoints(res, "wait", "coarse") / "h" / "ckpt_000065.pt"
+    touch(ckpt.with_name("ckpt_000050.pt"), "")
+    touch(ckpt, "")
     log = P.log(res, "wait", "train_coarse")
     touch(
         log,
@@ -364,9 +368,11 @@ def test_a_sigterm_stop_shows_the_logs_own_line(tree):
     assert status.last_error(log) == f"chord.training.run_loop.Interrupted: {line}"
     runs, text = in_process(tree)
     r = runs["wait"]
-    assert r.state == "failed" and r.error.endswith(line) and r.log == str(log)
+    # it stopped itself: "stopped", with the log's own line and the checkpoint it left
+    assert r.state == "stopped" and r.error.endswith(line) and r.log == str(log)
     assert f"    log: {log}: chord.training.run_loop.Interrupted: {line}" in text
-    assert "stage failed" not in text
+    assert f"    checkpoint: {ckpt} (the next attempt resumes from it)" in text
+    assert "stage failed" not in text and " 1 stopped, " in text
 
 
 @pytest.mark.parametrize("gap", [0, 1, 4, -2])
