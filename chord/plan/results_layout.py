@@ -150,6 +150,11 @@ def scene_usda(results, scene: str) -> Path:
     return export_dir(results, scene) / "scene.usda"
 
 
+def scene_splats_usd(results, scene: str) -> Path:
+    """The trained Gaussians as USD, a layer scene.usda sublayers (text or crate by size)."""
+    return export_dir(results, scene) / "splats.usd"
+
+
 def viewer_html(results, scene: str) -> Path:
     """The scene's 3D viewer: one self-contained page playing its skinned GLB."""
     return export_dir(results, scene) / "viewer.html"

@@ -106,6 +106,7 @@ def exported(sway):
         "out_trajectories": results_layout.trajectories_npz(res, s),
         "out_trajectories_json": results_layout.trajectories_json(res, s),
         "out_usd": results_layout.scene_usda(res, s),
+        "out_usd_splats": results_layout.scene_splats_usd(res, s),
     }
     summary = export_stage.run(
         **sway.inputs,
@@ -600,6 +601,7 @@ def test_export_renders_its_videos_at_export_size(sway, tmp_path):
         "out_trajectories": tmp_path / "trajectories.npz",
         "out_trajectories_json": tmp_path / "trajectories.json",
         "out_usd": tmp_path / "scene.usda",
+        "out_usd_splats": tmp_path / "splats.usd",
     }
     export_stage.run(
         **sway.inputs,
