@@ -259,7 +259,10 @@ def write_usd(
             for t in range(frames):
                 translate.Set(Gf.Vec3d(*pose_p[t].tolist()), t)
                 orient.Set(Gf.Quatf(*q_u[t].tolist()), t)
-            pose_R = rotmat(q_u.astype(np.float64))  # what the file's orient samples turn
+            # the rotation pxr evaluates from the stored quatf (through an axis and angle: up
+            # to 1e-5 from R(q) for small turns), so that what is relative to it is exact
+            pose_R = np.stack([np.array(xf.GetLocalTransformation(t))[:3, :3].T
+                               for t in range(frames)])  # fmt: skip
             size = max(object_size(entry), 1e-12)
             prim.SetCustomDataByKey("chord:residual_relative", float(poses_n.residual.max()) / size)
             X, Q = usd_splats.object_motion(obj, frames)
@@ -268,7 +271,7 @@ def write_usd(
             else:
                 sampled.append(name)
             splat = usd_splats.SplatFrames(gaussians[name], c, s, (X, Q), where=where)
-            pose = (pose_R, pose_p, q_u.astype(np.float64))
+            pose = (pose_R, pose_p)
         prim.SetCustomDataByKey("chord:motion", kind)
         with Usd.EditContext(stage, splat_layer):
             stage.OverridePrim(f"/World/{name}")

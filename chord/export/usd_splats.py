@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from chord.core import quaternion
+from chord.export import trajectories
 from chord.gaussians.gaussian_set import GaussianSet
 from chord.gltf import splats as gltf_splats
 from chord.render import sh as sh_basis
@@ -130,9 +131,9 @@ def object_motion(obj, frames: int):
 def add_splats(stage, path: str, s: SplatFrames, *, A, origin, pose=None) -> int:
     """Define ``path`` as a ParticleField3DGaussianSplat of ``s`` in the frame of its parent
     Xform: at rest at ``origin`` (world, Y-up) for a static object (``pose`` None), else with
-    the Xform's pose per frame, ``pose`` = (R_u [F, 3, 3], p_u [F, 3], q_u [F, 4] as the
-    file stores them, Z-up); sampled per frame when ``s`` has more than one. Returns the
-    numbers written."""
+    the Xform's pose per frame, ``pose`` = (R_u [F, 3, 3], p_u [F, 3]) as pxr evaluates the
+    file's ops, Z-up; sampled per frame when ``s`` has more than one. Returns the numbers
+    written."""
     from pxr import UsdVol, Vt
 
     prim = UsdVol.ParticleField3DGaussianSplat.Define(stage, path)
@@ -142,8 +143,8 @@ def add_splats(stage, path: str, s: SplatFrames, *, A, origin, pose=None) -> int
         local = [(s.positions[0] - origin) @ A.T]
         q_local = [q_axes[0]]
     else:
-        R_u, p_u, q_u = pose
-        q_inv = q_u / np.linalg.norm(q_u, axis=-1, keepdims=True) * [1.0, -1.0, -1.0, -1.0]
+        R_u, p_u = pose
+        q_inv = trajectories.quaternion_from_matrix(R_u) * [1.0, -1.0, -1.0, -1.0]
         moved = s.positions @ A.T - p_u[:F, None]
         local = np.einsum("fji,fnj->fni", R_u[:F], moved)  # R_uᵀ·(x − p_u)
         q_local = _qmul(q_inv[:F, None], q_axes)

@@ -13,7 +13,7 @@ from pxr import Usd, UsdVol
 
 from chord.export import usd, usd_splats
 from chord.render import sh as sh_basis
-from tests.unit.export.test_usd import C, F, F32, S
+from tests.unit.export.test_usd import F32, C, F, S
 from tests.unit.export.test_usd import scene as scene  # noqa: F401 (the fixture)
 
 A = usd.Y_UP_TO_Z_UP
@@ -57,7 +57,8 @@ def trained(scene, name: str):
 
 
 def sh_colours(coeffs: np.ndarray, dirs: np.ndarray) -> np.ndarray:
-    """gsplat's SH colour (before +0.5) of coefficients [n, K, 3] in directions [m, 3]: [n, m, 3]."""
+    """gsplat's SH colour (before +0.5) [n, m, 3] of coefficients [n, K, 3] in directions
+    [m, 3]."""
     K = coeffs.shape[1]
     d = torch.as_tensor(dirs, dtype=torch.float64)[None].expand(len(coeffs), -1, -1)
     c = torch.as_tensor(coeffs, dtype=torch.float64)[:, None].expand(-1, len(dirs), -1, -1)
@@ -73,8 +74,9 @@ def test_each_object_has_a_prim_of_the_schema_with_the_schemas_attributes(scene)
     definition = Usd.SchemaRegistry().FindConcretePrimDefinition("ParticleField3DGaussianSplat")
     names = set(definition.GetPropertyNames())  # the installed schema's, not ours
     # what a 3DGS renderer needs, as the schema names it
-    need = {"positions", "orientations", "scales", "opacities", "extent",
-            "radiance:sphericalHarmonicsDegree", "radiance:sphericalHarmonicsCoefficients"}  # fmt: skip
+    sh = "radiance:sphericalHarmonics"
+    need = {"positions", "orientations", "scales", "opacities", "extent", f"{sh}Degree",
+            f"{sh}Coefficients"}  # fmt: skip
     assert need <= names
     for name, kind in scene.summary["objects"].items():
         prim, splat = splat_prim(stage, name)
