@@ -5,14 +5,11 @@ a dynamic object is skinned on the same joints and keys as ``dynamic_scene_skinn
 layer), keeps one morph target per frame on POSITION and ROTATION, as the skinned mesh file
 keeps morph targets.
 
-The attribute names and encodings follow the KHR_gaussian_splatting README, status "Release
-Candidate", at KhronosGroup/glTF commit :data:`SPEC_REVISION` (2026-07-17; the extension's text
-last changed in 63770cc70a3709cf101a42cece0bdf602b37e2e7, "Editorial review", 2026-04-15;
-checked again for issue 48): ROTATION a unit quaternion (x, y, z, w), SCALE linear (not log),
-OPACITY linear in [0, 1] (not a logit), SH_DEGREE_l_COEF_n the raw coefficients of degree l
-and order m = n − l (DC without the 0.5); the primitive's extension object has the required
-``kernel`` and ``colorSpace`` and the optional ``projection`` and ``sortingMethod`` (their
-defaults), the only four properties the text defines.
+The attribute names and encodings follow the KHR_gaussian_splatting README at
+KhronosGroup/glTF commit 77b44be7bef26e01fb0b140e3d5bb1716421c5e9 (the extension's text last
+changed in 63770cc70a3709cf101a42cece0bdf602b37e2e7, "Editorial review"): ROTATION a unit
+quaternion (x, y, z, w), SCALE linear (not log), OPACITY linear in [0, 1] (not a logit),
+SH_DEGREE_l_COEF_n the raw coefficients of degree l and order m = n − l (DC without the 0.5).
 
 The spec leaves skinned splats undefined; ours (README, "dynamic_splats.glb") is named in each
 skinned primitive's ``extras.CHORD_splat_skinning``: the glTF skinning rule moves the
@@ -53,8 +50,6 @@ from chord.gltf.skeleton import (
 logger = logging.getLogger(__name__)
 
 EXTENSION = "KHR_gaussian_splatting"
-#: the KhronosGroup/glTF commit whose text of the extension this writer follows
-SPEC_REVISION = "77b44be7bef26e01fb0b140e3d5bb1716421c5e9"
 ROTATION = f"{EXTENSION}:ROTATION"
 SCALE = f"{EXTENSION}:SCALE"
 OPACITY = f"{EXTENSION}:OPACITY"

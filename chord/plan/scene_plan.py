@@ -280,7 +280,6 @@ class ScenePlan:
             P.trajectories_npz(r, run),
             P.trajectories_json(r, run),
             P.scene_usda(r, run),
-            P.scene_splats_usd(r, run),
             P.viewer_html(r, run),
             P.splats_html(r, run),
             P.ply_sequence_dir(r, run),
