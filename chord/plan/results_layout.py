@@ -183,6 +183,11 @@ def frame0_png(results, scene: str) -> Path:
     return eval_dir(results, scene) / "frame0_vs_ref.png"
 
 
+def preview_strip_png(results, scene: str) -> Path:
+    """The training's live previews, one row per previewed iteration (the report shows it)."""
+    return eval_dir(results, scene) / "previews.png"
+
+
 def loss_png(results, scene: str) -> Path:
     """The scene's loss curves from the training logs."""
     return eval_dir(results, scene) / "losses.png"
