@@ -295,4 +295,6 @@ def training_previews(wildcards):
     undeclared and a finished training is not run again for it."""
     stage = plan(wildcards.run).final_stage
     getattr(checkpoints, f"train_{stage}").get(run=wildcards.run)
-    return sorted(str(p) for p in P.previews_dir(RESULTS, wildcards.run).glob("it_*.mp4"))
+    return sorted(
+        str(p) for p in P.previews_dir(RESULTS, wildcards.run).glob("it_*.mp4")
+    )
