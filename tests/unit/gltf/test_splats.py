@@ -367,15 +367,15 @@ def test_splat_attributes_read_back_the_ply(splat_scene):
         np.testing.assert_allclose(read("COLOR_0"), want, rtol=0, atol=0.5 / 255 + F32)
 
 
-def test_the_readme_names_the_spec_revision_the_writer_follows():
-    """The README's "which file plays where" names the commit of the spec text that
+def test_the_docs_name_the_spec_revision_the_writer_follows():
+    """The docs' "which splat file plays where" names the commit of the spec text that
     chord.gltf.splats says it follows (its docstring: the one place it is stated)."""
     import re
     from pathlib import Path
 
     (revision,) = re.findall(r"KhronosGroup/glTF commit ([0-9a-f]{40})", splats.__doc__)
-    text = (Path(__file__).resolve().parents[3] / "README.md").read_text()
-    start = text.index("**Which file plays where**")
+    text = (Path(__file__).resolve().parents[3] / "docs/outputs.md").read_text()
+    start = text.index("## Which splat file plays where")
     table = text[start : text.index("| viewer |", start)]
     assert f"KhronosGroup/glTF `{revision[:7]}`" in table
     assert "Release Candidate" in table
