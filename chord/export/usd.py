@@ -30,6 +30,12 @@ UsdSkel rather than point samples, by size: per frame a joint costs 7 numbers an
 and an object has tens of control points against thousands of vertices (in text, point
 samples of the 100k-vertex benchmark object over 41 frames would be over 100 MB; its joints'
 samples are under 1 MB, BENCHMARKS.md).
+
+The objects' trained Gaussians are ``ParticleField3DGaussianSplat`` prims ``<Xform>/splats`` in
+a layer of their own that the stage sublayers (:mod:`chord.export.usd_splats`, DESIGN §9).
+Everything written relative to an Xform's pose uses the rotation pxr evaluates from the stored
+quatf (through an axis and angle, up to 1e-5 off R(q) for a small turn), so pxr's composed
+points, joints and splats are exact.
 """
 
 from __future__ import annotations
