@@ -52,6 +52,8 @@ localrules:
 
 rule preview_strip:
     input:
+        # the state orders it after the training (and re-runs it with a new one)
+        state=lambda wc: str(plan(wc.run).final_state()),
         previews=training_previews,
         code=code("preview_strip"),
     output:
