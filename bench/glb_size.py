@@ -1,7 +1,8 @@
 """File sizes of the two animated GLBs of the export stage: ``dynamic_scene.glb`` (one
 morph target per frame) against ``dynamic_scene_skinned.glb`` (one joint per control point);
 and of ``scene.usda`` (as the stage writes it, and with every dynamic object's points
-time-sampled instead, the alternative to UsdSkel) and ``trajectories.npz`` + ``.json``.
+time-sampled instead, the alternative to UsdSkel; its own bytes, without the splat layer
+``splats.usd``: bench/usd_size.py) and ``trajectories.npz`` + ``.json``.
 
     python bench/glb_size.py [--vertices 100000] [--cp-num 60] [--frames 41]
 
@@ -51,7 +52,9 @@ def shake(scene, seed: int = 0) -> None:
             obj.layer1.cp_deform.normal_(0, SIGMA, generator=g)
 
 
-def both_glbs(folder: Path, *, doc, scene, sources, frames: int, fps: float) -> dict:
+def both_glbs(
+    folder: Path, *, doc, scene, sources, gaussians: dict, frames: int, fps: float
+) -> dict:
     """Bytes and write seconds of the morph-target and the skinned GLB."""
     row = {"vertices": 0, "sources": sum(p.stat().st_size for p in sources.values())}
     for o in doc["objects"]:
@@ -68,15 +71,16 @@ def both_glbs(folder: Path, *, doc, scene, sources, frames: int, fps: float) -> 
         row[f"{key} s"] = time.perf_counter() - start
         row[key] = out.stat().st_size
     kw = {"doc": doc, "scene": scene, "frames": frames, "fps": fps}
+    usd_kw = {"sources": sources, "gaussians": gaussians, "out_splats": folder / "splats.usd"}
     start = time.perf_counter()
-    summary = usd.write_usd(folder / "scene.usda", sources=sources, **kw)
+    summary = usd.write_usd(folder / "scene.usda", **usd_kw, **kw)
     row["usd s"] = time.perf_counter() - start
     row["usd"] = (folder / "scene.usda").stat().st_size
     row["usd kinds"] = "/".join(sorted(set(summary["objects"].values()) - {"static"}))
     kind = usd.motion_kind
     usd.motion_kind = lambda *a: "points"  # the alternative: every dynamic object's points
     try:
-        usd.write_usd(folder / "points.usda", sources=sources, **kw)
+        usd.write_usd(folder / "points.usda", **usd_kw, **kw)
     finally:
         usd.motion_kind = kind
     row["usd points"] = (folder / "points.usda").stat().st_size
@@ -103,8 +107,9 @@ def demo_row(name: str, folder: Path) -> dict:
     sources = {o["name"]: data / f"{o['name']}.glb" for o in doc["objects"]}
     cps = sum(len(o.layer1.centres) for o in scene.dynamic.values())
     row = both_glbs(
-        folder, doc=doc, scene=scene, sources=sources, frames=method.frame_num, fps=method.save_fps
-    )
+        folder, doc=doc, scene=scene, sources=sources, gaussians=gsets,
+        frames=method.frame_num, fps=method.save_fps,
+    )  # fmt: skip
     return {"scene": name, "frames": method.frame_num, "control points": cps, **row}
 
 
@@ -118,7 +123,8 @@ def sphere_row(folder: Path, *, vertices: int, cp_num: int, frames: int) -> dict
     rest = normalised[0].vertices
     sample = rest[:: max(1, len(rest) // 20_000)]
     centres = control_points.place_control_points(sample, cp_num)
-    splats = splat_tensors(gaussian_set.init_from_mesh(normalised, 2000, seed=0))
+    gset = gaussian_set.init_from_mesh(normalised, 2000, seed=0)
+    splats = splat_tensors(gset)
     t = lambda a: torch.as_tensor(np.asarray(a), dtype=torch.float32)  # noqa: E731
     obj = DynamicObject(
         "obj_0", splats["means"], splats["quats"], t(centres), t(sample[::10]), frame_num=frames
@@ -131,7 +137,8 @@ def sphere_row(folder: Path, *, vertices: int, cp_num: int, frames: int) -> dict
         "normalisation": {"centre": c.tolist(), "scale": float(s)},
         "objects": [{"name": "obj_0", "role": "dynamic", "source": str(src), "bounds": b}],
     }
-    row = both_glbs(folder, doc=doc, scene=scene, sources={"obj_0": src}, frames=frames, fps=10)
+    row = both_glbs(folder, doc=doc, scene=scene, sources={"obj_0": src},
+                    gaussians={"obj_0": gset}, frames=frames, fps=10)  # fmt: skip
     return {"scene": "UV sphere", "frames": frames, "control points": cp_num, **row}
 
 

@@ -281,4 +281,20 @@ def debug_inputs(wildcards):
 
 
 def all_targets():
-    return chord.plan.scene_plan.all_targets({s: plan(s) for s in SCENES}, RESULTS)
+    """The scene plans' targets and each run's preview strip (here, not in the plan, whose
+    module every training's code digest includes)."""
+    runs = [r.run for s in SCENES for r in plan(s).runs()]
+    return chord.plan.scene_plan.all_targets({s: plan(s) for s in SCENES}, RESULTS) + [
+        str(P.preview_strip_png(RESULTS, r)) for r in runs
+    ]
+
+
+def training_previews(wildcards):
+    """A run's live previews (train/previews/it_*.mp4), listed once its final training (a
+    checkpoint) has finished: declared inputs of rule preview_strip, so nothing it reads is
+    undeclared and a finished training is not run again for it."""
+    stage = plan(wildcards.run).final_stage
+    getattr(checkpoints, f"train_{stage}").get(run=wildcards.run)
+    return sorted(
+        str(p) for p in P.previews_dir(RESULTS, wildcards.run).glob("it_*.mp4")
+    )

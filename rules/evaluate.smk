@@ -41,3 +41,32 @@ rule evaluate:
         method=lambda wc: stage_params(wc.run, "evaluate"),
     script:
         "../workflow/scripts/evaluate.py"
+
+
+# The training's live previews as one strip for the report's scene page (issue 48): its inputs
+# are the previews the finished training wrote (training_previews), so an existing results
+# tree gets the strip without training again.
+localrules:
+    preview_strip,
+
+
+rule preview_strip:
+    input:
+        # the state orders it after the training (and re-runs it with a new one)
+        state=lambda wc: str(plan(wc.run).final_state()),
+        previews=training_previews,
+        code=code("preview_strip"),
+    output:
+        png=report(
+            P.preview_strip_png(RESULTS, "{run}"),
+            caption="../workflow/report/preview_strip.rst",
+            category="{run}",
+            subcategory="plots",
+            labels={"scene": "{run}", "figure": "live previews of the training"},
+        ),
+    log:
+        P.log(RESULTS, "{run}", "preview_strip"),
+    conda:
+        "../workflow/envs/chord.yaml"
+    script:
+        "../workflow/scripts/preview_strip.py"

@@ -65,6 +65,7 @@ rule export:
         ),
         trajectories_json=P.trajectories_json(RESULTS, "{run}"),
         usd=P.scene_usda(RESULTS, "{run}"),
+        usd_splats=P.scene_splats_usd(RESULTS, "{run}"),
         ply=directory(P.ply_sequence_dir(RESULTS, "{run}")),
     log:
         P.log(RESULTS, "{run}", "export"),

@@ -5,9 +5,11 @@
 # workflow.remote_exec set): each retry is then a new job with the next tier's resources, not a
 # second try inside the first job's allocation. A bad input (exit 2) is recorded and its retry
 # stops at once with the same message (the `attempt` resource tells the job it is a retry).
+# Both are checkpoints: once one has finished, rule preview_strip's inputs list the live previews
+# it wrote beside its outputs (train/previews/, kept out of its outputs: DESIGN §3).
 
 
-rule train_coarse:
+checkpoint train_coarse:
     input:
         unpack(train_inputs),
         code=code("train"),
@@ -37,7 +39,7 @@ rule train_coarse:
         "../workflow/scripts/train.py"
 
 
-rule train_fine:
+checkpoint train_fine:
     input:
         unpack(train_inputs),
         handoff=P.train_state(RESULTS, "{run}", "coarse"),

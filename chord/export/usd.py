@@ -30,6 +30,12 @@ UsdSkel rather than point samples, by size: per frame a joint costs 7 numbers an
 and an object has tens of control points against thousands of vertices (in text, point
 samples of the 100k-vertex benchmark object over 41 frames would be over 100 MB; its joints'
 samples are under 1 MB, BENCHMARKS.md).
+
+The objects' trained Gaussians are ``ParticleField3DGaussianSplat`` prims ``<Xform>/splats`` in
+a layer of their own that the stage sublayers (:mod:`chord.export.usd_splats`, DESIGN §9).
+Everything written relative to an Xform's pose uses the rotation pxr evaluates from the stored
+quatf (through an axis and angle, up to 1e-5 off R(q) for a small turn), so pxr's composed
+points, joints and splats are exact.
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ import torch
 from chord.core import quaternion
 from chord.core.atomic_files import atomic_path
 from chord.core.errors import InputError
-from chord.export import trained_scene, trajectories
+from chord.export import trained_scene, trajectories, usd_splats
 from chord.gaussians import mesh_colour
 from chord.gltf.splats import srgb_to_linear  # USD's displayColor is linear, as COLOR_0
 from chord.scene import ingestion
@@ -193,14 +199,24 @@ def _mesh(stage, path: str, local: np.ndarray, faces: np.ndarray, srgb: np.ndarr
 
 
 def write_usd(
-    out: Path, *, doc: dict, scene, sources: dict[str, Path], frames: int, fps: float
+    out: Path,
+    *,
+    doc: dict,
+    scene,
+    sources: dict[str, Path],
+    gaussians: dict,
+    frames: int,
+    fps: float,
+    out_splats: Path,
 ) -> dict:
     """``scene.usda`` of every non-avoided object of ``doc`` (source GLBs ``sources``) over
-    frames 0..F−1 at ``fps``, dynamic ones moved by ``scene``'s trained motion; returns a
-    summary {"frames", "objects": {name: "static" | "rigid" | "skinned" | "points"},
-    "joints"}."""
+    frames 0..F−1 at ``fps``, dynamic ones moved by ``scene``'s trained motion, and the
+    layer ``out_splats`` it sublayers with their Gaussians ``gaussians`` {name: GaussianSet,
+    normalised} (:mod:`chord.export.usd_splats`); returns a summary {"frames", "objects":
+    {name: "static" | "rigid" | "skinned" | "points"}, "joints", "splats": {"gaussians",
+    "sampled" (objects with per-frame splats), "numbers", "format" ("usda" | "usdc")}}."""
     try:
-        from pxr import Gf, UsdGeom, UsdSkel
+        from pxr import Gf, Sdf, Usd, UsdGeom, UsdSkel
     except ImportError as exc:  # a dependency; an environment made before issue 40 lacks it
         raise RuntimeError(
             f"{out}: writing USD needs usd-core, a dependency of chord-pipeline: "
@@ -212,13 +228,19 @@ def write_usd(
     c = np.asarray(doc["normalisation"]["centre"], dtype=np.float64)
     s = float(doc["normalisation"]["scale"])
     stage = _new_stage(frames, fps)
-    kinds, joints = {}, 0
+    splat_layer = Sdf.Layer.CreateAnonymous(".usd")
+    # its own time codes per second: else USD scales a sublayer's samples by 24/fps
+    splat_layer.timeCodesPerSecond = splat_layer.framesPerSecond = fps
+    stage.GetRootLayer().subLayerPaths.append(splat_layer.identifier)
+    kinds, joints, numbers, sampled, count = {}, 0, 0, [], 0
     for entry in doc["objects"]:
         name = entry["name"]
         if entry["role"] == "avoided":
             continue
         if name not in sources:
             raise InputError(f"{out}: no source GLB given for {name}")
+        if name not in gaussians:
+            raise InputError(f"{out_splats}: no Gaussians given for {name}")
         points_w, faces, srgb = source_mesh(sources[name])
         obj = scene.dynamic[name] if name in scene.dynamic else None
         xf = UsdGeom.Xform.Define(stage, f"/World/{name}")
@@ -226,11 +248,13 @@ def write_usd(
         xf.AddScaleOp().Set(Gf.Vec3f(1.0, 1.0, 1.0))
         prim = xf.GetPrim()
         prim.SetCustomDataByKey("chord:source", Path(entry["source"]).name)
+        where = f"{out_splats}: {name}"
         if obj is None:
             kind = "static"
             origin_w = (points_w.min(0) + points_w.max(0)) / 2.0
             translate.Set(Gf.Vec3d(*to_usd(origin_w).tolist()))
             orient.Set(Gf.Quatf(1.0, 0.0, 0.0, 0.0))
+            splat, pose = usd_splats.SplatFrames(gaussians[name], c, s, where=where), None
         else:
             poses_n = trajectories.object_poses(obj, frames)
             kind = motion_kind(entry, obj, poses_n)
@@ -241,10 +265,27 @@ def write_usd(
             for t in range(frames):
                 translate.Set(Gf.Vec3d(*pose_p[t].tolist()), t)
                 orient.Set(Gf.Quatf(*q_u[t].tolist()), t)
-            pose_R = rotmat(q_u.astype(np.float64))  # what the file's orient samples turn
+            # the rotation pxr evaluates from the stored quatf (through an axis and angle: up
+            # to 1e-5 from R(q) for small turns), so that what is relative to it is exact
+            pose_R = np.stack([np.array(xf.GetLocalTransformation(t))[:3, :3].T
+                               for t in range(frames)])  # fmt: skip
             size = max(object_size(entry), 1e-12)
             prim.SetCustomDataByKey("chord:residual_relative", float(poses_n.residual.max()) / size)
+            X, Q = usd_splats.object_motion(obj, frames)
+            if kind == "rigid":  # the pose is its motion: the rest values, unsampled
+                X, Q = X[:1], Q[:1]
+            else:
+                sampled.append(name)
+            splat = usd_splats.SplatFrames(gaussians[name], c, s, (X, Q), where=where)
+            pose = (pose_R, pose_p)
         prim.SetCustomDataByKey("chord:motion", kind)
+        with Usd.EditContext(stage, splat_layer):
+            stage.OverridePrim(f"/World/{name}")
+            numbers += usd_splats.add_splats(
+                stage, f"/World/{name}/splats", splat, A=Y_UP_TO_Z_UP,
+                origin=origin_w, pose=pose,
+            )  # fmt: skip
+        count += len(gaussians[name])
         local = to_usd(points_w - origin_w)  # [n, 3] in the Xform's frame
         if kind == "skinned":
             UsdSkel.Root.Define(stage, f"/World/{name}/skin")
@@ -267,8 +308,21 @@ def write_usd(
         f"chord-pipeline: scene {doc['scene']}, {frames} frames at {fps:g} fps; Z-up "
         "(glTF's Y-up rotated +90 degrees about X), metres"
     )
+    fmt = "usda" if numbers <= usd_splats.TEXT_NUMBERS else "usdc"
+    splat_layer.documentation = (
+        f"chord-pipeline: the trained Gaussians of scene {doc['scene']} "
+        "(UsdVol.ParticleField3DGaussianSplat), sublayered by scene.usda"
+    )
+    root = Sdf.Layer.CreateAnonymous(".usda")  # a copy outside the stage: nothing recomposes
+    root.TransferContent(stage.GetRootLayer())
+    root.subLayerPaths[0] = f"./{Path(out_splats).name}"  # beside it, found relatively
+    # the splat layer first: scene.usda names it, so it is never there without it
+    with atomic_path(out_splats, suffix=".usd") as tmp:
+        splat_layer.Export(str(tmp), args={"format": fmt})
     with atomic_path(out, suffix=".usda") as tmp:
-        stage.GetRootLayer().Export(str(tmp))
-    logger.info("%s: %d objects %s, %d joints, %d frames at %g fps", out, len(kinds), kinds,
-                joints, frames, fps)  # fmt: skip
-    return {"frames": frames, "objects": kinds, "joints": joints}
+        root.Export(str(tmp))
+    logger.info("%s: %d objects %s, %d joints, %d frames at %g fps; %s: %d Gaussians (%d "
+                "numbers, %s), sampled per frame: %s", out, len(kinds), kinds, joints, frames,
+                fps, out_splats, count, numbers, fmt, sampled or "none")  # fmt: skip
+    splat_summary = {"gaussians": count, "sampled": sampled, "numbers": numbers, "format": fmt}
+    return {"frames": frames, "objects": kinds, "joints": joints, "splats": splat_summary}

@@ -34,6 +34,7 @@ STAGES = (
     "sweep",
     "aggregate",
     "preview",
+    "preview_strip",
 )
 
 # Result-neutral modules: editing one re-runs nothing, and what only they import is not

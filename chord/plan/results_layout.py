@@ -150,6 +150,11 @@ def scene_usda(results, scene: str) -> Path:
     return export_dir(results, scene) / "scene.usda"
 
 
+def scene_splats_usd(results, scene: str) -> Path:
+    """The trained Gaussians as USD, a layer scene.usda sublayers (text or crate by size)."""
+    return export_dir(results, scene) / "splats.usd"
+
+
 def viewer_html(results, scene: str) -> Path:
     """The scene's 3D viewer: one self-contained page playing its skinned GLB."""
     return export_dir(results, scene) / "viewer.html"
@@ -176,6 +181,11 @@ def eval_dir(results, scene: str) -> Path:
 def frame0_png(results, scene: str) -> Path:
     """ref.png, the frame-0 render and their difference side by side."""
     return eval_dir(results, scene) / "frame0_vs_ref.png"
+
+
+def preview_strip_png(results, scene: str) -> Path:
+    """The training's live previews, one row per previewed iteration (the report shows it)."""
+    return eval_dir(results, scene) / "previews.png"
 
 
 def loss_png(results, scene: str) -> Path:

@@ -4,7 +4,7 @@ targets), ``dynamic_scene_skinned.glb`` (a skin on the control points), a per-fr
 sequence, ``dynamic_splats.glb`` (the Gaussians, skinned on the same control points),
 ``dynamic_splats_rigid.glb`` (the Gaussians under nodes keyed with rigid poses), each dynamic
 object's rigid pose per frame (``trajectories.npz`` and its ``trajectories.json``) and
-the scene as USD (``scene.usda``)."""
+the scene as USD (``scene.usda``, its Gaussians in the layer ``splats.usd``)."""
 
 from __future__ import annotations
 
@@ -54,6 +54,7 @@ def run(
     out_trajectories: Path,
     out_trajectories_json: Path,
     out_usd: Path,
+    out_usd_splats: Path,
 ) -> dict:
     """Render and write every export of a trained scene, the videos at ``export_size``
     (default: the SDS ``size``)."""
@@ -117,8 +118,9 @@ def run(
         fps=method.save_fps,
     )  # fmt: skip
     scene_usd = usd.write_usd(
-        out_usd, doc=doc, scene=scene, sources=sources, frames=T, fps=method.save_fps
-    )
+        out_usd, doc=doc, scene=scene, sources=sources, gaussians=sets, frames=T,
+        fps=method.save_fps, out_splats=out_usd_splats,
+    )  # fmt: skip
     logger.info(
         "%s: iteration %d, %d frames at %dx%d (%d per render), %d fps; GLB with %d morph "
         "targets (%d bytes), skinned GLB on %d joints (%d bytes), splat GLB of %d Gaussians "

@@ -106,6 +106,7 @@ def exported(sway):
         "out_trajectories": results_layout.trajectories_npz(res, s),
         "out_trajectories_json": results_layout.trajectories_json(res, s),
         "out_usd": results_layout.scene_usda(res, s),
+        "out_usd_splats": results_layout.scene_splats_usd(res, s),
     }
     summary = export_stage.run(
         **sway.inputs,
@@ -581,6 +582,57 @@ def test_exported_trajectories_and_usd_follow_the_trained_motion(sway, exported)
             np.testing.assert_allclose(got, want[k], rtol=0, atol=tol, err_msg=f"{name} {k}")
 
 
+def test_usd_splats_equal_the_exported_ply_sequence_frame_by_frame(sway, exported):
+    """scene.usda's ParticleField3DGaussianSplat prims, evaluated by pxr at each time code,
+    hold the exported PLY of that frame (Z-up, world units, linear scales and opacities, the
+    SH's colours), to float32 storage; a rigid object's Gaussians move by its pose, within
+    its residual of the PLYs (as its mesh in the test above)."""
+    from pxr import Usd
+
+    from chord.export import usd
+    from tests.unit.export.test_usd_splats import attr, sh_colours, splat_prim, world
+
+    summary, outs = exported
+    assert summary["usd"]["splats"]["format"] == "usda"  # the demo's splats are text
+    stage = Usd.Stage.Open(str(outs["out_usd"]))
+    c, s = _normalisation(sway)
+    A = usd.Y_UP_TO_Z_UP
+    frames = sorted(outs["out_ply_dir"].iterdir())
+    assert len(frames) == T
+    with np.load(outs["out_trajectories"], allow_pickle=False) as z:
+        residual = {n: float(z[f"{n}/residual"].max()) for n in z["names"].tolist()}
+    d = np.random.default_rng(0).normal(size=(20, 3))
+    d /= np.linalg.norm(d, axis=1, keepdims=True)
+    start, rows = 0, {}
+    for i in range(3):
+        n = len(ply.read_ply(sway.inputs["plys"][f"obj_{i}"], sh_degree_cap=sway.m.sh_degree))
+        rows[f"obj_{i}"], start = slice(start, start + n), start + n
+    for k in range(T):
+        seq = ply.read_ply(frames[k], sh_degree_cap=sway.m.sh_degree)
+        for name, rows_n in rows.items():
+            prim, _ = splat_prim(stage, name)
+            kind = stage.GetPrimAtPath(f"/World/{name}").GetCustomDataByKey("chord:motion")
+            want = (seq.means[rows_n].astype(np.float64) / s + c) @ A.T
+            tol = 64 * F32 * max(1.0, np.abs(want).max())
+            p, R = world(prim, k)
+            if kind == "rigid":
+                tol += 8 * residual[name]
+            else:
+                R_want = np.einsum("ij,njk,lk->nil", A, usd.rotmat(seq.quats[rows_n]), A)
+                np.testing.assert_allclose(R, R_want, rtol=0, atol=32 * F32)
+            np.testing.assert_allclose(p, want, rtol=0, atol=tol, err_msg=f"{name} {k}")
+            scale = np.exp(seq.log_scales[rows_n].astype(np.float64)) / s
+            np.testing.assert_allclose(attr(prim, "scales", k), scale, rtol=2 * F32)
+            alpha = 1.0 / (1.0 + np.exp(-seq.opacity_logits[rows_n].astype(np.float64)))
+            np.testing.assert_allclose(attr(prim, "opacities", k), alpha, rtol=2 * F32)
+            sh = seq.sh[rows_n].astype(np.float64)
+            got = attr(prim, "radiance:sphericalHarmonicsCoefficients", k).reshape(sh.shape)
+            tol_c = 8 * F32 * sh.shape[1] * 3.0 * max(np.abs(got).max(), 1e-30)
+            np.testing.assert_allclose(
+                sh_colours(got, d @ A.T), sh_colours(sh, d), rtol=0, atol=tol_c
+            )
+
+
 # --- export_size -----------------------------------------------------------------------------
 
 
@@ -600,6 +652,7 @@ def test_export_renders_its_videos_at_export_size(sway, tmp_path):
         "out_trajectories": tmp_path / "trajectories.npz",
         "out_trajectories_json": tmp_path / "trajectories.json",
         "out_usd": tmp_path / "scene.usda",
+        "out_usd_splats": tmp_path / "splats.usd",
     }
     export_stage.run(
         **sway.inputs,

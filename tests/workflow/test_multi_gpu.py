@@ -22,10 +22,11 @@ TIERS = {
 
 
 def training_resources(proc, rule: str) -> dict[str, str]:
-    """The resources of the dry run's one ``rule`` job."""
+    """The resources of the dry run's one ``rule`` job (the trainings are checkpoints)."""
     text = proc.stdout
-    assert text.count(f"rule {rule}:") == 1, text[-3000:]
-    after = text.split(f"rule {rule}:", 1)[1]
+    heads = re.findall(rf"^(?:rule|checkpoint) {rule}:$", text, re.M)
+    assert len(heads) == 1, text[-3000:]
+    after = text.split(heads[0], 1)[1]
     line = next(li for li in after.splitlines() if li.strip().startswith("resources:"))
     return dict(re.findall(r"(\w+)=([^,\s]+)", line.split("resources:", 1)[1]))
 

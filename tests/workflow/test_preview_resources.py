@@ -17,7 +17,8 @@ from tests.workflow.test_scale import snakemake, wan_workdir
 
 def resources(stdout: str, rule: str) -> dict[str, str]:
     lines = stdout.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.strip().startswith(f"rule {rule}"))
+    heads = (f"rule {rule}:", f"checkpoint {rule}:")  # the trainings are checkpoints
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith(heads))
     line = next(x for x in lines[start:] if x.strip().startswith("resources:"))
     items = line.split("resources:")[1].split(", ")
     return dict(item.strip().split("=", 1) for item in items)

@@ -37,7 +37,7 @@ TINY = {
 PROMPT = "A toy block with a painted face hops twice to the right."
 UPSTREAM = {"demo_hop", "ingest", "gaussians", "voxelize", "reference", "condition"}
 # the stages that read a trained state (the viewer reads the export's GLB)
-AFTER_TRAINING = {"export", "viewer", "evaluate", "aggregate"}
+AFTER_TRAINING = {"export", "viewer", "evaluate", "aggregate", "preview_strip"}
 
 
 def snakemake(work: Path, *args: str, env: dict | None = None, check: bool = True):

@@ -22,5 +22,6 @@ with stage_logging(snakemake.log[0]):
         out_trajectories=Path(out.trajectories),
         out_trajectories_json=Path(out.trajectories_json),
         out_usd=Path(out.usd),
+        out_usd_splats=Path(out.usd_splats),
         out_ply_dir=Path(out.ply),
     )

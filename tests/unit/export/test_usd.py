@@ -14,6 +14,7 @@ import trimesh
 from pxr import Usd, UsdGeom, UsdSkel
 
 from chord.export import trained_scene, trajectories, usd
+from chord.gaussians.gaussian_set import GaussianSet
 from tests.conftest import box
 from tests.unit.export.test_trajectories import box_object, script_rigid, scripted, shake
 
@@ -53,11 +54,41 @@ def scene(tmp_path):
         o3.layer2.cp_deform.normal_(0, 0.02, generator=torch.Generator().manual_seed(3))
     doc = {"scene": "four", "normalisation": {"centre": C.tolist(), "scale": S}, "objects": objects}
     sources = {o["name"]: tmp_path / f"{o['name']}.glb" for o in objects[:4]}
+    gaussians = trained_gaussians(dyn, static={"obj_1": (0.0, -0.1, 0.0)})
     out = tmp_path / "scene.usda"
     summary = usd.write_usd(
-        out, doc=doc, scene=SimpleNamespace(dynamic=dyn), sources=sources, frames=F, fps=FPS
+        out, doc=doc, scene=SimpleNamespace(dynamic=dyn), sources=sources, gaussians=gaussians,
+        frames=F, fps=FPS, out_splats=tmp_path / "splats.usd",
+    )  # fmt: skip
+    return SimpleNamespace(
+        out=out, doc=doc, dyn=dyn, sources=sources, summary=summary, gaussians=gaussians
     )
-    return SimpleNamespace(out=out, doc=doc, dyn=dyn, sources=sources, summary=summary)
+
+
+def trained_gaussians(dyn: dict, static: dict, seed: int = 5) -> dict:
+    """Gaussians of each object, normalised: a dynamic one's at its rest means with seeded
+    rotations (also its rest_quats) and the static ones' in a box at their centre; seeded
+    log-scales, opacity logits and SH of degrees 1, 2, 3 in turn (the axis change mixes
+    every degree above 0)."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for i, name in enumerate(sorted([*dyn, *static])):
+        if name in dyn:
+            means = dyn[name].rest_means.numpy()
+        else:
+            means = np.asarray(static[name]) + rng.uniform(-0.2, 0.2, (12, 3))
+        q = rng.normal(size=(len(means), 4))
+        q /= np.linalg.norm(q, axis=1, keepdims=True)
+        if name in dyn:
+            with torch.no_grad():
+                dyn[name].rest_quats.copy_(torch.as_tensor(q, dtype=torch.float32))
+        degree = 1 + i % 3
+        out[name] = GaussianSet(
+            means=means, log_scales=rng.normal(-3.0, 0.5, (len(means), 3)), quats=q,
+            opacity_logits=rng.normal(0.0, 2.0, len(means)),
+            sh=rng.normal(0.0, 0.5, (len(means), (degree + 1) ** 2, 3)),
+        )  # fmt: skip
+    return out
 
 
 def _expected(scene, name: str) -> np.ndarray:
@@ -160,5 +191,6 @@ def test_a_missing_source_is_an_input_error(scene, tmp_path):
     with pytest.raises(ValueError, match="no source GLB given for obj_1"):
         usd.write_usd(
             tmp_path / "x.usda", doc=scene.doc, scene=SimpleNamespace(dynamic=scene.dyn),
-            sources={"obj_0": scene.sources["obj_0"]}, frames=F, fps=FPS,
+            sources={"obj_0": scene.sources["obj_0"]}, gaussians=scene.gaussians, frames=F,
+            fps=FPS, out_splats=tmp_path / "x.usd",
         )  # fmt: skip

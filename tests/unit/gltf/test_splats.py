@@ -321,8 +321,14 @@ def test_splat_attributes_read_back_the_ply(splat_scene):
         (mesh,) = [m for m in doc["meshes"] if m["name"] == name]
         (prim,) = mesh["primitives"]
         assert prim["mode"] == 0 and "material" not in prim and "indices" not in prim
-        assert prim["extensions"][EXT]["kernel"] == "ellipse"
-        assert prim["extensions"][EXT]["colorSpace"] == "srgb_rec709_display"
+        # the Release Candidate's text (the revision splats.py names): kernel and colorSpace
+        # required, its one kernel, one of its two colour spaces, projection and
+        # sortingMethod their defaults, no other property
+        ext = prim["extensions"][EXT]
+        assert set(ext) == {"kernel", "colorSpace", "projection", "sortingMethod"}
+        assert ext["kernel"] == "ellipse"
+        assert ext["colorSpace"] == "srgb_rec709_display"  # METHOD §2: sRGB colours
+        assert (ext["projection"], ext["sortingMethod"]) == ("perspective", "cameraDistance")
         a = prim["attributes"]
         sh_names = {k for k in a if k.startswith(f"{EXT}:SH_")}
         # the trained (rendered) degree is 1: obj_0's; the degree-0 objects are zero-padded
@@ -359,6 +365,20 @@ def test_splat_attributes_read_back_the_ply(splat_scene):
         rgb = np.clip(0.5 + gs.C0 * g.sh[:, 0].astype(np.float64), 0, 1)
         want = np.concatenate([splats.srgb_to_linear(rgb), opacity[:, None]], 1)
         np.testing.assert_allclose(read("COLOR_0"), want, rtol=0, atol=0.5 / 255 + F32)
+
+
+def test_the_docs_name_the_spec_revision_the_writer_follows():
+    """The docs' "which splat file plays where" names the commit of the spec text that
+    chord.gltf.splats says it follows (its docstring: the one place it is stated)."""
+    import re
+    from pathlib import Path
+
+    (revision,) = re.findall(r"KhronosGroup/glTF commit ([0-9a-f]{40})", splats.__doc__)
+    text = (Path(__file__).resolve().parents[3] / "docs/outputs.md").read_text()
+    start = text.index("## Which splat file plays where")
+    table = text[start : text.index("| viewer |", start)]
+    assert f"KhronosGroup/glTF `{revision[:7]}`" in table
+    assert "Release Candidate" in table
 
 
 def test_splats_pass_the_khronos_validator(splat_scene, gltf_validator, tmp_path):
