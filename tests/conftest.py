@@ -79,7 +79,24 @@ def skip_reason(report) -> str:
 
 
 def pytest_terminal_summary(terminalreporter):
-    """The skips grouped by what is missing, each with the command that brings it."""
+    """The time each tier took (quick: ``-m "not slow"``; slow), beside pytest's slowest 25
+    (``--durations=25`` in pyproject.toml), so growth shows where it happens; then the skips
+    grouped by what is missing, each with the command that brings it."""
+    spent: dict[str, float] = {}
+    counted: dict[str, set] = {}
+    for reports in terminalreporter.stats.values():
+        for r in reports:
+            if getattr(r, "when", None) is None or not hasattr(r, "duration"):
+                continue
+            tier = "slow" if "slow" in r.keywords else "quick"
+            spent[tier] = spent.get(tier, 0.0) + r.duration
+            counted.setdefault(tier, set()).add(r.nodeid)
+    terminalreporter.section("time by tier (set-up, call and tear-down summed)")
+    for tier in sorted(spent):
+        minutes, seconds = divmod(spent[tier], 60)
+        terminalreporter.write_line(
+            f"{tier}: {len(counted[tier])} tests, {int(minutes)} min {seconds:.0f} s"
+        )
     skipped = [r for r in terminalreporter.stats.get("skipped", []) if not hasattr(r, "wasxfail")]
     terminalreporter.section("skips by missing component")
     for line in components.summary([skip_reason(r) for r in skipped]):

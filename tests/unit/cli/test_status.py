@@ -119,7 +119,7 @@ def test_each_state_is_told_without_torch(tree):
     assert bad["log"].endswith("bad/logs/ingest.log")
     assert bad["error"].endswith("ERROR chord: scene bad: obj_1.glb: no mesh")
     counts = {k: doc["total"][k] for k in status.STATES}
-    assert counts == {"done": 1, "running": 1, "stalled": 1, "failed": 1, "waiting": 1}
+    assert counts == {"done": 1, "running": 1, "stalled": 1, "stopped": 0, "failed": 1, "waiting": 1}
     text = chord_status(tree, path=no_slurm_path()).stdout
     lines = {line.split()[0]: line.split() for line in text.splitlines() if line.strip()}
     assert [lines[s][2] for s in SCENES] == ["done", "running", "stalled", "failed", "waiting"]
@@ -191,7 +191,7 @@ def test_watch_prints_again_until_interrupted_and_configfile_merges(tree, monkey
     out = capsys.readouterr().out
     assert naps == [30, 30] and out.count("total: 5 runs") == 2  # printed twice, then Ctrl-C
     assert "\x1b" not in out  # not a terminal: no redraw codes
-    assert "total: 5 runs: 0 done, 0 running, 0 stalled, 0 failed, 5 waiting" in out
+    assert "total: 5 runs: 0 done, 0 running, 0 stalled, 0 stopped, 0 failed, 5 waiting" in out
 
 
 def test_a_new_attempt_loading_runs_and_only_a_passed_time_limit_is_a_record(tree):
