@@ -14,7 +14,8 @@ and npm's portable Python fetches its build at install), and another minor versi
 are another ABI. So the device compiles that one file against its own Python and torch and links
 the 28 objects in (:func:`link`: torch's own ``cpp_extension.load`` with one source and the
 objects as link inputs), into gsplat's package as ``gsplat.csrc``: the prebuilt module
-gsplat's ``_backend`` imports before it tries a JIT build (chord.render.gsplat_backend).
+gsplat's ``_backend`` imports before it tries a JIT build (chord.render.gsplat_backend). The
+folder's pins, check and link are bench/gsplat_kernels.py's; this module builds it.
 
     python bench/gsplat_prebuild.py build [--cache DIR] [--out .kernels] [--jobs N]   # here
     python bench/gsplat_prebuild.py check [FOLDER] [--wheels .whl]  # here: FOLDER is current
@@ -34,7 +35,6 @@ import ast
 import concurrent.futures
 import datetime as dt
 import hashlib
-import importlib.machinery
 import json
 import os
 import re
@@ -52,80 +52,48 @@ from packaging.requirements import Requirement
 if __package__ in (None, ""):  # run as a script: bench/ is not a package on sys.path
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench import gpu_imports  # noqa: E402
+from bench.gsplat_kernels import (  # noqa: E402
+    ARCH,
+    FORMAT,
+    NVCC_FLAGS,
+    ROOT,
+    PrebuildError,
+    flags,
+    link,
+    pins,
+    problems,
+    read_manifest,
+    sha256,
+    sources,
+)
 
-ROOT = Path(__file__).resolve().parents[1]
-#: the device's cards: H100 and H200 are both compute capability 9.0 (device notes, KINDS.md)
-CAPABILITY = (9, 0)
-ARCH = "sm_{}{}".format(*CAPABILITY)
-#: manifest layout; bump when the meaning of a field changes
-FORMAT = 1
-MODULE = "csrc"  # gsplat's prebuilt module, ``gsplat.csrc``
 #: the toolkit parts nvcc needs, as extras of torch's ``cuda-toolkit`` pin
 TOOLKIT_EXTRAS = ("nvcc", "crt", "nvvm", "cccl", "cudart")
-#: torch's cpp_extension (2.11: COMMON_NVCC_FLAGS, _get_cuda_arch_flags, common_cflags) and
-#: gsplat 1.5.3's _backend (-O3, -use_fast_math, -Wno-attributes); the test compares the
-#: latter with the installed gsplat's source
-COMMON_FLAGS = (f"-DTORCH_EXTENSION_NAME={MODULE}", "-DTORCH_API_INCLUDE_EXTENSION_H")
-NVCC_FLAGS = (
-    "-D__CUDA_NO_HALF_OPERATORS__",
-    "-D__CUDA_NO_HALF_CONVERSIONS__",
-    "-D__CUDA_NO_BFLOAT16_CONVERSIONS__",
-    "-D__CUDA_NO_HALF2_OPERATORS__",
-    "--expt-relaxed-constexpr",
-    "-gencode=arch=compute_{0}{1},code=sm_{0}{1}".format(*CAPABILITY),
-    "--compiler-options",
-    "-fPIC",
+PLATFORMS = (
+    "manylinux_2_28_x86_64",
+    "manylinux_2_27_x86_64",
+    "manylinux_2_17_x86_64",
+    "manylinux2014_x86_64",
 )
-GSPLAT_CUDA_FLAGS = ("-O3", "-use_fast_math")
-GSPLAT_CXX_FLAGS = ("-O3", "-Wno-attributes")
-STD = "-std=c++17"
-PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64",
-             "manylinux2014_x86_64")  # fmt: skip
-
-
-class PrebuildError(Exception):
-    """A one-line reason the kernels cannot be built, checked or linked."""
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def pins() -> dict[str, str]:
-    """What the kernels are built for: gsplat as carried (gpu_wheels.txt), torch as on the
-    device's image (gpu_image_packages.txt), the device's Python and card."""
-    torch = gpu_imports.image_packages(gpu_imports.IMAGE_PACKAGES).get("torch")
-    if not torch:
-        raise PrebuildError(f"{gpu_imports.IMAGE_PACKAGES.name}: no torch==VERSION line")
-    return {
-        "gsplat": gpu_imports.carried_wheels(gpu_imports.WHEELS)["gsplat"],
-        "torch": torch,
-        "python": gpu_imports.DEVICE_MARKERS["python_version"],
-        "arch": ARCH,
-    }
-
-
-def flags() -> dict[str, list[str]]:
-    """The compile flags, include paths aside (they differ between machines)."""
-    cxx = [*COMMON_FLAGS, "-fPIC", STD, *GSPLAT_CXX_FLAGS]
-    return {"cuda": [*COMMON_FLAGS, *NVCC_FLAGS, *GSPLAT_CUDA_FLAGS, STD], "cxx": cxx}
 
 
 def torch_flags(cpp_extension_source: str) -> list[str]:
     """``COMMON_NVCC_FLAGS`` of a torch's ``torch/utils/cpp_extension.py``, read, not run."""
     for node in ast.parse(cpp_extension_source).body:
-        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "COMMON_NVCC_FLAGS":
+        if (
+            isinstance(node, ast.Assign)
+            and getattr(node.targets[0], "id", "") == "COMMON_NVCC_FLAGS"
+        ):
             return ast.literal_eval(node.value)
     raise PrebuildError("torch's cpp_extension.py has no COMMON_NVCC_FLAGS")
 
 
 def requirements(metadata: str) -> list[Requirement]:
-    return [Requirement(line.split(":", 1)[1]) for line in metadata.splitlines()
-            if line.startswith("Requires-Dist:")]  # fmt: skip
+    return [
+        Requirement(line.split(":", 1)[1])
+        for line in metadata.splitlines()
+        if line.startswith("Requires-Dist:")
+    ]
 
 
 def cuda_toolkit_pin(torch_metadata: str) -> str:
@@ -167,8 +135,20 @@ def download(cache: Path, *requirements: str) -> list[Path]:
     """The wheels of ``requirements`` (``NAME==VERSION``) for the device's platform, in
     ``cache/wheels`` (pip keeps a file already there)."""
     folder = cache / "wheels"
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "--python-version", pins()["python"], "--implementation", "cp", "-d", str(folder)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--python-version",
+        pins()["python"],
+        "--implementation",
+        "cp",
+        "-d",
+        str(folder),
+    ]
     for platform in PLATFORMS:
         cmd += ["--platform", platform]
     subprocess.run([*cmd, *requirements], check=True, stdout=subprocess.DEVNULL)
@@ -205,7 +185,9 @@ def toolchain(cache: Path) -> dict:
     )
     torch_nvcc = torch_flags((torch_dir / "torch/utils/cpp_extension.py").read_text())
     if list(NVCC_FLAGS[: len(torch_nvcc)]) != torch_nvcc:
-        raise PrebuildError(f"torch {version}'s COMMON_NVCC_FLAGS are {torch_nvcc}: update NVCC_FLAGS")
+        raise PrebuildError(
+            f"torch {version}'s COMMON_NVCC_FLAGS are {torch_nvcc}: update NVCC_FLAGS"
+        )
     # torch >= 2.7 is built with the C++11 ABI and no longer passes the flag: check its library
     abi = int(b"St7__cxx1112basic_string" in (torch_dir / "torch/lib/libc10.so").read_bytes())
     (kit_wheel,) = download(cache, f"cuda-toolkit=={cuda_toolkit_pin(meta)}")
@@ -214,7 +196,9 @@ def toolchain(cache: Path) -> dict:
     parts = toolkit_parts(kit_meta)
     kit = {"cuda-toolkit": cuda_toolkit_pin(meta), **parts}
     wheels = {"torch": torch_wheel, "cuda-toolkit": kit_wheel}
-    wheels.update(zip(parts, download(cache, *(f"{n}=={v}" for n, v in parts.items()))))
+    wheels.update(
+        zip(parts, download(cache, *(f"{n}=={v}" for n, v in parts.items())), strict=True)
+    )
     cuda_root = cache / f"cuda-{kit['cuda-toolkit']}"
     for name in parts:
         unpack(wheels[name], cuda_root, r"nvidia/")
@@ -225,20 +209,16 @@ def toolchain(cache: Path) -> dict:
     (gsplat_wheel,) = download(cache, f"gsplat=={p['gsplat']}")
     gsplat_dir = unpack(gsplat_wheel, cache / f"gsplat-{p['gsplat']}", r"gsplat/cuda/")
     return {
-        "torch": version, "torch_include": torch_dir / "torch/include", "cxx11_abi": abi,
-        "cuda_home": nvcc.parents[1], "nvcc": nvcc, "toolkit": kit,
-        "wheels": {n: (w.name, sha256(w)) for n, w in wheels.items()} | {"gsplat": (gsplat_wheel.name, sha256(gsplat_wheel))},
+        "torch": version,
+        "torch_include": torch_dir / "torch/include",
+        "cxx11_abi": abi,
+        "cuda_home": nvcc.parents[1],
+        "nvcc": nvcc,
+        "toolkit": kit,
+        "wheels": {n: (w.name, sha256(w)) for n, w in wheels.items()}
+        | {"gsplat": (gsplat_wheel.name, sha256(gsplat_wheel))},
         "gsplat_cuda": gsplat_dir / "gsplat/cuda",
-    }  # fmt: skip
-
-
-def sources(gsplat_cuda: Path) -> dict[str, str]:
-    """``{object name: source relative to gsplat/cuda}`` of the 28 objects, as gsplat's
-    _backend globs them (``csrc/*.cu``, ``csrc/*.cpp``), ext.cpp left to the device."""
-    out = {}
-    for src in sorted(gsplat_cuda.glob("csrc/*.cu")) + sorted(gsplat_cuda.glob("csrc/*.cpp")):
-        out[src.stem + (".cuda.o" if src.suffix == ".cu" else ".o")] = f"csrc/{src.name}"
-    return out
+    }
 
 
 def compile_commands(tc: dict, staging: Path) -> dict[str, list[str]]:
@@ -303,15 +283,21 @@ def build(cache: Path, out: Path, jobs: int) -> dict:
         "wheels": {n: {"file": f, "sha256": s} for n, (f, s) in tc["wheels"].items()},
         "ext_sha256": sha256(g / "ext.cpp"),
         "objects": {
-            obj: {"source": src, "source_sha256": sha256(g / src),
-                  "sha256": sha256(staging / obj), "bytes": (staging / obj).stat().st_size}
+            obj: {
+                "source": src,
+                "source_sha256": sha256(g / src),
+                "sha256": sha256(staging / obj),
+                "bytes": (staging / obj).stat().st_size,
+            }
             for obj, src in sources(g).items()
-        },  # fmt: skip
+        },
         "build_seconds": round(time.perf_counter() - start),
-        "cpu_seconds": round(sum(getattr(after, k) - getattr(before, k) for k in ("ru_utime", "ru_stime"))),
+        "cpu_seconds": round(
+            sum(getattr(after, k) - getattr(before, k) for k in ("ru_utime", "ru_stime"))
+        ),
         "jobs": jobs,
         "built": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-    }  # fmt: skip
+    }
     tmp = Path(tempfile.mkdtemp(prefix=".kernels-", dir=out.parent))
     (tmp / "objects").mkdir()
     for obj in manifest["objects"]:
@@ -322,108 +308,10 @@ def build(cache: Path, out: Path, jobs: int) -> dict:
     return manifest
 
 
-def read_manifest(folder: Path) -> dict:
-    path = Path(folder) / "manifest.json"
-    try:
-        manifest = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise PrebuildError(f"{folder}: no manifest.json (build it: python bench/gsplat_prebuild.py build)") from None
-    except (OSError, ValueError) as exc:
-        raise PrebuildError(f"{path}: not a manifest ({exc})") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise PrebuildError(f"{path}: format {manifest.get('format') if isinstance(manifest, dict) else '?'}, expected {FORMAT}")
-    return manifest  # fmt: skip
-
-
-def object_problems(folder: Path, manifest: dict) -> list[str]:
-    """Objects missing, changed (sha256) or not in the manifest."""
-    problems = []
-    objects = manifest.get("objects") or {}
-    present = {p.name for p in (Path(folder) / "objects").glob("*")}
-    for name, entry in objects.items():
-        path = Path(folder) / "objects" / name
-        if name not in present:
-            problems.append(f"objects/{name}: missing")
-        elif sha256(path) != entry.get("sha256"):
-            problems.append(f"objects/{name}: not the object the manifest names (sha256)")
-    problems += [f"objects/{n}: not in the manifest" for n in sorted(present - set(objects))]
-    return problems
-
-
-def problems(folder: Path, wheels: Path | None = None) -> list[str]:
-    """What keeps ``folder`` from being the kernels for the device as pinned: the manifest's
-    gsplat, torch, Python, arch or flags not this repository's, an object missing or changed,
-    the gsplat wheel in ``wheels`` (.whl/) not the one they were compiled from."""
-    manifest = read_manifest(folder)
-    out = []
-    for key, want in {**pins(), "flags": flags()}.items():
-        if manifest.get(key) != want:
-            out.append(f"{key}: built for {manifest.get(key)!r}, the pins say {want!r}")
-    if not str(manifest.get("torch_build", "")).startswith(pins()["torch"] + "+cu"):
-        out.append(f"torch_build: {manifest.get('torch_build')!r} is not a CUDA build of the pinned torch")
-    out += object_problems(folder, manifest)
-    gsplat = next(Path(wheels).glob("gsplat-*.whl"), None) if wheels else None
-    built_from = (manifest.get("wheels") or {}).get("gsplat", {})
-    if gsplat is not None and sha256(gsplat) != built_from.get("sha256"):
-        out.append(f"{gsplat.name}: not the wheel the kernels were compiled from ({built_from.get('file')})")
-    return out  # fmt: skip
-
-
-def runtime_problems(manifest: dict, gsplat_cuda: Path) -> list[str]:
-    """What keeps the objects from linking into this process's torch, Python and gsplat."""
-    import torch
-
-    out = []
-    here = {"torch_build": torch.__version__, "python": "{}.{}".format(*sys.version_info[:2])}
-    for key, value in here.items():
-        if manifest.get(key) != value:
-            out.append(f"{key}: built for {manifest.get(key)!r}, this is {value!r}")
-    if torch.version.cuda != manifest.get("cuda"):
-        out.append(f"cuda: built with {manifest.get('cuda')}, torch's is {torch.version.cuda}")
-    if torch.cuda.is_available() and tuple(torch.cuda.get_device_capability()) != CAPABILITY:
-        out.append(f"arch: built for {ARCH}, the card is {torch.cuda.get_device_capability()}")
-    for name, entry in manifest.get("objects", {}).items():
-        src = gsplat_cuda / entry["source"]
-        if not src.exists() or sha256(src) != entry["source_sha256"]:
-            out.append(f"{entry['source']}: not the installed gsplat's source of {name}")
-    ext = gsplat_cuda / "ext.cpp"
-    if not ext.exists() or sha256(ext) != manifest.get("ext_sha256"):
-        out.append(f"{ext}: not the ext.cpp the objects were built beside")
-    return out
-
-
-def link(folder: Path, site: Path, loader=None) -> Path:
-    """gsplat's ``csrc`` module in ``site``'s gsplat: ext.cpp compiled by torch's
-    ``cpp_extension.load`` against this Python and torch, the carried objects linked in
-    (``loader``: tests pass a stand-in). PrebuildError when they do not match; the module is
-    put in place only once it has loaded."""
-    manifest = read_manifest(folder)
-    gsplat_cuda = Path(site) / "gsplat" / "cuda"
-    bad = object_problems(folder, manifest) + runtime_problems(manifest, gsplat_cuda)
-    if bad:
-        raise PrebuildError(f"{folder}: " + "; ".join(bad))
-    if loader is None:
-        from torch.utils.cpp_extension import load as loader
-    build_dir = Path(tempfile.mkdtemp(prefix="gsplat-link-"))
-    module = loader(
-        name=MODULE,
-        sources=[str(gsplat_cuda / "ext.cpp")],
-        extra_cflags=list(GSPLAT_CXX_FLAGS),
-        extra_ldflags=[str(Path(folder, "objects", o).resolve()) for o in manifest["objects"]],
-        extra_include_paths=[str(gsplat_cuda / "include"), str(gsplat_cuda / "csrc/third_party/glm")],
-        build_directory=str(build_dir),
-        with_cuda=True,
-        verbose=True,
-    )  # fmt: skip
-    if not hasattr(module, "null"):  # ext.cpp's first binding: the objects' functions are there
-        raise PrebuildError(f"{module.__file__}: gsplat's bindings are missing")
-    target = gsplat_cuda.parent / f"{MODULE}{importlib.machinery.EXTENSION_SUFFIXES[0]}"
-    shutil.copy2(module.__file__, target)
-    return target
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="gsplat_prebuild.py", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="gsplat_prebuild.py", description=__doc__.split("\n\n")[0]
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="compile the objects here (no GPU)")
     b.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "chord-gsplat-prebuild")
@@ -431,28 +319,41 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     c = sub.add_parser("check", help="the folder is current for the pins (exit 1 if not)")
     c.add_argument("folder", type=Path, nargs="?", default=ROOT / ".kernels")
-    c.add_argument("--wheels", type=Path, help="the carried wheels: gsplat's must be the one built from")
-    k = sub.add_parser("link", help="on the device: ext.cpp compiled, the objects linked, gsplat.csrc")
+    c.add_argument(
+        "--wheels", type=Path, help="the carried wheels: gsplat's must be the one built from"
+    )
+    k = sub.add_parser(
+        "link", help="on the device: ext.cpp compiled, the objects linked, gsplat.csrc"
+    )
     k.add_argument("folder", type=Path, nargs="?", default=ROOT / ".kernels")
     k.add_argument("--site", type=Path, required=True, help="where gsplat is installed")
-    args = parser.parse_args(argv)  # fmt: skip
+    args = parser.parse_args(argv)
     try:
         if args.command == "build":
             if args.jobs < 1:
                 raise PrebuildError(f"--jobs: at least 1, got {args.jobs}")
             m = build(args.cache, args.out, args.jobs)
             size = sum(o["bytes"] for o in m["objects"].values())
-            print(f"{args.out}: {len(m['objects'])} objects for {ARCH}, {size / 2**20:.1f} MiB, "
-                  f"{m['build_seconds']} s ({m['cpu_seconds']} CPU-s, {args.jobs} jobs); {m['nvcc_version']}")  # fmt: skip
+            print(
+                f"{args.out}: {len(m['objects'])} objects for {ARCH}, {size / 2**20:.1f} MiB, "
+                f"{m['build_seconds']} s ({m['cpu_seconds']} CPU-s, {args.jobs} jobs); "
+                f"{m['nvcc_version']}"
+            )
         elif args.command == "check":
             bad = problems(args.folder, args.wheels)
             if bad:
-                raise PrebuildError(f"{args.folder}: stale kernels:\n  " + "\n  ".join(bad)
-                                    + "\nrebuild: python bench/gsplat_prebuild.py build")  # fmt: skip
+                raise PrebuildError(
+                    f"{args.folder}: stale kernels:\n  "
+                    + "\n  ".join(bad)
+                    + "\nrebuild: python bench/gsplat_prebuild.py build"
+                )
             m = read_manifest(args.folder)
             size = sum(o["bytes"] for o in m["objects"].values())
-            print(f"{args.folder}: gsplat {m['gsplat']}'s {len(m['objects'])} objects for {ARCH}, "
-                  f"torch {m['torch_build']}, nvcc {m['toolkit']['nvidia-cuda-nvcc']}, {size / 2**20:.1f} MiB")  # fmt: skip
+            print(
+                f"{args.folder}: gsplat {m['gsplat']}'s {len(m['objects'])} objects for {ARCH}, "
+                f"torch {m['torch_build']}, nvcc {m['toolkit']['nvidia-cuda-nvcc']}, "
+                f"{size / 2**20:.1f} MiB"
+            )
         else:
             print(f"gsplat's prebuilt kernels: {link(args.folder, args.site)}")
     except PrebuildError as exc:

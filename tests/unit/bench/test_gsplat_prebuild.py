@@ -24,6 +24,7 @@ import pytest
 import torch
 
 from bench import gpu_imports
+from bench import gsplat_kernels as gk
 from bench import gsplat_prebuild as gp
 from tests import components
 from tests.components import skip_without
@@ -41,17 +42,21 @@ def write_kernels(folder: Path, wheels: Path | None = None, objects=("A.cuda.o",
         data = f"object {name}".encode()
         (folder / "objects" / name).write_bytes(data)
         source = "csrc/" + name.replace(".cuda.o", ".cu").replace(".o", ".cpp")
-        entries[name] = {"source": source, "source_sha256": "?", "bytes": len(data),
-                         "sha256": hashlib.sha256(data).hexdigest()}  # fmt: skip
+        entries[name] = {
+            "source": source,
+            "source_sha256": "?",
+            "bytes": len(data),
+            "sha256": hashlib.sha256(data).hexdigest(),
+        }
     gsplat = next(Path(wheels).glob("gsplat-*.whl")) if wheels else None
     manifest = {
-        "format": gp.FORMAT,
-        **gp.pins(),
-        "torch_build": gp.pins()["torch"] + "+cu130",
+        "format": gk.FORMAT,
+        **gk.pins(),
+        "torch_build": gk.pins()["torch"] + "+cu130",
         "cuda": "13.0",
-        "flags": gp.flags(),
+        "flags": gk.flags(),
         "toolkit": {"nvidia-cuda-nvcc": "13.0.88"},
-        "wheels": {"gsplat": {"file": gsplat.name, "sha256": gp.sha256(gsplat)}} if gsplat else {},
+        "wheels": {"gsplat": {"file": gsplat.name, "sha256": gk.sha256(gsplat)}} if gsplat else {},
         "objects": entries,
         **fields,
     }
@@ -85,7 +90,7 @@ def test_a_folder_built_for_the_pins_passes_and_each_stale_part_is_named(tmp_pat
         ("python", "3.11", "python: built for '3.11'"),
         ("torch", "2.10.0", "torch: built for '2.10.0', the pins say '2.11.0'"),
         ("torch_build", "2.11.0+cpu", "is not a CUDA build of the pinned torch"),
-        ("flags", {**gp.flags(), "cuda": ["-O0"]}, "flags: built for"),
+        ("flags", {**gk.flags(), "cuda": ["-O0"]}, "flags: built for"),
     ]:
         write_kernels(folder, wheels, **{field: value})
         refused(expect)
@@ -123,7 +128,9 @@ def test_a_pin_moved_on_makes_the_carried_kernels_stale(tmp_path, monkeypatch, c
     rc, out = check(folder, capsys=capsys)
     assert rc == 1 and "gsplat: built for '1.5.3', the pins say '1.5.4'" in out.err
     image = tmp_path / "gpu_image_packages.txt"
-    image.write_text(gpu_imports.IMAGE_PACKAGES.read_text().replace("torch==2.11.0", "torch==2.12.0"))
+    image.write_text(
+        gpu_imports.IMAGE_PACKAGES.read_text().replace("torch==2.11.0", "torch==2.12.0")
+    )
     monkeypatch.setattr(gpu_imports, "IMAGE_PACKAGES", image)
     rc, out = check(folder, capsys=capsys)
     assert "torch: built for '2.11.0', the pins say '2.12.0'" in out.err
@@ -137,19 +144,19 @@ TORCH_METADATA = textwrap.dedent(
     Requires-Dist: triton==3.6.0; platform_system == "Linux"
     """
 )
-TOOLKIT_METADATA = textwrap.dedent(
-    """\
-    Name: cuda-toolkit
-    Requires-Dist: cuda-pathfinder~=1.1
-    Requires-Dist: nvidia-cublas==13.1.0.3.*; (sys_platform == 'linux' or sys_platform == 'win32') and extra == 'all'
-    Requires-Dist: nvidia-cuda-nvcc==13.0.88.*; (sys_platform == 'linux' or sys_platform == 'win32') and extra == 'all'
-    Requires-Dist: nvidia-cuda-cccl==13.0.85.*; (sys_platform == 'linux' or sys_platform == 'win32') and extra == 'cccl'
-    Requires-Dist: nvidia-cuda-crt==13.0.88.*; (sys_platform == 'linux' or sys_platform == 'win32') and extra == 'crt'
-    Requires-Dist: nvidia-cublas==13.1.0.3.*; (sys_platform == 'linux' or sys_platform == 'win32') and extra == 'cublas'
-    Requires-Dist: nvidia-cuda-runtime==13.0.96.*; (sys_platform == 'linux' or sys_platform == 'win32') and extra == 'cudart'
-    Requires-Dist: nvidia-cuda-nvcc==13.0.88.*; (sys_platform == 'linux' or sys_platform == 'win32') and extra == 'nvcc'
-    Requires-Dist: nvidia-nvvm==13.0.88.*; (sys_platform == 'linux' or sys_platform == 'win32') and extra == 'nvvm'
-    """
+_ON = "(sys_platform == 'linux' or sys_platform == 'win32') and extra =="
+TOOLKIT_METADATA = "Name: cuda-toolkit\nRequires-Dist: cuda-pathfinder~=1.1\n" + "".join(
+    f"Requires-Dist: {name}=={version}.*; {_ON} '{extra}'\n"
+    for name, version, extra in [
+        ("nvidia-cublas", "13.1.0.3", "all"),
+        ("nvidia-cuda-nvcc", "13.0.88", "all"),
+        ("nvidia-cuda-cccl", "13.0.85", "cccl"),
+        ("nvidia-cuda-crt", "13.0.88", "crt"),
+        ("nvidia-cublas", "13.1.0.3", "cublas"),
+        ("nvidia-cuda-runtime", "13.0.96", "cudart"),
+        ("nvidia-cuda-nvcc", "13.0.88", "nvcc"),
+        ("nvidia-nvvm", "13.0.88", "nvvm"),
+    ]
 )  # the lines of torch 2.11.0's and cuda-toolkit 13.0.2's METADATA that matter, as on PyPI
 
 
@@ -162,10 +169,10 @@ def test_the_toolkit_is_the_one_torchs_wheel_requires():
         "nvidia-cuda-nvcc": "13.0.88",
         "nvidia-nvvm": "13.0.88",
     }  # cublas is torch's, not the compiler's; 'all' and the unconditional line are not parts
-    with pytest.raises(gp.PrebuildError, match="requires no cuda-toolkit on Linux"):
+    with pytest.raises(gk.PrebuildError, match="requires no cuda-toolkit on Linux"):
         gp.cuda_toolkit_pin(TORCH_METADATA.replace("cuda-toolkit", "cuda-bindings"))
     no_nvvm = "\n".join(line for line in TOOLKIT_METADATA.splitlines() if "'nvvm'" not in line)
-    with pytest.raises(gp.PrebuildError, match=r"no requirement for extra \['nvvm'\]"):
+    with pytest.raises(gk.PrebuildError, match=r"no requirement for extra \['nvvm'\]"):
         gp.toolkit_parts(no_nvvm)
 
 
@@ -173,26 +180,27 @@ def test_the_flags_are_torchs_and_gsplats():
     """What torch's JIT build and gsplat's _backend would pass (the installed gsplat is the
     pinned version; torch here is another version, whose CUDA flags the build also compares
     with the pinned torch's cpp_extension.py)."""
+    import gsplat
     from torch.utils import cpp_extension
 
-    import gsplat
-
     backend = (Path(gsplat.__file__).parent / "cuda" / "_backend.py").read_text()
-    assert gsplat.__version__ == gp.pins()["gsplat"]
-    for flag in gp.GSPLAT_CUDA_FLAGS + gp.GSPLAT_CXX_FLAGS:
+    assert gsplat.__version__ == gk.pins()["gsplat"]
+    for flag in gk.GSPLAT_CUDA_FLAGS + gk.GSPLAT_CXX_FLAGS:
         assert f'"{flag}"' in backend or f"'{flag}'" in backend, flag
     assert "-O3" in backend and 'opt_level = "-O0" if FAST_COMPILE else "-O3"' in backend
-    assert list(gp.NVCC_FLAGS[:5]) == cpp_extension.COMMON_NVCC_FLAGS
-    assert gp.torch_flags(Path(cpp_extension.__file__).read_text()) == cpp_extension.COMMON_NVCC_FLAGS
+    assert list(gk.NVCC_FLAGS[:5]) == cpp_extension.COMMON_NVCC_FLAGS
+    assert (
+        gp.torch_flags(Path(cpp_extension.__file__).read_text()) == cpp_extension.COMMON_NVCC_FLAGS
+    )
     os.environ["TORCH_CUDA_ARCH_LIST"], saved = "9.0", os.environ.get("TORCH_CUDA_ARCH_LIST")
     try:
-        assert cpp_extension._get_cuda_arch_flags() == [gp.NVCC_FLAGS[5]]
+        assert cpp_extension._get_cuda_arch_flags() == [gk.NVCC_FLAGS[5]]
     finally:
         os.environ.pop("TORCH_CUDA_ARCH_LIST") if saved is None else os.environ.update(
             TORCH_CUDA_ARCH_LIST=saved
         )
     # the 28 objects are what gsplat's _backend globs, ext.cpp aside
-    objects = gp.sources(Path(gsplat.__file__).parent / "cuda")
+    objects = gk.sources(Path(gsplat.__file__).parent / "cuda")
     assert len(objects) == 28 and "ext.cpp" not in " ".join(objects.values())
     assert objects["RasterizeToPixels3DGSFwd.cuda.o"] == "csrc/RasterizeToPixels3DGSFwd.cu"
 
@@ -203,8 +211,9 @@ def site(tmp_path):
     import gsplat
 
     site = tmp_path / "site"
-    shutil.copytree(Path(gsplat.__file__).parent, site / "gsplat",
-                    ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+    shutil.copytree(
+        Path(gsplat.__file__).parent, site / "gsplat", ignore=shutil.ignore_patterns("__pycache__")
+    )
     return site
 
 
@@ -216,11 +225,11 @@ def kernels_for_here(folder: Path, site: Path) -> dict:
         torch_build=torch.__version__,
         python="{}.{}".format(*sys.version_info[:2]),
         cuda=torch.version.cuda,
-        ext_sha256=gp.sha256(cuda / "ext.cpp"),
+        ext_sha256=gk.sha256(cuda / "ext.cpp"),
     )
     for entry in manifest["objects"].values():
         entry["source"] = "csrc/Null.cpp"
-        entry["source_sha256"] = gp.sha256(cuda / "csrc/Null.cpp")
+        entry["source_sha256"] = gk.sha256(cuda / "csrc/Null.cpp")
     (folder / "manifest.json").write_text(json.dumps(manifest))
     return manifest
 
@@ -256,11 +265,13 @@ def test_link_puts_gsplat_csrc_where_gsplats_loader_takes_it_before_a_build(tmp_
         spec.loader.exec_module(module)
         return module
 
-    target = gp.link(folder, site, loader=loader)
+    target = gk.link(folder, site, loader=loader)
     assert target == site / "gsplat" / f"csrc{importlib.machinery.EXTENSION_SUFFIXES[0]}"
     assert calls["name"] == "csrc" and calls["with_cuda"] is True
     assert calls["sources"] == [str(site / "gsplat" / "cuda" / "ext.cpp")]
-    assert calls["extra_ldflags"] == [str((folder / "objects" / o).resolve()) for o in manifest["objects"]]
+    assert calls["extra_ldflags"] == [
+        str((folder / "objects" / o).resolve()) for o in manifest["objects"]
+    ]
     probe = textwrap.dedent(
         """
         import json, os, sys
@@ -270,28 +281,39 @@ def test_link_puts_gsplat_csrc_where_gsplats_loader_takes_it_before_a_build(tmp_
                           "built": os.path.exists(gb.extensions_dir((9, 0)) / gb.EXTENSION)}))
         """
     )
-    env = {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{ROOT}",
-           "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext")}  # fmt: skip
-    proc = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{site}{os.pathsep}{ROOT}",
+        "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext"),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout.splitlines()[-1]) == {"file": str(target), "null": True, "built": False}
+    assert json.loads(proc.stdout.splitlines()[-1]) == {
+        "file": str(target),
+        "null": True,
+        "built": False,
+    }
 
 
-def test_link_refuses_kernels_for_another_torch_or_gsplat_and_installs_nothing(tmp_path, site, capsys):
+def test_link_refuses_kernels_for_another_torch_or_gsplat_and_installs_nothing(
+    tmp_path, site, capsys
+):
     folder = tmp_path / "kernels"
     kernels_for_here(folder, site)
     never = lambda **kw: pytest.fail("linked kernels that do not match")  # noqa: E731
     manifest = json.loads((folder / "manifest.json").read_text())
     (folder / "manifest.json").write_text(json.dumps({**manifest, "torch_build": "2.11.0+cu130"}))
     expect = f"torch_build: built for '2.11.0+cu130', this is '{torch.__version__}'"
-    with pytest.raises(gp.PrebuildError, match=re.escape(expect)):
-        gp.link(folder, site, loader=never)
+    with pytest.raises(gk.PrebuildError, match=re.escape(expect)):
+        gk.link(folder, site, loader=never)
     (folder / "manifest.json").write_text(json.dumps(manifest))
     with open(site / "gsplat" / "cuda" / "csrc" / "Null.cpp", "a") as f:
         f.write("// another gsplat\n")
-    with pytest.raises(gp.PrebuildError, match="csrc/Null.cpp: not the installed gsplat's source"):
-        gp.link(folder, site, loader=never)
+    with pytest.raises(gk.PrebuildError, match="csrc/Null.cpp: not the installed gsplat's source"):
+        gk.link(folder, site, loader=never)
     assert gp.main(["link", str(folder), "--site", str(site)]) == 1
     err = capsys.readouterr().err
     assert err.startswith("gsplat_prebuild.py link: ") and err.count("\n") == 1
-    assert not list((site / "gsplat").glob("csrc*"))  # fmt: skip
+    assert not list((site / "gsplat").glob("csrc*"))
