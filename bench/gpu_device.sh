@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The GPU check (bench/gpu_check.py) on the device machine, in two calls of its `run` tool
-# (at most 600 s each): part 1 links gsplat's prebuilt kernels and measures the tiers, the mmgp
-# tiers and the renderers; part 2 the expert reload and the float32 fallback. Each part's steps have
-# budgets that sum to at most 540 s, the build included; the check's sections take theirs from
-# gpu_check.BUDGETS (passed as --budget SECTION=S), and the check runs under a hard limit of
-# what is left of its part's sum, so a part ends within about 555 s. Everything goes to $OUT:
+# (at most 600 s each): part 1 links gsplat's prebuilt kernels and measures the tiers, the
+# mmgp tiers and the renderers; part 2 the expert reload and the float32 fallback. Each part's
+# steps have budgets that sum to at most 540 s, the build included; the check's sections take
+# theirs from gpu_check.BUDGETS (passed as --budget SECTION=S), and the check runs under a hard
+# limit of what is left of its part's sum, so a part ends within about 555 s. Everything goes
+# to $OUT:
 # part<N>.log (all output), part<N>-facts.json, part<N>-check.json (rewritten after every
 # row: a part cut short keeps its rows), part1-build.log.
 #
@@ -215,7 +216,7 @@ if ((build)); then
     log=$OUT/part$part-build.log
     rc=1
     if ((prebuilt)); then
-        step "gsplat's kernels: $KERNELS/ linked as gsplat.csrc (budget $build s; log part$part-build.log)"
+        step "gsplat's kernels: $KERNELS/ linked (budget $build s; log ${log##*/})"
         began=$SECONDS rc=0
         timeout --kill-after=5 "$build" $PY bench/gsplat_prebuild.py link "$KERNELS" \
             --site /tmp/site >"$log" 2>&1 || rc=$?
@@ -223,7 +224,7 @@ if ((build)); then
         ((rest > 0)) || rest=1 # timeout 0 would be none
         ((rc)) || build_kernels "$rest" >>"$log" 2>&1 || rc=$?
         tail -n 5 "$log"
-        if ((rc)); then # the fallback may take what the plan leaves below LIMIT, then the sections'
+        if ((rc)); then # the fallback takes what the plan leaves below LIMIT, then the sections'
             echo "gsplat: the prebuilt kernels failed (exit $rc): JIT build, budget $BUILD s"
             rm -f /tmp/site/gsplat/csrc.*so
             total=$((total + BUILD > LIMIT ? LIMIT : total + BUILD))
@@ -232,10 +233,11 @@ if ((build)); then
     if ((rc)); then
         build=$BUILD
         export MAX_JOBS=${MAX_JOBS:-$(nproc)}
-        step "gsplat's kernels: JIT build, MAX_JOBS=$MAX_JOBS (budget $build s; log part$part-build.log)"
-        {
-            echo "MAX_JOBS=$MAX_JOBS CUDA_HOME=${CUDA_HOME:-(unset)} nvcc on PATH: $(command -v nvcc || echo none)"
-            $PY -c "from torch.utils.cpp_extension import CUDA_HOME as h; print('torch CUDA_HOME:', h)" || true
+        step "gsplat's kernels: JIT build, MAX_JOBS=$MAX_JOBS (budget $build s; log ${log##*/})"
+        { # what the build runs with, first in its log
+            echo "MAX_JOBS=$MAX_JOBS CUDA_HOME=${CUDA_HOME:-(unset)}"
+            echo "nvcc on PATH: $(command -v nvcc || echo none)"
+            $PY -c "from torch.utils import cpp_extension as c; print('torch', c.CUDA_HOME)" || true
             nvcc --version || true
         } >>"$log" 2>&1
         rc=0
