@@ -7,7 +7,7 @@
 # limit of what is left of its part's sum, so a part ends within about 555 s. Everything goes
 # to $OUT:
 # part<N>.log (all output), part<N>-facts.json, part<N>-check.json (rewritten after every
-# row: a part cut short keeps its rows), part1-build.log.
+# row: a part cut short keeps its rows), part1-build.log, python-include.tgz.
 #
 #   bash bench/gpu_device.sh --fetch-wheels    # here, with pip and a network: fill .whl/
 #   python bench/gsplat_prebuild.py build --cache DIR  # here, no GPU: gsplat's sm_90 objects
@@ -36,14 +36,16 @@ LIMIT=540 # seconds, each part's budget sum: 60 s below the tool's 600 s per cal
 # expert, the VAE folder, the scene; in part 2 also writing the expert to disk: 15-40 s)
 # install: 27.8 MiB of wheels unpacked without compiling, seconds on a quick disk; 45 s for a
 # slow sandbox's (a timeout there ends the call under set -e before anything is measured).
-# build: gsplat 1.5.3's 29 objects take ~490 CPU-seconds here, ~31 s of 16 cores, so 155 s
-# leaves 5x for nvcc's start-up and the link (the JIT fallback's budget).
-# link: ext.cpp alone compiled against the device's torch and Python, the carried objects
-# linked, then loaded and launched by chord build-kernels (ext.cpp took LINK_MEASURED here).
+# build: gsplat 1.5.3's 29 objects take ~490 CPU-seconds here, ~31 s of 16 cores, but no less
+# than its longest unit (ext.cpp, ~58 s): 155 s is the JIT fallback's budget.
+# link: ext.cpp alone compiled against the device's torch and Python (58 CPU-s here at -O3,
+# 32 to parse torch/extension.h: the longest of the 29 units, so it also bounds the JIT build
+# on 16 cores), the carried objects linked, then loaded and launched by chord build-kernels
+# (two torch imports and a CUDA start): 120 s is ~1.3x that.
 INSTALL=${INSTALL_S:-45}
 FACTS=${FACTS_S:-30}
 BUILD=${BUILD_S:-155}
-LINK=${LINK_S:-60}
+LINK=${LINK_S:-120}
 SETUP1=${SETUP1_S:-60}
 SETUP2=${SETUP2_S:-90}
 SECTIONS1="tiers mmgp render"
@@ -174,6 +176,10 @@ export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/chord-torch-extensions}
 
 step "facts (budget $FACTS s)"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv || true
+# the interpreter's C headers come back (~0.2 MB): no registry here serves CPython 3.12's, and
+# with them bench/gsplat_prebuild.py could compile ext.cpp here too, leaving the device the link
+pyinc=$($PY -c 'import sysconfig; print(sysconfig.get_path("include"))' || true)
+((part == 1)) && { tar czf "$OUT/python-include.tgz" -C "$pyinc" . || echo "no $pyinc"; }
 timeout "$FACTS" $PY - "$OUT/part$part-facts.json" <<'EOF' || echo "facts: failed (rc $?)"
 import importlib.metadata, json, subprocess, sys
 import torch

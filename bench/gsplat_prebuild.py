@@ -38,7 +38,6 @@ import hashlib
 import json
 import os
 import re
-import resource
 import shutil
 import subprocess
 import sys
@@ -249,24 +248,37 @@ def build(cache: Path, out: Path, jobs: int) -> dict:
     staging.mkdir(parents=True, exist_ok=True)
     commands = compile_commands(tc, staging)
     env = {**os.environ, "PATH": f"{tc['nvcc'].parent}:{os.environ['PATH']}"}
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    times: dict[str, dict] = {}  # per object: its command, wall and CPU seconds
+    reused: dict[str, bool] = {}
 
     def run(obj: str) -> str:
-        stamp = staging / f"{obj}.cmd"
+        """Compile ``obj`` unless its stamp has the same command; the stamp keeps the command,
+        its wall and CPU seconds (nvcc's and its children's, from wait4)."""
+        stamp = staging / f"{obj}.json"
         cmd = commands[obj]
-        if stamp.exists() and stamp.read_text() == " ".join(cmd) and (staging / obj).exists():
+        old = json.loads(stamp.read_text()) if stamp.exists() else {}
+        if old.get("cmd") == cmd and (staging / obj).exists():
+            times[obj], reused[obj] = old, True
             return f"{obj}: unchanged"
         t = time.perf_counter()
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        if proc.returncode:
-            raise PrebuildError(f"{obj}: exit {proc.returncode}: {proc.stderr.strip()[-2000:]}")
-        stamp.write_text(" ".join(cmd))
-        return f"{obj}: {time.perf_counter() - t:.0f} s"
+        with tempfile.TemporaryFile("w+") as err:
+            proc = subprocess.Popen(cmd, env=env, stdout=err, stderr=err, text=True)
+            _, status, usage = os.wait4(proc.pid, 0)
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            if proc.returncode:
+                err.seek(0)
+                raise PrebuildError(f"{obj}: exit {proc.returncode}: {err.read().strip()[-2000:]}")
+        times[obj] = {
+            "cmd": cmd,
+            "seconds": round(time.perf_counter() - t, 1),
+            "cpu_seconds": round(usage.ru_utime + usage.ru_stime, 1),
+        }
+        stamp.write_text(json.dumps(times[obj]))
+        return f"{obj}: {times[obj]['seconds']:.0f} s, {times[obj]['cpu_seconds']:.0f} CPU-s"
 
     with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
         for line in pool.map(run, commands):
             print(line, flush=True)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     nvcc = subprocess.run([str(tc["nvcc"]), "--version"], capture_output=True, text=True).stdout
     cc = subprocess.run([os.environ.get("CXX", "c++"), "--version"], capture_output=True, text=True)
     g = tc["gsplat_cuda"]
@@ -288,13 +300,14 @@ def build(cache: Path, out: Path, jobs: int) -> dict:
                 "source_sha256": sha256(g / src),
                 "sha256": sha256(staging / obj),
                 "bytes": (staging / obj).stat().st_size,
+                "cpu_seconds": times[obj]["cpu_seconds"],
             }
             for obj, src in sources(g).items()
         },
         "build_seconds": round(time.perf_counter() - start),
-        "cpu_seconds": round(
-            sum(getattr(after, k) - getattr(before, k) for k in ("ru_utime", "ru_stime"))
-        ),
+        # the objects' compilers, whenever they ran (an unchanged object is reused)
+        "cpu_seconds": round(sum(t["cpu_seconds"] for t in times.values())),
+        "reused": len(reused),
         "jobs": jobs,
         "built": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }
