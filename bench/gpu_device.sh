@@ -11,7 +11,7 @@
 #
 #   bash bench/gpu_device.sh --fetch-wheels    # here, with pip and a network: fill .whl/
 #   python bench/gsplat_prebuild.py build --cache DIR  # here, no GPU: gsplat's sm_90 objects
-#                                                     # in .kernels/ (~10 min on 2 cores)
+#                                                     # in .kernels/ (~30 min on 2 busy cores)
 #   bash bench/gpu_device.sh [--part 1|2]      # there (carry .whl, .kernels): one call's work
 #   bash bench/gpu_device.sh [--part 1|2] --dry-run   # here: the plan, its budget sum, .whl/
 #                                                     # holding the listed wheels and
@@ -36,12 +36,11 @@ LIMIT=540 # seconds, each part's budget sum: 60 s below the tool's 600 s per cal
 # expert, the VAE folder, the scene; in part 2 also writing the expert to disk: 15-40 s)
 # install: 27.8 MiB of wheels unpacked without compiling, seconds on a quick disk; 45 s for a
 # slow sandbox's (a timeout there ends the call under set -e before anything is measured).
-# build: gsplat 1.5.3's 29 objects take ~490 CPU-seconds here, ~31 s of 16 cores, but no less
-# than its longest unit (ext.cpp, ~58 s): 155 s is the JIT fallback's budget.
-# link: ext.cpp alone compiled against the device's torch and Python (58 CPU-s here at -O3,
-# 32 to parse torch/extension.h: the longest of the 29 units, so it also bounds the JIT build
-# on 16 cores), the carried objects linked, then loaded and launched by chord build-kernels
-# (two torch imports and a CUDA start): 120 s is ~1.3x that.
+# build: gsplat 1.5.3's 29 objects take 490-830 CPU-seconds here, ~31-52 s of 16 cores, but no
+# less than the longest unit (79 s): 155 s is the JIT fallback's budget.
+# link: ext.cpp alone compiled against the device's torch and Python (58 CPU-s here at -O3),
+# the carried objects linked, then loaded and launched by chord build-kernels (two torch
+# imports and a CUDA start): 120 s is ~1.3x that.
 INSTALL=${INSTALL_S:-45}
 FACTS=${FACTS_S:-30}
 BUILD=${BUILD_S:-155}

@@ -21,7 +21,7 @@ folder's pins, check and link are bench/gsplat_kernels.py's; this module builds 
     python bench/gsplat_prebuild.py check [FOLDER] [--wheels .whl]  # here: FOLDER is current
     python bench/gsplat_prebuild.py link [FOLDER] --site /tmp/site  # there: gsplat.csrc
 
-``build`` downloads into ``--cache`` (about 0.6 GB: torch's wheel is most of it; never the
+``build`` downloads into ``--cache`` (about 1 GB with what it unpacks; never the
 repository) and writes FOLDER whole or not at all: ``manifest.json`` (versions, flags, sha256
 of every input wheel, source and object) and ``objects/``. ``check`` (bench/gpu_device.sh's
 dry run) refuses a folder built for other pins, flags or gsplat wheel; ``link`` refuses one that
