@@ -1,24 +1,32 @@
 #!/usr/bin/env bash
 # The GPU check (bench/gpu_check.py) on the device machine, in two calls of its `run` tool
-# (at most 600 s each): part 1 builds gsplat's kernels and measures the tiers, the mmgp tiers
-# and the renderers; part 2 the expert reload and the float32 fallback. Each part's steps have
-# budgets that sum to at most 540 s, the build included; the check's sections take theirs from
-# gpu_check.BUDGETS (passed as --budget SECTION=S), and the check runs under a hard limit of
-# what is left of its part's sum, so a part ends within about 555 s. Everything goes to $OUT:
+# (at most 600 s each): part 1 links gsplat's prebuilt kernels and measures the tiers, the
+# mmgp tiers and the renderers; part 2 the expert reload and the float32 fallback. Each part's
+# steps have budgets that sum to at most 540 s, the build included; the check's sections take
+# theirs from gpu_check.BUDGETS (passed as --budget SECTION=S), and the check runs under a hard
+# limit of what is left of its part's sum, so a part ends within about 555 s. Everything goes
+# to $OUT:
 # part<N>.log (all output), part<N>-facts.json, part<N>-check.json (rewritten after every
-# row: a part cut short keeps its rows), part1-build.log.
+# row: a part cut short keeps its rows), part1-build.log, python-include.tgz.
 #
 #   bash bench/gpu_device.sh --fetch-wheels    # here, with pip and a network: fill .whl/
-#   bash bench/gpu_device.sh [--part 1|2]      # there (carry .whl): one call's work
-#   bash bench/gpu_device.sh [--part 1|2] --dry-run   # here: the plan, its budget sum, and
-#                                                     # .whl/ holding the listed wheels
+#   python bench/gsplat_prebuild.py build --cache DIR  # here, no GPU: gsplat's sm_90 objects
+#                                                     # in .kernels/ (~30 min on 2 busy cores)
+#   bash bench/gpu_device.sh [--part 1|2]      # there (carry .whl, .kernels): one call's work
+#   bash bench/gpu_device.sh [--part 1|2] --dry-run   # here: the plan, its budget sum, .whl/
+#                                                     # holding the listed wheels and
+#                                                     # .kernels/ built for them (part 1)
 #
 # A cold second call: part 2 builds nothing and trains (the float32 row) with the torch
 # rasteriser, so it needs neither part 1's kernels nor a warm machine (one stays warm 30 s
-# after a call; TORCH_EXTENSIONS_DIR is outside the checkout, so a warm one keeps them). The
-# kernels are built in part 1, within its budget; a failed or slow build is recorded and part 1
-# measures on the torch rasteriser instead (--render-backend torch: no parity, no gsplat
-# timing). BENCHMARKS.md ("The GPU check on the device machine") gives the tool calls.
+# after a call; TORCH_EXTENSIONS_DIR is outside the checkout, so a warm one keeps them). Part 1
+# takes gsplat's kernels from .kernels/ (bench/gsplat_prebuild.py: the 28 objects compiled here
+# for sm_90; the device compiles ext.cpp, the Python module, against its own Python and links,
+# as gsplat.csrc); only when they are missing, stale or fail to load does it JIT-build them
+# (MAX_JOBS = the machine's cores; nvcc --version and CUDA_HOME in the build log). A failed or
+# slow build is recorded and part 1 measures on the torch rasteriser instead (--render-backend
+# torch: no parity, no gsplat timing). BENCHMARKS.md ("The GPU check on the device machine")
+# gives the tool calls.
 set -euo pipefail
 
 LIMIT=540 # seconds, each part's budget sum: 60 s below the tool's 600 s per call
@@ -28,17 +36,22 @@ LIMIT=540 # seconds, each part's budget sum: 60 s below the tool's 600 s per cal
 # expert, the VAE folder, the scene; in part 2 also writing the expert to disk: 15-40 s)
 # install: 27.8 MiB of wheels unpacked without compiling, seconds on a quick disk; 45 s for a
 # slow sandbox's (a timeout there ends the call under set -e before anything is measured).
-# build: gsplat 1.5.3's 29 objects take ~490 CPU-seconds here, ~31 s of 16 cores, so 155 s
-# leaves 5x for nvcc's start-up and the link.
+# build: gsplat 1.5.3's 29 objects take 490-830 CPU-seconds here, ~31-52 s of 16 cores, but no
+# less than the longest unit (79 s): 155 s is the JIT fallback's budget.
+# link: ext.cpp alone compiled against the device's torch and Python (58 CPU-s here at -O3),
+# the carried objects linked, then loaded and launched by chord build-kernels (two torch
+# imports and a CUDA start): 120 s is ~1.3x that.
 INSTALL=${INSTALL_S:-45}
 FACTS=${FACTS_S:-30}
 BUILD=${BUILD_S:-155}
+LINK=${LINK_S:-120}
 SETUP1=${SETUP1_S:-60}
 SETUP2=${SETUP2_S:-90}
 SECTIONS1="tiers mmgp render"
 SECTIONS2="reload float32"
 PY=${PYTHON:-python3}
 WHEELS=${WHEELS_DIR:-.whl} # the carried wheels (bench/gpu_wheels.txt): --fetch-wheels fills it
+KERNELS=${KERNELS_DIR:-.kernels} # gsplat's prebuilt objects (bench/gsplat_prebuild.py build)
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 
@@ -92,8 +105,19 @@ for name in $SECTIONS1 $SECTIONS2; do
     [[ -n ${BUDGET[$name]:-} ]] || { echo "gpu_check.BUDGETS has no section $name" >&2; exit 2; }
 done
 
+prebuilt=0
 if ((part == 1)); then
+    # carried kernels current for the pins and .whl/'s gsplat: the build step is their link
+    if kernels_note=$($PY bench/gsplat_prebuild.py check "$KERNELS" --wheels "$WHEELS" 2>&1); then
+        prebuilt=1
+    elif ((dry)); then # here: refused, as a stale .whl/ is, before a device second is spent
+        echo "$kernels_note" >&2
+        echo "part 1: $KERNELS/ is not gsplat's kernels for the pins; build it first:" \
+            "python bench/gsplat_prebuild.py build --cache DIR" >&2
+        exit 1
+    fi
     sections=$SECTIONS1 setup=$SETUP1 build=$BUILD
+    ((prebuilt)) && build=$LINK
     check_args=(--extras render_timing)
 else
     sections=$SECTIONS2 setup=$SETUP2 build=0
@@ -115,6 +139,13 @@ for name in $sections; do
 done
 echo "part $part: $plan"
 echo "part $part: budget sum: $total s (limit $LIMIT s; the call's limit 600 s)"
+if ((part == 1 && prebuilt)); then
+    echo "part 1: gsplat: $kernels_note"
+    echo "part 1: gsplat: build = link $LINK s (a JIT build, $BUILD s, only if they fail to" \
+        "load, out of the sections' time)"
+elif ((part == 1)); then
+    echo "part 1: gsplat: no current $KERNELS/ (${kernels_note%%$'\n'*}): build = JIT $BUILD s"
+fi
 shown=() empty="''"
 for arg in "${check_args[@]}"; do shown+=("${arg:-$empty}"); done
 ((part == 1)) && shown+=(--render-backend "auto (torch if the build fails)")
@@ -144,6 +175,10 @@ export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/chord-torch-extensions}
 
 step "facts (budget $FACTS s)"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv || true
+# the interpreter's C headers come back (~0.2 MB): no registry here serves CPython 3.12's, and
+# with them bench/gsplat_prebuild.py could compile ext.cpp here too, leaving the device the link
+pyinc=$($PY -c 'import sysconfig; print(sysconfig.get_path("include"))' || true)
+((part == 1)) && { tar czf "$OUT/python-include.tgz" -C "$pyinc" . || echo "no $pyinc"; }
 timeout "$FACTS" $PY - "$OUT/part$part-facts.json" <<'EOF' || echo "facts: failed (rc $?)"
 import importlib.metadata, json, subprocess, sys
 import torch
@@ -178,13 +213,42 @@ print(json.dumps(facts, indent=2))
 EOF
 
 backend=auto
+build_kernels() { # chord build-kernels under a limit of $1 s: gsplat.csrc or the JIT build
+    timeout --kill-after=5 "$1" $PY -c \
+        "import sys; from chord.cli.main import main; sys.exit(main(['build-kernels']))"
+}
 if ((build)); then
-    step "gsplat's kernels (budget $build s; log part$part-build.log)"
-    rc=0
-    timeout --kill-after=5 "$build" $PY -c \
-        "import sys; from chord.cli.main import main; sys.exit(main(['build-kernels']))" \
-        >"$OUT/part$part-build.log" 2>&1 || rc=$?
-    tail -n 5 "$OUT/part$part-build.log"
+    log=$OUT/part$part-build.log
+    rc=1
+    if ((prebuilt)); then
+        step "gsplat's kernels: $KERNELS/ linked (budget $build s; log ${log##*/})"
+        began=$SECONDS rc=0
+        timeout --kill-after=5 "$build" $PY bench/gsplat_prebuild.py link "$KERNELS" \
+            --site /tmp/site >"$log" 2>&1 || rc=$?
+        rest=$((build - (SECONDS - began)))
+        ((rest > 0)) || rest=1 # timeout 0 would be none
+        ((rc)) || build_kernels "$rest" >>"$log" 2>&1 || rc=$?
+        tail -n 5 "$log"
+        if ((rc)); then # the fallback takes what the plan leaves below LIMIT, then the sections'
+            echo "gsplat: the prebuilt kernels failed (exit $rc): JIT build, budget $BUILD s"
+            rm -f /tmp/site/gsplat/csrc.*so
+            total=$((total + BUILD > LIMIT ? LIMIT : total + BUILD))
+        fi
+    fi
+    if ((rc)); then
+        build=$BUILD
+        export MAX_JOBS=${MAX_JOBS:-$(nproc)}
+        step "gsplat's kernels: JIT build, MAX_JOBS=$MAX_JOBS (budget $build s; log ${log##*/})"
+        { # what the build runs with, first in its log
+            echo "MAX_JOBS=$MAX_JOBS CUDA_HOME=${CUDA_HOME:-(unset)}"
+            echo "nvcc on PATH: $(command -v nvcc || echo none)"
+            $PY -c "from torch.utils import cpp_extension as c; print('torch', c.CUDA_HOME)" || true
+            nvcc --version || true
+        } >>"$log" 2>&1
+        rc=0
+        build_kernels "$build" >>"$log" 2>&1 || rc=$?
+        tail -n 5 "$log"
+    fi
     if ((rc)); then
         why="exit $rc"
         ((rc == 124 || rc == 137)) && why="not done in $build s"
