@@ -119,7 +119,14 @@ def test_each_state_is_told_without_torch(tree):
     assert bad["log"].endswith("bad/logs/ingest.log")
     assert bad["error"].endswith("ERROR chord: scene bad: obj_1.glb: no mesh")
     counts = {k: doc["total"][k] for k in status.STATES}
-    assert counts == {"done": 1, "running": 1, "stalled": 1, "stopped": 0, "failed": 1, "waiting": 1}
+    assert counts == {
+        "done": 1,
+        "running": 1,
+        "stalled": 1,
+        "stopped": 0,
+        "failed": 1,
+        "waiting": 1,
+    }
     text = chord_status(tree, path=no_slurm_path()).stdout
     lines = {line.split()[0]: line.split() for line in text.splitlines() if line.strip()}
     assert [lines[s][2] for s in SCENES] == ["done", "running", "stalled", "failed", "waiting"]

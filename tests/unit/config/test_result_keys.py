@@ -42,8 +42,9 @@ def test_every_key_names_the_stages_that_read_it_or_why_none_does(section):
 
 
 def test_the_stages_with_a_config_are_the_workflow_stages_that_read_keys():
-    # demo, viewer, sweep (its own `sweep:` rule) and aggregate read no method or guidance key
-    no_keys = ("demo", "viewer", "sweep", "aggregate")
+    # demo, viewer, sweep (its own `sweep:` rule), aggregate and the report's preview strip
+    # (the training's previews, laid out) read no method or guidance key
+    no_keys = ("demo", "viewer", "sweep", "aggregate", "preview_strip")
     assert rk.STAGES == tuple(s for s in code_sources.STAGES if s not in no_keys)
 
 
