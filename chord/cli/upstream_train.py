@@ -30,7 +30,7 @@ from chord.render import cameras
 from chord.render.views import render_frames
 from chord.scene import ingestion as sc
 from chord.stages import gaussians, ingest, voxelize
-from chord.training.run_loop import load_checkpoint
+from chord.training.checkpoint import load_checkpoint
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,6 @@ from chord.training import (
     progress,
     recorded_run,
     resume,
-    run_loop,
     scalars,
     scene_trainer,
     slurm_time_limit,
@@ -172,7 +171,7 @@ def run_stage(
         final = checkpoint.handoff_contents(
             trainer, last, h, size=method.size, tier=tier, before=handed, device=device
         )
-        run_loop.save_checkpoint(out, final)
+        checkpoint.save_checkpoint(out, final)
     group.barrier()
     return {"stage": stage, "start": start, "last": last, "seed": seed}
 

@@ -17,7 +17,7 @@ from chord.config import settings as cc
 from chord.resources import out_of_memory
 from chord.scene import demo
 from chord.stages import train as train_stage
-from chord.training import run_loop
+from chord.training import checkpoint
 from chord.training.trainer import Trainer
 from tests.conftest import REPO
 from tests.stages.test_geometry_stages import TINY_TRAINING, train_inputs
@@ -71,7 +71,7 @@ def run_on(hop, tier, name=None, env=None):
         handoff=None,
         env=env or {},
     )
-    return summary, run_loop.load_checkpoint(root / name / "coarse.pt")
+    return summary, checkpoint.load_checkpoint(root / name / "coarse.pt")
 
 
 @pytest.fixture(scope="module")

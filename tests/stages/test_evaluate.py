@@ -20,7 +20,7 @@ from chord.export import trained_scene
 from chord.motion.model import MotionScene
 from chord.plan import results_layout
 from chord.stages import aggregate, evaluate
-from chord.training import run_loop
+from chord.training import checkpoint
 from tests.stages.test_export_stage import sway  # noqa: F401 (a trained demo scene)
 
 
@@ -73,7 +73,7 @@ def scripted_state(run, path, steps: dict) -> None:
     """The sway scene's trained state with a scripted motion: each dynamic object's control
     points all translate by t·steps[name] in frame t (float32, as stored), with the identity
     rotation, in a per-frame table (METHOD §6: row t+1 holds frame t)."""
-    ckpt = run_loop.load_checkpoint(results_layout.train_state(run.res, run.s, "coarse"))
+    ckpt = checkpoint.load_checkpoint(results_layout.train_state(run.res, run.s, "coarse"))
     assert set(ckpt["motion_meta"]["objects"]) == set(steps)
     for name, info in ckpt["motion_meta"]["objects"].items():
         assert not info["layer2"]  # one layer: the positions are that layer's blend alone
@@ -85,7 +85,7 @@ def scripted_state(run, path, steps: dict) -> None:
             table[t + 1, :, 4:] = t * v
         ckpt["motion"][key] = table
         info["layer1_per_frame"] = True
-    run_loop.save_checkpoint(path, ckpt)
+    checkpoint.save_checkpoint(path, ckpt)
 
 
 def scripted_displacement(run, state) -> tuple[float, float]:
@@ -243,7 +243,7 @@ def block_geometry(run) -> dict:
 def stored_translations(state) -> tuple[np.ndarray, int]:
     """The block's scripted y translation per frame [T] as stored (float32, in float64), and
     a bound on its control-point neighbour count K (n_cp_num ≥ min(n_cp_num, M))."""
-    ckpt = run_loop.load_checkpoint(state)
+    ckpt = checkpoint.load_checkpoint(state)
     table = ckpt["motion"]["obj_2.layer1.cp_deform"]  # [P+1, M, 7], row t+1 is frame t
     T = ckpt["motion_meta"]["objects"]["obj_2"]["frame_num"]
     return table[1 : T + 1, 0, 5].double().numpy(), int(

@@ -17,7 +17,7 @@ import pytest
 
 from chord.config import settings as cc
 from chord.stages import train as train_stage
-from chord.training import run_loop, slurm_time_limit
+from chord.training import checkpoint, run_loop, slurm_time_limit
 from tests.conftest import REPO
 from tests.processes.test_train_cli import assert_same_state, read_loss_log
 from tests.processes.test_train_multi_gpu import hop_scene, load
@@ -96,8 +96,8 @@ def test_a_job_near_its_time_limit_requeues_itself_and_its_runs_end_as_one_run(h
     assert runs == iterations
     assert summary["start"] == iterations and summary["last"] == iterations
     assert (fake / "scontrol.log").read_text().splitlines() == [f"requeue {JOB}"] * (runs - 1)
-    whole = run_loop.load_checkpoint(root / "whole/coarse.pt")
-    assert_same_state(run_loop.load_checkpoint(root / "limited/coarse.pt"), whole)
+    whole = checkpoint.load_checkpoint(root / "whole/coarse.pt")
+    assert_same_state(checkpoint.load_checkpoint(root / "limited/coarse.pt"), whole)
     assert read_loss_log(root / "limited/losses.tsv") == read_loss_log(root / "whole/losses.tsv")
     assert not (root / "limited/ckpt" / slurm_time_limit.TIME_LIMIT_RECORD).exists()
 

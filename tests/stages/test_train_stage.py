@@ -23,7 +23,7 @@ from chord.scene import demo
 from chord.scene import ingestion as sc
 from chord.stages import train as train_stage
 from chord.stages.adapter import stage_logging
-from chord.training import progress, run_loop, scalars, scene_trainer
+from chord.training import checkpoint, progress, scalars, scene_trainer
 from tests.components import TENSORBOARD, missing
 from tests.stages.test_geometry_stages import TINY_TRAINING, train_inputs
 
@@ -51,7 +51,7 @@ def test_coarse_stage_writes_the_hand_off_and_resumes(hop):
         guidance=guidance,
     )
     assert summary == {"stage": "coarse", "start": 1, "last": 4, "seed": 3}
-    ckpt = run_loop.load_checkpoint(out)
+    ckpt = checkpoint.load_checkpoint(out)
     assert ckpt["iteration"] == 4 and ckpt["seed"] == 3
     assert (ckpt["render_backend"], ckpt["device"]) == ("torch", "cpu")  # what rendered, where
     (folder,) = ckpts.iterdir()  # one folder per configuration hash
@@ -78,7 +78,7 @@ def test_coarse_stage_writes_the_hand_off_and_resumes(hop):
         guidance=guidance,
     )
     assert again["start"] == 5 and again["last"] == 4
-    a, b = run_loop.load_checkpoint(out), run_loop.load_checkpoint(root / "again.pt")
+    a, b = checkpoint.load_checkpoint(out), checkpoint.load_checkpoint(root / "again.pt")
     for k in a["motion"]:
         assert a["motion"][k].equal(b["motion"][k]), k
     # a changed configuration starts fresh
@@ -109,7 +109,7 @@ def test_coarse_stage_writes_the_hand_off_and_resumes(hop):
     # before the resume point come from the log beside the checkpoints
     with open(root / "l3.tsv") as f:
         assert [int(r["it"]) for r in csv.DictReader(f, delimiter="\t")] == [1, 2, 3, 4]
-    r = run_loop.load_checkpoint(root / "r.pt")
+    r = checkpoint.load_checkpoint(root / "r.pt")
     for k in a["motion"]:  # and the resumed run ends bit for bit where the first one did
         assert r["motion"][k].equal(a["motion"][k]), k
 
@@ -191,7 +191,7 @@ def test_live_previews_show_the_motion_and_change_nothing(hop, tmp_path):
             guidance=guidance,
             **kw,
         )
-        states[name] = run_loop.load_checkpoint(tmp_path / f"{name}.pt")
+        states[name] = checkpoint.load_checkpoint(tmp_path / f"{name}.pt")
     for k, v in states["plain"]["motion"].items():  # the previews draw nothing, change nothing
         assert v.equal(states["previewed"]["motion"][k]), k
     # every 3 iterations and after the last (4): the run's frames at the SDS size (48 x 32:

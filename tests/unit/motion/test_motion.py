@@ -229,15 +229,15 @@ def test_state_round_trip_gives_identical_renders(tmp_path):
     with torch.no_grad():
         scene.dynamic["obj_0"].layer2.cp_deform.normal_(0, 0.02)
         scene.dynamic["obj_0"].layer1.cp_rotation.add_(0.1)
-    from chord.training import run_loop
+    from chord.training import checkpoint
 
     tensors, meta = state.to_dict(scene, iteration=300)
-    ckpt = {"format": run_loop.CKPT_FORMAT, "motion": tensors, "motion_meta": meta}
-    run_loop.save_checkpoint(tmp_path / "s.pt", ckpt)  # as every training state is written
+    ckpt = {"format": checkpoint.CKPT_FORMAT, "motion": tensors, "motion_meta": meta}
+    checkpoint.save_checkpoint(tmp_path / "s.pt", ckpt)  # as every training state is written
     fresh = scene_with_motion()
     with torch.no_grad():
         fresh.dynamic["obj_0"].layer1.cp_deform.zero_()
-    back = run_loop.load_checkpoint(tmp_path / "s.pt")
+    back = checkpoint.load_checkpoint(tmp_path / "s.pt")
     assert back["motion_meta"]["iteration"] == 300
     state.restore(fresh, back["motion"], back["motion_meta"])
 
@@ -264,7 +264,7 @@ def test_state_round_trip_gives_identical_renders(tmp_path):
     bad = tmp_path / "bad.pt"
     bad.write_bytes(b"not a state")
     with pytest.raises(ValueError, match="bad.pt: not a readable training checkpoint"):
-        run_loop.load_checkpoint(bad)
+        checkpoint.load_checkpoint(bad)
 
 
 def test_plan_second_layer_on_a_box():

@@ -12,7 +12,7 @@ import pytest
 
 from chord.config import settings as cc
 from chord.core.errors import InputError
-from chord.training import resume, run_loop
+from chord.training import checkpoint, resume
 from chord.training.checkpoint import CKPT_FORMAT
 
 
@@ -23,7 +23,7 @@ def method(**kw):
 def write(path, iteration, seed=11, **kw):
     ckpt = {"format": CKPT_FORMAT, "iteration": iteration, "seed": seed, "config_hash": "h"}
     path.parent.mkdir(parents=True, exist_ok=True)
-    run_loop.save_checkpoint(path, {**ckpt, **kw})
+    checkpoint.save_checkpoint(path, {**ckpt, **kw})
     return path
 
 

@@ -291,9 +291,9 @@ def test_coarse_then_fine_equals_one_run(tmp_path):
     run_steps(one, 1, 9)
     coarse = make_trainer(m)
     run_steps(coarse, 1, 5)
-    run_loop.save_checkpoint(tmp_path / "coarse.pt", checkpoint.contents(coarse, 4, "h"))
+    checkpoint.save_checkpoint(tmp_path / "coarse.pt", checkpoint.contents(coarse, 4, "h"))
     fine = make_trainer(m)
-    start = checkpoint.restore(fine, run_loop.load_checkpoint(tmp_path / "coarse.pt"))
+    start = checkpoint.restore(fine, checkpoint.load_checkpoint(tmp_path / "coarse.pt"))
     assert start == 5
     run_steps(fine, start, 9)
     a, b = one.scene.dynamic["obj_0"], fine.scene.dynamic["obj_0"]
