@@ -61,6 +61,26 @@ def arap_residual(X: Tensor, nbr: Tensor, mask: Tensor) -> list[float]:
     return out
 
 
+def rigidity(scene, frames: int) -> list[float]:
+    """:func:`arap_residual` per frame [``frames``] of a trained scene's dynamic objects, their
+    surface voxels moved by the trained deformation, all together."""
+    Xs, nbrs, masks, offset = [], [], [], 0
+    with torch.no_grad():
+        for obj in scene.dynamic.values():
+            X, _ = obj.deform(torch.arange(frames), "surface", with_rotations=False)
+            nbr, mask = regularisers.arap_connectivity(obj.surface)
+            Xs.append(X)
+            nbrs.append(nbr + offset)
+            masks.append(mask)
+            offset += X.shape[1]
+    if not Xs:
+        return [0.0] * frames
+    k = max(n.shape[1] for n in nbrs)  # objects with fewer voxels have fewer neighbours
+    nbr = torch.cat([torch.nn.functional.pad(n, (0, k - n.shape[1])) for n in nbrs])
+    mask = torch.cat([torch.nn.functional.pad(m, (0, k - m.shape[1])) for m in masks])
+    return arap_residual(torch.cat(Xs, 1), nbr, mask)
+
+
 def ground_penetration(Y: Tensor, ground: float) -> dict[str, float]:
     """Ground penetration of heights Y [T, N]: the deepest point below ``ground`` (0 if none)
     and the fraction of (frame, point) pairs below it."""

@@ -15,10 +15,11 @@ import torch
 from PIL import Image
 
 from chord.core.errors import InputError
-from chord.evaluation import metrics, plots
+from chord.evaluation import interaction, metrics, plots
 from chord.export import trained_scene
 from chord.motion.model import MotionScene
 from chord.plan import results_layout
+from chord.scene import ingestion
 from chord.stages import aggregate, evaluate
 from chord.training import checkpoint
 from tests.stages.test_export_stage import sway  # noqa: F401 (a trained demo scene)
@@ -226,7 +227,7 @@ def block_geometry(run) -> dict:
     """The block's normalised mesh as areas by face direction (bottom, vertical sides, top),
     its height, and the slab's thickness and the largest coordinate of either mesh."""
     doc = json.loads(run.inputs["scene_json"].read_text())
-    V, F = evaluate.object_mesh(run.inputs["scene_json"], doc, "obj_2")
+    V, F = ingestion.object_mesh(run.inputs["scene_json"], doc, "obj_2")
     tri = V[F]
     n = np.cross(tri[:, 1] - tri[:, 0], tri[:, 2] - tri[:, 0])
     area = 0.5 * np.linalg.norm(n, axis=1)
@@ -234,7 +235,7 @@ def block_geometry(run) -> dict:
     parts = {"bottom": area[ny < -1 + 1e-6].sum(), "sides": area[np.abs(ny) < 1e-6].sum()}
     parts["top"] = area[ny > 1 - 1e-6].sum()
     assert sum(parts.values()) == pytest.approx(area.sum(), rel=1e-9)  # a box, upright
-    S, _ = evaluate.object_mesh(run.inputs["scene_json"], doc, "obj_1")
+    S, _ = ingestion.object_mesh(run.inputs["scene_json"], doc, "obj_1")
     reach = max(np.abs(V).max(), np.abs(S).max())
     return {**parts, "total": area.sum(), "height": np.ptp(V[:, 1]), "slab": np.ptp(S[:, 1]),
             "reach": reach}  # fmt: skip
@@ -278,7 +279,7 @@ def test_a_block_sinking_into_the_slab_by_known_depths(sway, tmp_path, caplog, m
     delta = geo["slab"] / 12
     scripted_state(sway, state, {"obj_0": (0.0, 0.0, 0.0), "obj_2": (0.0, -delta, 0.0)})
     tau, K = stored_translations(state)
-    T, n = len(tau), evaluate.INTERACTION_SAMPLES
+    T, n = len(tau), interaction.INTERACTION_SAMPLES
     D = abs(tau[-1])
     eps = position_bound(D, K, geo["reach"]) / D
     assert eps < 1e-4
@@ -296,7 +297,7 @@ def test_a_block_sinking_into_the_slab_by_known_depths(sway, tmp_path, caplog, m
     # block's bottom is below d_t − band (the slab's footprint holds the block's); samples
     # within the rounding bound of that level may go either way
     doc = json.loads(sway.inputs["scene_json"].read_text())
-    V, F = evaluate.object_mesh(sway.inputs["scene_json"], doc, "obj_2")
+    V, F = ingestion.object_mesh(sway.inputs["scene_json"], doc, "obj_2")
     above = metrics.surface_samples(V, F, n, seed=2)[:, 1] - V[:, 1].min()  # [S]
     for t in range(1, T):
         d = abs(tau[t])
@@ -358,7 +359,7 @@ def test_a_block_lifting_off_the_slab_floats_by_the_lift(sway, tmp_path):  # noq
     assert out["penetration_warning"] is False
     apart = pair(out, "obj_2", "obj_0")  # block and column stand apart: not resting
     assert not apart["resting"] and apart["gap"] is None
-    assert apart["separation"][0] > evaluate.REST_TOLERANCE
+    assert apart["separation"][0] > interaction.REST_TOLERANCE
 
 
 def test_the_scripted_motions_penetration_is_measured_beside_the_trained(sway, tmp_path):  # noqa: F811

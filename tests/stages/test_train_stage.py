@@ -260,19 +260,18 @@ def test_build_reads_the_contact_terms_at_the_evaluations_own_samples(hop):
     (no grid is built)."""
     import numpy as np
 
-    from chord.evaluation import metrics
-    from chord.stages import evaluate
+    from chord.evaluation import interaction, metrics
 
     root, m, inputs = hop
     guidance = cc.guidance_from_mapping({"backend": "oracle"})
     on = cc.method_from_mapping({**vars(m), "lambda_contact": 1.0e9, "lambda_support": 0.0})
     tr = scene_trainer.build(**inputs, method=on, guidance=guidance)
     doc = sc.read_scene_json(inputs["scene_json"])
-    mesh = evaluate.object_mesh(inputs["scene_json"], doc, "obj_0")
-    S = metrics.surface_samples(*mesh, evaluate.INTERACTION_SAMPLES, seed=0)
+    mesh = sc.object_mesh(inputs["scene_json"], doc, "obj_0")
+    S = metrics.surface_samples(*mesh, interaction.INTERACTION_SAMPLES, seed=0)
     assert list(tr.contact_points) == ["obj_0"]
     assert np.array_equal(tr.contact_points["obj_0"].double().numpy(), S.astype(np.float32))
-    slab_top = max(v[1] for v in evaluate.object_mesh(inputs["scene_json"], doc, "obj_1")[0])
+    slab_top = max(v[1] for v in sc.object_mesh(inputs["scene_json"], doc, "obj_1")[0])
     assert float(tr.contact_grid(torch.tensor([[0.0, slab_top + 0.05, 0.0]]))) > 0
     assert float(tr.contact_grid(torch.tensor([[0.0, slab_top - 0.01, 0.0]]))) < 0
     off = cc.method_from_mapping({**vars(m), "lambda_contact": 0.0, "lambda_support": 0.0})
