@@ -37,6 +37,7 @@ def main(argv=None) -> int:
     from chord.scene import demo
     from chord.stages import train as train_stage
     from chord.training import live_preview
+    from chord.training.run_settings import RunSettings
 
     conf = cc.load_file(REPO / "config" / "config.yaml")
     spec = conf.scenes[args.scene]
@@ -71,8 +72,7 @@ def main(argv=None) -> int:
             method=method,
             guidance=conf.guidance,
             memory=job.memory,
-            scene=args.scene,
-            preview=preview,
+            run_settings=RunSettings(scene=args.scene, preview=preview),
         )
         wall = time.perf_counter() - t0
         (ckpt,) = (root / "ckpt").iterdir()

@@ -188,6 +188,7 @@ def train(argv: list[str]) -> int:
     from chord.plan import results_layout
     from chord.stages import train as train_stage
     from chord.training import distributed, live_preview
+    from chord.training.run_settings import RunSettings
 
     args, method, memory = parse(argv)
     guidance = cc.guidance_from_mapping(
@@ -230,9 +231,11 @@ def train(argv: list[str]) -> int:
                 group=group,
                 render_backend=args.render_backend,
                 env=os.environ,
-                scene=s,
-                progress_every_s=method.progress_every_s,
-                preview=live_preview.view_keys(method, results_layout.previews_dir(res, s)),
+                run_settings=RunSettings(
+                    scene=s,
+                    progress_every_s=method.progress_every_s,
+                    preview=live_preview.view_keys(method, results_layout.previews_dir(res, s)),
+                ),
             )
             logger.info(
                 "%s: iterations %d..%d (seed %d)",

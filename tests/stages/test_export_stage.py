@@ -30,6 +30,7 @@ from chord.scene import demo
 from chord.stages import aggregate, evaluate, reference
 from chord.stages import export as export_stage
 from chord.stages import train as train_stage
+from chord.training.run_settings import RunSettings
 from tests.conftest import validate_glb
 from tests.unit.gltf.test_animated import float32_tolerance, skinned_vertices
 from tests.unit.gltf.test_splats import no_warnings, same_rotation, skinned_splats
@@ -82,7 +83,7 @@ def sway(tmp_path_factory):
         checkpoint_dir=results_layout.checkpoints(res, s, "coarse"),
         method=m,
         guidance=cc.guidance_from_mapping({"backend": "oracle"}),
-        tier="split",  # recorded in the state and metrics.tsv (test_evaluate)
+        run_settings=RunSettings(tier="split"),  # recorded in the state and metrics.tsv
     )
     sources = {f"obj_{i}": data / f"obj_{i}.glb" for i in range(3)}
     return SimpleNamespace(root=root, data=data, m=m, res=res, s=s, inputs=inputs, sources=sources)

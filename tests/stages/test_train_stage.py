@@ -24,6 +24,7 @@ from chord.scene import ingestion as sc
 from chord.stages import train as train_stage
 from chord.stages.adapter import stage_logging
 from chord.training import checkpoint, progress, scalars, scene_trainer
+from chord.training.run_settings import RunSettings
 from tests.components import TENSORBOARD, missing
 from tests.stages.test_geometry_stages import TINY_TRAINING, train_inputs
 
@@ -135,10 +136,12 @@ def test_progress_lines_reach_the_log_without_a_terminal_and_resume_from_the_che
         checkpoint_dir=tmp_path / "ckpt",
         method=m,
         guidance=guidance,
-        scene="hop",
-        tier="full",
-        attempt=2,
-        progress_every_s=0,  # every iteration
+        run_settings=RunSettings(
+            scene="hop",
+            tier="full",
+            attempt=2,
+            progress_every_s=0,  # every iteration
+        ),
     )
     first = tmp_path / "first.log"
     with stage_logging(str(first)):
@@ -180,7 +183,7 @@ def test_live_previews_show_the_motion_and_change_nothing(hop, tmp_path):
     folder = tmp_path / "previews"
     preview = {"folder": folder, "every": 3, "ref_azim": 0.0, "ref_cam_radius": 2.0, "fps": 10}
     states = {}
-    for name, kw in (("plain", {}), ("previewed", {"preview": preview})):
+    for name, kw in (("plain", {}), ("previewed", {"run_settings": RunSettings(preview=preview)})):
         train_stage.run_stage(
             "coarse",
             inputs=inputs,
@@ -216,7 +219,7 @@ def test_tensorboard_scalars_follow_the_iterations_across_a_resume(hop, tmp_path
     root, m, inputs = hop
     guidance = cc.guidance_from_mapping({"backend": "oracle"})
     kw = dict(inputs=inputs, checkpoint_dir=tmp_path / "ckpt", method=m, guidance=guidance,
-              tensorboard=True)  # fmt: skip
+              run_settings=RunSettings(tensorboard=True))  # fmt: skip
     train_stage.run_stage("coarse", out=tmp_path / "a.pt", loss_log=tmp_path / "a.tsv", **kw)
     (folder,) = (tmp_path / "ckpt").iterdir()
     (folder / "ckpt_000004.pt").write_bytes(b"truncated")  # killed after iteration 2's
@@ -242,7 +245,8 @@ def test_tensorboard_without_the_package_stops_with_the_extra_to_install(hop, mo
         train_stage.run_stage(
             "coarse", inputs=inputs, out=root / "x.pt", loss_log=root / "x.tsv",
             checkpoint_dir=root / "none", method=m,
-            guidance=cc.guidance_from_mapping({"backend": "oracle"}), tensorboard=True,
+            guidance=cc.guidance_from_mapping({"backend": "oracle"}),
+            run_settings=RunSettings(tensorboard=True),
         )  # fmt: skip
     assert not (root / "none").exists()  # stopped before anything
 

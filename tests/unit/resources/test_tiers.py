@@ -200,6 +200,7 @@ def test_lowres_size_is_recorded_and_the_fine_stage_continues_at_it(tmp_path):
     hand-off; the fine stage, on a fuller tier, continues at that size."""
     from chord.scene import demo
     from chord.stages import train as train_stage
+    from chord.training.run_settings import RunSettings
     from tests.stages.test_geometry_stages import TINY_TRAINING, train_inputs
 
     data = demo.write_demo_scene("hop", tmp_path / "data", frame_num=5)
@@ -223,7 +224,7 @@ def test_lowres_size_is_recorded_and_the_fine_stage_continues_at_it(tmp_path):
             memory=mem,
             guidance=guidance,
             handoff=tmp_path / "coarse.pt" if stage == "fine" else None,
-            tier=tier,
+            run_settings=RunSettings(tier=tier),
         )
     coarse = torch.load(tmp_path / "coarse.pt", weights_only=True)
     fine = torch.load(tmp_path / "fine.pt", weights_only=True)
