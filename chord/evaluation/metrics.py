@@ -1,4 +1,4 @@
-"""Per-scene metrics of a trained motion (README "Outputs and metrics"). Each is a small pure
+"""Per-scene metrics of a trained motion (docs/outputs.md, "Metrics"). Each is a small pure
 function of tensors or arrays; lengths are in normalised scene units (longest side 1.2) and
 time in frames.
 

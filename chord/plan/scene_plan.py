@@ -82,8 +82,8 @@ def motion_problem(spec: cc.SceneSpec, backend: str, demo_dir: Path) -> str | No
         f"scene {spec.scene} ({spec.where}): the teacher is the oracle (guidance.backend: oracle, "
         f"the default), which distils a scripted motion, and {motion} does not exist. To "
         "animate the scene from its prompt, set guidance.backend: wan with guidance.ckpt_dir "
-        "(a local Wan2.2-I2V-A14B-Diffusers folder) and guidance.tiny_vae_path (README "
-        '"Guidance"); or add a motion.json (format chord-scripted-motion/1, '
+        "(a local Wan2.2-I2V-A14B-Diffusers folder) and guidance.tiny_vae_path (see "
+        "docs/wan-teacher.md); or add a motion.json (format chord-scripted-motion/1, "
         "chord/motion/scripted.py) to distil a scripted motion"
     )
 

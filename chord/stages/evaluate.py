@@ -1,6 +1,6 @@
-"""Stage ``evaluate``: the metrics of a trained scene (``metrics.json``, defined in the
-README's "Outputs and metrics"), its loss curves, the frame-0 comparison with ref.png and the
-per-frame interaction of its objects (interpenetration, floating)."""
+"""Stage ``evaluate``: the metrics of a trained scene (``metrics.json``, defined in
+docs/outputs.md), its loss curves, the frame-0 comparison with ref.png and the per-frame
+interaction of its objects (interpenetration, floating)."""
 
 from __future__ import annotations
 
@@ -141,7 +141,8 @@ def run(
     out["ground_level"] = float(ground)
     out.update(metrics.ground_penetration(X[..., 1], float(ground)))
 
-    # interaction: interpenetration and floating between objects (README "Outputs and metrics")
+    # interaction: objects passing into each other, or floating off what they stood on
+    # (docs/outputs.md, "Interaction checks")
     start = time.perf_counter()
     samples = interaction.INTERACTION_SAMPLES
     pairs = interaction.pairs(scene_json, doc, scene, T, samples)
