@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from chord.config import settings as cc
+from chord.config import settings
 from chord.stages import train as train_stage
 from chord.training import checkpoint, run_loop, slurm_time_limit
 from tests.conftest import REPO
@@ -139,7 +139,7 @@ def test_a_job_killed_at_its_limit_before_an_iteration_stops_the_next_one(hop, s
     end = int((fake / "end").read_text())
     time.sleep(max(0.0, end - time.time() + 1))  # the killed job's time limit is past
     job_ends_in(fake, 3600)  # the next job
-    with pytest.raises(cc.ConfigError) as err:
+    with pytest.raises(settings.ConfigError) as err:
         train_stage.run("coarse", **kwargs(hop, "stuck", env))
     assert "tiers.solo.runtime_h" in str(err.value) and str(record) in str(err.value)
     assert not list((root / "stuck/ckpt").glob("*/ckpt_*.pt"))  # it did not train

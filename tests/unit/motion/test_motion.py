@@ -270,7 +270,7 @@ def test_state_round_trip_gives_identical_renders(tmp_path):
 def test_plan_second_layer_on_a_box():
     import trimesh
 
-    from chord.config import settings as cc
+    from chord.config import settings
 
     mesh = trimesh.creation.box(extents=(0.3, 0.5, 0.3))
     means = np.asarray(
@@ -278,7 +278,7 @@ def test_plan_second_layer_on_a_box():
         if "seed" in mesh.sample.__code__.co_varnames
         else mesh.sample(3000)
     )
-    method = cc.method_from_mapping({"add_cp_num": 40, "surface_target_num": 400})
+    method = settings.method_from_mapping({"add_cp_num": 40, "surface_target_num": 400})
     centres, surface, v = state_free_plan(mesh, means, method)
     assert 2 <= len(centres) <= 40
     assert 0 < len(surface) <= 400 * 40 // 20

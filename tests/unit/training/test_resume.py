@@ -10,14 +10,14 @@ import logging
 
 import pytest
 
-from chord.config import settings as cc
+from chord.config import settings
 from chord.core.errors import InputError
 from chord.training import checkpoint, resume
 from chord.training.checkpoint import CKPT_FORMAT
 
 
 def method(**kw):
-    return cc.method_from_mapping({"size": "32*16", "seed": 5, **kw})
+    return settings.method_from_mapping({"size": "32*16", "seed": 5, **kw})
 
 
 def write(path, iteration, seed=11, **kw):

@@ -12,7 +12,7 @@ import pytest
 import torch
 import trimesh
 
-from chord.config import settings as cc
+from chord.config import settings
 from chord.gaussians import gaussian_set
 from chord.guidance import text, tiny_models, wan, wan_folder
 from chord.guidance.oracle import OracleGuidance
@@ -72,7 +72,7 @@ def method(**kw):
         "back_iter": 4,
         "arap_sample_num": 64,
     }
-    return cc.method_from_mapping({**base, **kw})
+    return settings.method_from_mapping({**base, **kw})
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +110,7 @@ def sds_grads(memory, guidance, txt, m):
 
 def flags(split_sds=False, split_render=False, chunk=-1, **kw):
     """MemoryConfig with the split flags and chunk given (the schema's defaults otherwise)."""
-    return cc.memory_from_mapping(
+    return settings.memory_from_mapping(
         {
             "split_sds_backward": split_sds,
             "split_render_backward": split_render,
