@@ -373,10 +373,12 @@ def write_toy(work: Path, kind: str = "script+conda") -> Path:
     """The toy Snakefile and its plan.json (each scene's demo files, object roles, final
     training stage and motion.json) for the sheet in ``work``; returns the Snakefile. ``bare``:
     shell rules instead of the real rules' conda and script directives."""
-    from chord.config import settings as cc
+    from chord.config import settings
     from chord.scene import demo
 
-    conf = cc.load(cc.read_yaml(work / "config/config.yaml"), base=work)  # data: absolute
+    conf = settings.load(
+        settings.read_yaml(work / "config/config.yaml"), base=work
+    )  # data: absolute
     demo_dir = yaml.safe_load((work / "config/config.yaml").read_text())["demo_dir"]
     scenes = {}
     for name, spec in conf.scenes.items():
@@ -385,8 +387,8 @@ def write_toy(work: Path, kind: str = "script+conda") -> Path:
         n_objects = sum(1 for g in glbs if Path(g).name.startswith("obj_"))
         scenes[name] = {
             "glbs": glbs,
-            "roles": cc.object_roles(spec.method, n_objects),
-            "final": cc.final_stage(spec.method),
+            "roles": settings.object_roles(spec.method, n_objects),
+            "final": settings.final_stage(spec.method),
             "motion": f"{folder}/motion.json",
         }
     used = {Path(s["motion"]).parent.name for s in scenes.values()}

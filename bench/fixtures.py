@@ -79,9 +79,9 @@ def load_config(root: Path = ROOT):
     chord.config.settings.Config (chord.config.settings.load_file, with relative paths from
     ``root`` rather than
     the current directory)."""
-    from chord.config import settings as cc
+    from chord.config import settings
 
-    return cc.load(cc.read_yaml(root / "config" / "config.yaml"), base=root)
+    return settings.load(settings.read_yaml(root / "config" / "config.yaml"), base=root)
 
 
 def scene_config(scene: str, root: Path = ROOT, overrides: dict | None = None) -> tuple:
@@ -90,14 +90,16 @@ def scene_config(scene: str, root: Path = ROOT, overrides: dict | None = None) -
     then
     ``scene_overrides``; the demo rows' preset is ``cpu_demo``), with ``overrides`` (method
     keys) over the method."""
-    from chord.config import settings as cc
+    from chord.config import settings
 
     cfg = load_config(root)
     if scene not in cfg.scenes:
-        raise SystemExit(f"scene {scene!r} is not in {root}'s scene sheet ({cc.few(cfg.scenes)})")
+        raise SystemExit(
+            f"scene {scene!r} is not in {root}'s scene sheet ({settings.few(cfg.scenes)})"
+        )
     method = cfg.scenes[scene].method
     if overrides:
-        method = cc.method_from_mapping({**dataclasses.asdict(method), **overrides})
+        method = settings.method_from_mapping({**dataclasses.asdict(method), **overrides})
     return method, cfg.guidance
 
 

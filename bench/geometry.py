@@ -16,10 +16,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from chord.config import settings as cc
+from chord.config import settings
 from chord.plan import results_layout
-from chord.scene import demo
-from chord.scene import ingestion as sc
+from chord.scene import demo, ingestion
 from chord.stages import gaussians, ingest, voxelize
 
 if __package__:
@@ -49,7 +48,7 @@ def run_scene(data: Path, results: Path, scene: str, method) -> dict[str, float]
             scene=scene,
         )
     }
-    doc = sc.read_scene_json(sj)
+    doc = ingestion.read_scene_json(sj)
     t["gaussians"] = t["voxelize"] = 0.0
     for o in doc["objects"]:
         if o["role"] == "avoided":
@@ -74,7 +73,7 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=3)
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    method = cc.method_from_mapping({"gs_init_num": args.gs_init_num})
+    method = settings.method_from_mapping({"gs_init_num": args.gs_init_num})
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         scenes = {name: demo.write_demo_scene(name, tmp / "data") for name in demo.DEMO_SCENES}

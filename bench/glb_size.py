@@ -33,8 +33,7 @@ from chord.gltf import container
 from chord.motion import control_points
 from chord.motion.model import DynamicObject, MotionScene, build_scene
 from chord.render.rasterizer import splat_tensors
-from chord.scene import demo
-from chord.scene import ingestion as sc
+from chord.scene import demo, ingestion
 
 if __package__:
     from bench import fixtures
@@ -118,8 +117,8 @@ def sphere_row(folder: Path, *, vertices: int, cp_num: int, frames: int) -> dict
     mesh = trimesh.creation.uv_sphere(radius=0.4, count=[n, n])
     src = folder / "obj_0.glb"
     trimesh.Scene(mesh).export(src, file_type="glb")
-    c, s = sc.normalisation(sc.bounds_of([mesh]))
-    normalised = sc.normalise_parts([mesh], c, s)
+    c, s = ingestion.normalisation(ingestion.bounds_of([mesh]))
+    normalised = ingestion.normalise_parts([mesh], c, s)
     rest = normalised[0].vertices
     sample = rest[:: max(1, len(rest) // 20_000)]
     centres = control_points.place_control_points(sample, cp_num)

@@ -31,14 +31,15 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     sys.path.insert(0, str(REPO))
     from chord.cli import upstream_train
-    from chord.config import settings as cc
+    from chord.config import settings
     from chord.plan import results_layout
     from chord.resources import tiers
     from chord.scene import demo
     from chord.stages import train as train_stage
     from chord.training import live_preview
+    from chord.training.run_settings import RunSettings
 
-    conf = cc.load_file(REPO / "config" / "config.yaml")
+    conf = settings.load_file(REPO / "config" / "config.yaml")
     spec = conf.scenes[args.scene]
     # the training's method as the workflow runs it on the first tier (a CPU has no other)
     tier = next(iter(tiers.parse(conf.tiers).values()))
@@ -71,8 +72,7 @@ def main(argv=None) -> int:
             method=method,
             guidance=conf.guidance,
             memory=job.memory,
-            scene=args.scene,
-            preview=preview,
+            run_settings=RunSettings(scene=args.scene, preview=preview),
         )
         wall = time.perf_counter() - t0
         (ckpt,) = (root / "ckpt").iterdir()

@@ -96,7 +96,7 @@ def recovery(args) -> None:
 
 def one_mode(mode: str, repeat: int) -> None:
     """Child process: time one SDS backward in the given mode; print JSON."""
-    from chord.config import settings as cc
+    from chord.config import settings
     from chord.guidance import tiny_models, wan
     from chord.training import trainer
 
@@ -104,7 +104,7 @@ def one_mode(mode: str, repeat: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = tiny_models.write_tiny_wan(Path(tmp) / "wan")
         guide = wan.WanGuidance(folder)
-        method = cc.method_from_mapping({"size": "64*32", "batch_size": 2, "seed": 0})
+        method = settings.method_from_mapping({"size": "64*32", "batch_size": 2, "seed": 0})
         # an untextured block (dynamic, 12 control points, 41 frames) on a slab (static)
         scene = fixtures.block_scene(4000, 41, deform=0.02)
         tr = trainer.Trainer(
@@ -114,7 +114,7 @@ def one_mode(mode: str, repeat: int) -> None:
             method=method,
             width=64,
             height=32,
-            memory=cc.memory_from_mapping(
+            memory=settings.memory_from_mapping(
                 {"split_sds_backward": s, "split_render_backward": r, "split_render_chunk_size": c}
             ),
         )

@@ -78,11 +78,11 @@ def oracle_trainer(frames: int, width: int, height: int, batch: int, gaussians: 
     random table (the scripted motion)."""
     import torch
 
-    from chord.config import settings as cc
+    from chord.config import settings
     from chord.guidance.oracle import OracleGuidance
     from chord.training import trainer
 
-    method = cc.method_from_mapping(
+    method = settings.method_from_mapping(
         {"size": f"{width}*{height}", "frame_num": frames, "batch_size": batch, "seed": 0}
     )
     scripted = fixtures.block_scene(gaussians, frames, deform=0.02)
@@ -121,7 +121,7 @@ def modes_trainer(p: dict, folder: Path):
     """The tiny random Wan (+ Tiny VAE) Trainer of the ``modes`` benchmark."""
     import torch
 
-    from chord.config import settings as cc
+    from chord.config import settings
     from chord.guidance import wan
     from chord.guidance.tiny_vae import TinyVAEEncoder
     from chord.training import trainer
@@ -129,7 +129,7 @@ def modes_trainer(p: dict, folder: Path):
     torch.manual_seed(0)
     guide = wan.WanGuidance(folder, tiny_vae=TinyVAEEncoder())
     W, H = p["width"], p["height"]
-    method = cc.method_from_mapping(
+    method = settings.method_from_mapping(
         {"size": f"{W}*{H}", "frame_num": p["frames"], "batch_size": p["batch"], "seed": 0}
     )
     tr = trainer.Trainer(
@@ -139,7 +139,7 @@ def modes_trainer(p: dict, folder: Path):
         method=method,
         width=W,
         height=H,
-        memory=cc.memory_from_mapping(dict(zip(MODE_FLAGS, p["mode"], strict=True))),
+        memory=settings.memory_from_mapping(dict(zip(MODE_FLAGS, p["mode"], strict=True))),
         backend="torch",
     )
     for name in ("transformer", "transformer_2"):  # load both experts before measuring

@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def write_tree(root: Path, n: int) -> Path:
-    from chord.plan import results_layout as P
+    from chord.plan import results_layout
     from chord.training import progress
 
     demo = root / "demo"
@@ -42,14 +42,17 @@ def write_tree(root: Path, n: int) -> Path:
         scene = f"s{i:05d}"
         rows.append(f"{scene}\t{demo / ('hop' if i % 2 else 'sway')}\ta prompt {i}")
         kind = i % 5
-        files = [P.scene_json(res, scene)]
+        files = [results_layout.scene_json(res, scene)]
         if kind == 0:
-            files += [P.train_state(res, scene, "coarse"), P.metrics_json(res, scene)]
+            files += [
+                results_layout.train_state(res, scene, "coarse"),
+                results_layout.metrics_json(res, scene),
+            ]
         for f in files:
             f.parent.mkdir(parents=True, exist_ok=True)
             f.touch()
         if kind in (1, 2):
-            folder = P.checkpoints(res, scene, "coarse") / "0123456789abcdef"
+            folder = results_layout.checkpoints(res, scene, "coarse") / "0123456789abcdef"
             folder.mkdir(parents=True, exist_ok=True)
             doc = {"stage": "coarse", "it": 1200, "total": 3000, "s_per_it": 21.3,
                    "eta_s": 1800 * 21.3, "sds": 0.01, "arap": 0.003, "tier": "split",
@@ -57,7 +60,7 @@ def write_tree(root: Path, n: int) -> Path:
                    "updated_at": now - (5 if kind == 1 else 3600)}  # fmt: skip
             (folder / progress.LATEST).write_text(json.dumps(doc))
         if kind in (2, 3):
-            log = P.log(res, scene, "train_coarse")
+            log = results_layout.log(res, scene, "train_coarse")
             log.parent.mkdir(parents=True, exist_ok=True)
             tail = "2026-12-04 11:00:00,000 ERROR chord: stage failed\n" if kind == 3 else ""
             log.write_text(log_lines + tail)

@@ -11,9 +11,9 @@ rule code:
     input:
         code_sources,
     output:
-        P.code_digest(CODE_ROOT, "{stage}"),
+        results_layout.code_digest(CODE_ROOT, "{stage}"),
     log:
-        P.code_digest(CODE_ROOT, "{stage}").with_suffix(".log"),
+        results_layout.code_digest(CODE_ROOT, "{stage}").with_suffix(".log"),
     wildcard_constraints:
         stage="|".join(chord.plan.code_sources.STAGES),
     conda:

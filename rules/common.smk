@@ -7,20 +7,24 @@ from snakemake.logging import logger
 from snakemake.utils import validate
 
 import chord
-import chord.config.settings as cc
+from chord.config import settings
 import chord.scene.demo as demo
 import chord.gltf.memory_budget
 import chord.resources.gpus
 import chord.resources.peak_memory
 import chord.resources.job_memory
-import chord.plan.results_layout as P
+from chord.plan import results_layout
 import chord.plan.scene_plan
 import chord.config.sheet
 import chord.plan.code_sources
-import chord.resources.tiers as ct
+from chord.resources import tiers
 import chord.plan.workflow_jobs
 
-validate(config, cc.CONFIG_SCHEMA)
+# report.smk and export.smk, edited elsewhere as this lands, still read the modules' old aliases
+# (issue 46): these names go when those files read the modules under their own names.
+cc, P, ct = settings, results_layout, tiers
+
+validate(config, settings.CONFIG_SCHEMA)
 DEBUG_SCENE = config["debug_scene"]
 if DEBUG_SCENE:  # a debug run: one scene, the debug method values, its own results root
     if config["debug"]["results"] == config["results"]:
@@ -31,17 +35,17 @@ if DEBUG_SCENE:  # a debug run: one scene, the debug method values, its own resu
 try:
     _rows = chord.config.sheet.read_sheet(config["scenes"])
     if DEBUG_SCENE and DEBUG_SCENE not in [r["scene"] for r in _rows]:
-        raise cc.ConfigError(
+        raise settings.ConfigError(
             f"debug_scene: {DEBUG_SCENE!r} is not a scene of {config['scenes']}"
         )
     # the package's checks name the sheet's file and line; Snakemake's then see a valid sheet
-    CONF = cc.load(config)
+    CONF = settings.load(config)
     validate(
         pd.DataFrame([{k: v for k, v in r.items() if k != "_line"} for r in _rows]),
-        cc.SCENES_SCHEMA,
+        settings.SCENES_SCHEMA,
     )
-    TIERS = ct.parse(CONF.tiers)
-except cc.ConfigError as exc:
+    TIERS = tiers.parse(CONF.tiers)
+except settings.ConfigError as exc:
     raise WorkflowError(str(exc))
 
 RESULTS = config["results"]
@@ -61,7 +65,8 @@ _CODE = {}
 # makes the DAG build several times slower (bench/dag.py).
 wildcard_constraints:
     scene=r"[A-Za-z0-9_-]+",
-    run=P.RUN_PATTERN,  # a scene's training and what follows it: <scene> or <scene>/seed_<s>
+    # a scene's training and what follows it: <scene> or <scene>/seed_<s>
+    run=results_layout.RUN_PATTERN,
     obj=r"obj_\d+",
 
 
@@ -73,13 +78,13 @@ def plan(name):
     training stages and each stage's inputs and outputs, made once per workflow start.
     """
     if name not in _PLANS:
-        scene, seed = P.run_parts(name)
+        scene, seed = results_layout.run_parts(name)
         try:
             if seed is None:
                 _PLANS[name] = chord.plan.scene_plan.scene(CONF, scene)
             else:
                 _PLANS[name] = plan(scene).for_run(name)
-        except cc.ConfigError as exc:
+        except settings.ConfigError as exc:
             raise WorkflowError(str(exc))
     return _PLANS[name]
 
@@ -107,7 +112,7 @@ def planned(stage):
                 named = chord.plan.scene_plan.named(
                     getattr(plan(name), f"{stage}_inputs")()
                 )
-            except cc.ConfigError as exc:
+            except settings.ConfigError as exc:
                 raise WorkflowError(str(exc))
             _NAMED[key] = named
         return _NAMED[key]
@@ -153,7 +158,7 @@ def code_sha(wildcards):
 
 def code(stage):
     """A stage's code input: its digest file."""
-    return str(P.code_digest(CODE_ROOT, stage))
+    return str(results_layout.code_digest(CODE_ROOT, stage))
 
 
 def fitted_ply(wildcards):
@@ -189,7 +194,7 @@ def asked(question, *args):
     """A question to JOBS, its input errors (naming the scene) as Snakemake's."""
     try:
         return question(*args)
-    except cc.ConfigError as exc:
+    except settings.ConfigError as exc:
         raise WorkflowError(str(exc))
 
 
@@ -204,7 +209,7 @@ def train_params(run):
 def train_inputs(wildcards):
     """The plan's training inputs; a job request over its tier's host RAM stops the DAG build
     first."""
-    asked(JOBS.check_job_requests, P.run_parts(wildcards.run)[0])
+    asked(JOBS.check_job_requests, results_layout.run_parts(wildcards.run)[0])
     return planned("train")(wildcards)
 
 

@@ -2,11 +2,11 @@ rule condition:
     input:
         code=code("condition"),
     output:
-        P.text_condition(RESULTS, "{scene}"),
+        results_layout.text_condition(RESULTS, "{scene}"),
     log:
-        P.log(RESULTS, "{scene}", "condition"),
+        results_layout.log(RESULTS, "{scene}", "condition"),
     benchmark:
-        P.bench(RESULTS, "{scene}", "condition")
+        results_layout.bench(RESULTS, "{scene}", "condition")
     conda:
         "../workflow/envs/chord.yaml"
     # a GPU where the Wan folder's UMT5 encodes on one (method.t5_cpu false): the stage takes

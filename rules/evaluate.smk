@@ -4,37 +4,37 @@ rule evaluate:
         code=code("evaluate"),
     output:
         metrics=report(
-            P.metrics_json(RESULTS, "{run}"),
+            results_layout.metrics_json(RESULTS, "{run}"),
             caption="../workflow/report/metrics.rst",
             category="{run}",
             subcategory="metrics",
             labels={"scene": "{run}", "figure": "metrics.json"},
         ),
         frame0=report(
-            P.frame0_png(RESULTS, "{run}"),
+            results_layout.frame0_png(RESULTS, "{run}"),
             caption="../workflow/report/frame0.rst",
             category="{run}",
             subcategory="plots",
             labels={"scene": "{run}", "figure": "reference and frame 0"},
         ),
         losses=report(
-            P.loss_png(RESULTS, "{run}"),
+            results_layout.loss_png(RESULTS, "{run}"),
             caption="../workflow/report/losses.rst",
             category="{run}",
             subcategory="plots",
             labels={"scene": "{run}", "figure": "training losses"},
         ),
         interaction=report(
-            P.interaction_png(RESULTS, "{run}"),
+            results_layout.interaction_png(RESULTS, "{run}"),
             caption="../workflow/report/interaction.rst",
             category="{run}",
             subcategory="plots",
             labels={"scene": "{run}", "figure": "interaction between objects"},
         ),
     log:
-        P.log(RESULTS, "{run}", "evaluate"),
+        results_layout.log(RESULTS, "{run}", "evaluate"),
     benchmark:
-        P.bench(RESULTS, "{run}", "evaluate")
+        results_layout.bench(RESULTS, "{run}", "evaluate")
     conda:
         "../workflow/envs/chord.yaml"
     params:

@@ -4,11 +4,11 @@ rule gaussians:
         fitted=fitted_ply,
         code=code("gaussians"),
     output:
-        P.gaussians_ply(RESULTS, "{scene}", "{obj}"),
+        results_layout.gaussians_ply(RESULTS, "{scene}", "{obj}"),
     log:
-        P.log(RESULTS, "{scene}", "gaussians_{obj}"),
+        results_layout.log(RESULTS, "{scene}", "gaussians_{obj}"),
     benchmark:
-        P.bench(RESULTS, "{scene}", "gaussians_{obj}")
+        results_layout.bench(RESULTS, "{scene}", "gaussians_{obj}")
     conda:
         "../workflow/envs/chord.yaml"
     params:

@@ -3,12 +3,12 @@ rule ingest:
         unpack(planned("ingest")),
         code=code("ingest"),
     output:
-        json=P.scene_json(RESULTS, "{scene}"),
-        meshes=directory(P.meshes_dir(RESULTS, "{scene}")),
+        json=results_layout.scene_json(RESULTS, "{scene}"),
+        meshes=directory(results_layout.meshes_dir(RESULTS, "{scene}")),
     log:
-        P.log(RESULTS, "{scene}", "ingest"),
+        results_layout.log(RESULTS, "{scene}", "ingest"),
     benchmark:
-        P.bench(RESULTS, "{scene}", "ingest")
+        results_layout.bench(RESULTS, "{scene}", "ingest")
     conda:
         "../workflow/envs/chord.yaml"
     # the reader refuses a file whose estimated peak exceeds it, naming the figure

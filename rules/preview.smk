@@ -8,14 +8,14 @@ rule teacher_preview:
         code=code("preview"),
     output:
         mp4=report(
-            P.teacher_mp4(RESULTS, "{scene}"),
+            results_layout.teacher_mp4(RESULTS, "{scene}"),
             caption="../workflow/report/teacher.rst",
             category="{scene}",
             subcategory="teacher preview",
             labels={"scene": "{scene}", "figure": "teacher preview (video)"},
         ),
         png=report(
-            P.teacher_png(RESULTS, "{scene}"),
+            results_layout.teacher_png(RESULTS, "{scene}"),
             caption="../workflow/report/teacher.rst",
             category="{scene}",
             subcategory="teacher preview",
@@ -25,9 +25,9 @@ rule teacher_preview:
             },
         ),
     log:
-        P.log(RESULTS, "{scene}", "teacher_preview"),
+        results_layout.log(RESULTS, "{scene}", "teacher_preview"),
     benchmark:
-        P.bench(RESULTS, "{scene}", "teacher_preview")
+        results_layout.bench(RESULTS, "{scene}", "teacher_preview")
     conda:
         "../workflow/envs/chord.yaml"
     resources:
@@ -45,4 +45,4 @@ rule teacher_preview:
 
 rule preview:
     input:
-        [P.teacher_mp4(RESULTS, s) for s in SCENES],
+        [results_layout.teacher_mp4(RESULTS, s) for s in SCENES],

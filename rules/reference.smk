@@ -3,12 +3,12 @@ rule reference:
         unpack(planned("reference")),
         code=code("reference"),
     output:
-        png=P.reference_png(RESULTS, "{scene}"),
-        orbit=P.static_orbit_mp4(RESULTS, "{scene}"),
+        png=results_layout.reference_png(RESULTS, "{scene}"),
+        orbit=results_layout.static_orbit_mp4(RESULTS, "{scene}"),
     log:
-        P.log(RESULTS, "{scene}", "reference"),
+        results_layout.log(RESULTS, "{scene}", "reference"),
     benchmark:
-        P.bench(RESULTS, "{scene}", "reference")
+        results_layout.bench(RESULTS, "{scene}", "reference")
     conda:
         "../workflow/envs/chord.yaml"
     params:

@@ -10,18 +10,18 @@ rule sweep:
         code=code("sweep"),
     output:
         png=report(
-            P.sweep_png(RESULTS, "{scene}"),
+            results_layout.sweep_png(RESULTS, "{scene}"),
             caption="../workflow/report/sweep.rst",
             category="{scene}",
             subcategory="seeds",
             labels={"scene": "{scene}", "figure": "seeds side by side"},
         ),
-        tsv=P.sweep_tsv(RESULTS, "{scene}"),
-        best=P.best_json(RESULTS, "{scene}"),
+        tsv=results_layout.sweep_tsv(RESULTS, "{scene}"),
+        best=results_layout.best_json(RESULTS, "{scene}"),
     log:
-        P.log(RESULTS, "{scene}", "sweep"),
+        results_layout.log(RESULTS, "{scene}", "sweep"),
     benchmark:
-        P.bench(RESULTS, "{scene}", "sweep")
+        results_layout.bench(RESULTS, "{scene}", "sweep")
     conda:
         "../workflow/envs/chord.yaml"
     params:

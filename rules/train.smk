@@ -14,12 +14,12 @@ checkpoint train_coarse:
         unpack(train_inputs),
         code=code("train"),
     output:
-        state=P.train_state(RESULTS, "{run}", "coarse"),
-        losses=P.train_losses(RESULTS, "{run}", "coarse"),
+        state=results_layout.train_state(RESULTS, "{run}", "coarse"),
+        losses=results_layout.train_losses(RESULTS, "{run}", "coarse"),
     log:
-        P.log(RESULTS, "{run}", "train_coarse"),
+        results_layout.log(RESULTS, "{run}", "train_coarse"),
     benchmark:
-        P.bench(RESULTS, "{run}", "train_coarse")
+        results_layout.bench(RESULTS, "{run}", "train_coarse")
     retries: 0 if workflow.remote_exec else len(TIERS) - 1
     conda:
         "../workflow/envs/chord.yaml"
@@ -34,7 +34,7 @@ checkpoint train_coarse:
         attempt=attempt_number,
     params:
         method=lambda wc: train_params(wc.run),
-        checkpoints=lambda wc: str(P.checkpoints(RESULTS, wc.run, "coarse")),
+        checkpoints=lambda wc: str(results_layout.checkpoints(RESULTS, wc.run, "coarse")),
     script:
         "../workflow/scripts/train.py"
 
@@ -42,15 +42,15 @@ checkpoint train_coarse:
 checkpoint train_fine:
     input:
         unpack(train_inputs),
-        handoff=P.train_state(RESULTS, "{run}", "coarse"),
+        handoff=results_layout.train_state(RESULTS, "{run}", "coarse"),
         code=code("train"),
     output:
-        state=P.train_state(RESULTS, "{run}", "fine"),
-        losses=P.train_losses(RESULTS, "{run}", "fine"),
+        state=results_layout.train_state(RESULTS, "{run}", "fine"),
+        losses=results_layout.train_losses(RESULTS, "{run}", "fine"),
     log:
-        P.log(RESULTS, "{run}", "train_fine"),
+        results_layout.log(RESULTS, "{run}", "train_fine"),
     benchmark:
-        P.bench(RESULTS, "{run}", "train_fine")
+        results_layout.bench(RESULTS, "{run}", "train_fine")
     retries: 0 if workflow.remote_exec else len(TIERS) - 1
     conda:
         "../workflow/envs/chord.yaml"
@@ -65,6 +65,6 @@ checkpoint train_fine:
         attempt=attempt_number,
     params:
         method=lambda wc: train_params(wc.run),
-        checkpoints=lambda wc: str(P.checkpoints(RESULTS, wc.run, "fine")),
+        checkpoints=lambda wc: str(results_layout.checkpoints(RESULTS, wc.run, "fine")),
     script:
         "../workflow/scripts/train.py"

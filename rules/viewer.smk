@@ -6,28 +6,28 @@ localrules:
 
 rule viewer:
     input:
-        glb=P.dynamic_skinned_glb(RESULTS, "{run}"),
-        splats=P.dynamic_splats_glb(RESULTS, "{run}"),
+        glb=results_layout.dynamic_skinned_glb(RESULTS, "{run}"),
+        splats=results_layout.dynamic_splats_glb(RESULTS, "{run}"),
         code=code("viewer"),
     output:
         html=report(
-            P.viewer_html(RESULTS, "{run}"),
+            results_layout.viewer_html(RESULTS, "{run}"),
             caption="../workflow/report/viewer.rst",
             category="{run}",
             subcategory="3D",
             labels={"scene": "{run}", "view": "3D viewer"},
         ),
         splats=report(
-            P.splats_html(RESULTS, "{run}"),
+            results_layout.splats_html(RESULTS, "{run}"),
             caption="../workflow/report/splats.rst",
             category="{run}",
             subcategory="3D",
             labels={"scene": "{run}", "view": "splat player"},
         ),
     log:
-        P.log(RESULTS, "{run}", "viewer"),
+        results_layout.log(RESULTS, "{run}", "viewer"),
     benchmark:
-        P.bench(RESULTS, "{run}", "viewer")
+        results_layout.bench(RESULTS, "{run}", "viewer")
     conda:
         "../workflow/envs/chord.yaml"
     script:

@@ -1,14 +1,14 @@
 rule voxelize:
     input:
         unpack(planned("geometry")),
-        gaussians=P.gaussians_ply(RESULTS, "{scene}", "{obj}"),
+        gaussians=results_layout.gaussians_ply(RESULTS, "{scene}", "{obj}"),
         code=code("voxelize"),
     output:
-        P.voxels_npz(RESULTS, "{scene}", "{obj}"),
+        results_layout.voxels_npz(RESULTS, "{scene}", "{obj}"),
     log:
-        P.log(RESULTS, "{scene}", "voxelize_{obj}"),
+        results_layout.log(RESULTS, "{scene}", "voxelize_{obj}"),
     benchmark:
-        P.bench(RESULTS, "{scene}", "voxelize_{obj}")
+        results_layout.bench(RESULTS, "{scene}", "voxelize_{obj}")
     conda:
         "../workflow/envs/chord.yaml"
     params:

@@ -233,3 +233,35 @@ def test_a_planted_bad_citation_fails(tmp_path):
     ]
     assert "cites DESIGN " + S + "12" in bad[0] and "cites METHOD " + S + "22" in bad[1]
     assert S + "22, " + S + "23" in bad[2]  # a range names each missing end
+
+
+# A docs page named by its path (what the code's messages and comments send a reader to), with
+# the title of one of its headings when a quoted one follows: ``docs/outputs.md, "Metrics"``.
+PAGE = re.compile(r"(?<![\w/.])(docs/[\w-]+\.md)(?:,\s*\"([^\"\n]+)\")?")
+
+
+def page_problems(files: dict[str, str]) -> tuple[int, list[str]]:
+    """(page citations checked, failures) of ``files``: the page must be a file of the
+    repository, and a quoted title the start of one of its headings (backticks left out)."""
+    checked, bad = 0, []
+    for name, text in files.items():
+        for number, line in enumerate(text.splitlines(), 1):
+            for m in PAGE.finditer(line):
+                checked += 1
+                page = REPO / m[1]
+                if not page.is_file():
+                    bad.append(f"{name}:{number}: {m[0]!r}: no such page")
+                    continue
+                heads = re.findall(r"^#+\s+(.+)$", page.read_text(encoding="utf-8"), re.M)
+                if m[2] and not any(h.replace("`", "").startswith(m[2]) for h in heads):
+                    bad.append(f"{name}:{number}: {m[0]!r}: no heading of {m[1]} starts so")
+    return checked, bad
+
+
+def test_every_docs_page_the_code_names_exists():
+    """The package's messages and comments point at pages of docs/ (the README is a front
+    page): each named page is there, with the heading a quoted title names."""
+    files = {n: t for n, t in tracked_texts().items() if n.startswith(("chord/", "config/"))}
+    checked, bad = page_problems(files)
+    assert checked >= 5, f"only {checked} page citations found: is the pattern still reading them?"
+    assert not bad, "\n".join(bad)

@@ -11,7 +11,7 @@ from pathlib import Path
 from chord.config import settings as cfg
 from chord.core.errors import InputError
 from chord.plan import results_layout
-from chord.scene import ingestion as sc
+from chord.scene import ingestion
 
 logger = logging.getLogger("chord")
 
@@ -35,7 +35,7 @@ def _objects(args, keep) -> tuple[cfg.Config, cfg.SceneSpec, list[str]]:
     those whose role (in the scene's ingested scene.json) ``keep`` accepts."""
     conf = _load(args)
     spec = _spec(conf, args.scene)
-    doc = sc.read_scene_json(results_layout.scene_json(conf.results, spec.scene))
+    doc = ingestion.read_scene_json(results_layout.scene_json(conf.results, spec.scene))
     roles = {o["name"]: o["role"] for o in doc["objects"]}
     return conf, spec, args.obj or [o for o, r in roles.items() if keep(r)]
 

@@ -15,7 +15,7 @@ import argparse
 import logging
 from pathlib import Path
 
-from chord.config import settings as cc
+from chord.config import settings
 from chord.core import media
 from chord.core.errors import InputError
 from chord.export.trained_scene import (
@@ -28,9 +28,9 @@ from chord.export.trained_scene import (
 from chord.plan import results_layout
 from chord.render import cameras
 from chord.render.views import render_frames
-from chord.scene import ingestion as sc
+from chord.scene import ingestion
 from chord.stages import gaussians, ingest, voxelize
-from chord.training.run_loop import load_checkpoint
+from chord.training.checkpoint import load_checkpoint
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ def _item_type(spec: dict):
 def add_schema_flags(parser: argparse.ArgumentParser, section: dict) -> None:
     """One flag per key of a config ``section`` (method, memory): --<key>, typed from the
     schema; unset flags keep defaults."""
-    schema = cc.read_schema(cc.CONFIG_SCHEMA)
+    schema = settings.read_schema(settings.CONFIG_SCHEMA)
     defs = schema["$defs"]
     for key, spec in section["properties"].items():
         if "$ref" in spec:
@@ -124,8 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
             default=argparse.SUPPRESS,
             help=f"alias of --{key}",
         )
-    add_schema_flags(p, cc.method_schema())
-    add_schema_flags(p, cc.memory_schema())
+    add_schema_flags(p, settings.method_schema())
+    add_schema_flags(p, settings.memory_schema())
     return p
 
 
@@ -133,22 +133,22 @@ def parse(argv: list[str]):
     """(args, method, memory) from a CHORD command line; invalid values raise ConfigError."""
     args = build_parser().parse_args(argv)
     if args.ulysses_size != 1:
-        raise cc.ConfigError(
+        raise settings.ConfigError(
             f"--ulysses_size: {args.ulysses_size}; only 1 (no sequence parallelism) is supported"
         )
     for flag in ("t5_fsdp", "dit_fsdp"):
         if getattr(args, flag):
-            raise cc.ConfigError(
+            raise settings.ConfigError(
                 f"--{flag}: sharded Wan is not supported; use torchrun data "
                 "parallelism (one model per GPU) or --enable_mmgp"
             )
     given = vars(args)
-    method = cc.method_from_mapping(
-        {k: v for k, v in given.items() if k in cc.method_schema()["properties"]},
+    method = settings.method_from_mapping(
+        {k: v for k, v in given.items() if k in settings.method_schema()["properties"]},
         where="chord train",
     )
-    memory = cc.memory_from_mapping(
-        {k: v for k, v in given.items() if k in cc.MEMORY_FLAGS}, where="chord train"
+    memory = settings.memory_from_mapping(
+        {k: v for k, v in given.items() if k in settings.MEMORY_FLAGS}, where="chord train"
     )
     return args, method, memory
 
@@ -188,16 +188,17 @@ def train(argv: list[str]) -> int:
     from chord.plan import results_layout
     from chord.stages import train as train_stage
     from chord.training import distributed, live_preview
+    from chord.training.run_settings import RunSettings
 
     args, method, memory = parse(argv)
-    guidance = cc.guidance_from_mapping(
+    guidance = settings.guidance_from_mapping(
         {
             "backend": "wan" if args.ckpt_dir else "oracle",
             "ckpt_dir": args.ckpt_dir,
             "tiny_vae_path": args.tiny_vae_path,
         }
     )
-    cc.check_guidance(guidance, {"chord train": method}, flags=True)
+    settings.check_guidance(guidance, {"chord train": method}, flags=True)
     data = Path(args.mesh_source_path)
     root = Path(args.model_path) / method.ex_name
     res, s = root.parent, root.name  # paths.* take (results, scene): <model>/<ex_name>/...
@@ -230,9 +231,11 @@ def train(argv: list[str]) -> int:
                 group=group,
                 render_backend=args.render_backend,
                 env=os.environ,
-                scene=s,
-                progress_every_s=method.progress_every_s,
-                preview=live_preview.view_keys(method, results_layout.previews_dir(res, s)),
+                run_settings=RunSettings(
+                    scene=s,
+                    progress_every_s=method.progress_every_s,
+                    preview=live_preview.view_keys(method, results_layout.previews_dir(res, s)),
+                ),
             )
             logger.info(
                 "%s: iterations %d..%d (seed %d)",
@@ -310,7 +313,7 @@ def run_inputs(root: Path) -> dict:
     scene_json = results_layout.scene_json(res, s)
     if not scene_json.is_file():
         raise InputError(f"{root}: not a chord train run folder ({scene_json} is missing)")
-    doc = sc.read_scene_json(scene_json)
+    doc = ingestion.read_scene_json(scene_json)
     return {
         "scene_json": scene_json,
         "plys": {
@@ -433,7 +436,7 @@ def export_glb_run(
     inputs = run_inputs(root)
     doc, scene, _ = load_trained(**inputs, state_path=state_path)
     check_static_id(doc, static_id)
-    files = sc.discover_objects(data)
+    files = ingestion.discover_objects(data)
     if len(files) != len(doc["objects"]):
         raise InputError(
             f"--mesh_source_path: {data} holds {len(files)} objects, the run has "

@@ -27,7 +27,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from chord.config import settings as cc
+from chord.config import settings
 
 # The stages that read method or guidance keys, in DAG order: chord.plan.code_sources.STAGES (each
 # chord.stages.<stage>; train: train_coarse and train_fine, preview: teacher_preview) but demo,
@@ -46,7 +46,7 @@ CONDITIONS: dict[str, Callable[[Any, Any], bool]] = {
 
 def schema_stages(section: str) -> dict[str, tuple[str, ...]]:
     """``{key: x-stages}`` of the schema's ``method`` or ``guidance`` section."""
-    props = cc.read_schema(cc.CONFIG_SCHEMA)["properties"][section]["properties"]
+    props = settings.read_schema(settings.CONFIG_SCHEMA)["properties"][section]["properties"]
     return {key: tuple(spec.get("x-stages", ())) for key, spec in props.items()}
 
 
@@ -70,7 +70,7 @@ GUIDANCE_KEYS: dict[str, tuple[str, ...]] = {s: _own(GUIDANCE_STAGES, s) for s i
 VIEW_KEYS = tuple(k for k in METHOD_STAGES if k not in STAGE_KEYS["train"])
 _IF = {
     key: spec["x-if"]
-    for key, spec in cc.read_schema(cc.CONFIG_SCHEMA)["properties"]["guidance"][
+    for key, spec in settings.read_schema(settings.CONFIG_SCHEMA)["properties"]["guidance"][
         "properties"
     ].items()
     if "x-if" in spec
@@ -144,7 +144,9 @@ def guidance_config(guidance: Any, stage: str) -> Any:
 #: included, is in them like any other key's
 UNHASHED_AT: dict[str, Any] = {
     key: spec["x-unhashed-at"]
-    for key, spec in cc.read_schema(cc.CONFIG_SCHEMA)["properties"]["method"]["properties"].items()
+    for key, spec in settings.read_schema(settings.CONFIG_SCHEMA)["properties"]["method"][
+        "properties"
+    ].items()
     if "x-unhashed-at" in spec
 }
 

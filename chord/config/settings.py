@@ -219,7 +219,7 @@ def check_guidance(guidance: GuidanceConfig, methods: dict, *, flags: bool = Fal
         raise ConfigError(
             f"{tiny}: not set, but {flag} is on ({', '.join(users[:5])}); point it at the "
             "Tiny VAE weights (lighttaew2_1.pth), or turn use_tiny_vae off (the full Wan VAE "
-            "then backpropagates: far more GPU memory, see README)"
+            "then backpropagates: far more GPU memory, see docs/wan-teacher.md)"
         )
 
 

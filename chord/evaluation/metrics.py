@@ -1,4 +1,4 @@
-"""Per-scene metrics of a trained motion (README "Outputs and metrics"). Each is a small pure
+"""Per-scene metrics of a trained motion (docs/outputs.md, "Metrics"). Each is a small pure
 function of tensors or arrays; lengths are in normalised scene units (longest side 1.2) and
 time in frames.
 
@@ -59,6 +59,26 @@ def arap_residual(X: Tensor, nbr: Tensor, mask: Tensor) -> list[float]:
         e = float(regularisers.arap_energy(X[[0, t]], nbr, mask, every))
         out.append(math.sqrt(max(e, 0.0) / rest))
     return out
+
+
+def rigidity(scene, frames: int) -> list[float]:
+    """:func:`arap_residual` per frame [``frames``] of a trained scene's dynamic objects, their
+    surface voxels moved by the trained deformation, all together."""
+    Xs, nbrs, masks, offset = [], [], [], 0
+    with torch.no_grad():
+        for obj in scene.dynamic.values():
+            X, _ = obj.deform(torch.arange(frames), "surface", with_rotations=False)
+            nbr, mask = regularisers.arap_connectivity(obj.surface)
+            Xs.append(X)
+            nbrs.append(nbr + offset)
+            masks.append(mask)
+            offset += X.shape[1]
+    if not Xs:
+        return [0.0] * frames
+    k = max(n.shape[1] for n in nbrs)  # objects with fewer voxels have fewer neighbours
+    nbr = torch.cat([torch.nn.functional.pad(n, (0, k - n.shape[1])) for n in nbrs])
+    mask = torch.cat([torch.nn.functional.pad(m, (0, k - m.shape[1])) for m in masks])
+    return arap_residual(torch.cat(Xs, 1), nbr, mask)
 
 
 def ground_penetration(Y: Tensor, ground: float) -> dict[str, float]:

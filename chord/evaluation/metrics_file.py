@@ -1,5 +1,5 @@
-"""The metrics.json format (``chord-metrics/1``, README "Outputs and metrics"): what evaluate
-writes, and aggregate and the seed sweep read back."""
+"""The metrics.json format (``chord-metrics/1``, docs/outputs.md): what evaluate writes, and
+aggregate and the seed sweep read back."""
 
 from __future__ import annotations
 

@@ -221,7 +221,7 @@ def interaction(
     scripted: list[dict] | None = None,
 ) -> None:
     """Per frame, one line per ordered object pair (``object`` → ``other``, the records of
-    :func:`chord.stages.evaluate.interaction` after
+    :func:`chord.evaluation.interaction.pairs` after
     :func:`chord.evaluation.metrics.interaction_summary`):
     the share of the object's surface samples inside the other, the deepest of them (with the
     warning level: the pair's rest depth + ``threshold``) and, for resting pairs, the gap that

@@ -1,10 +1,9 @@
 """The motion state (METHOD §19): plain tensors plus JSON-able metadata, which every training
-checkpoint and hand-off state holds (``chord.training.run_loop.save_checkpoint``: a torch file read
-back
-with ``weights_only``, so loading executes no code). It holds everything needed to rebuild and
-continue the motion of a scene on top of its rest Gaussians: per dynamic object the layers'
-centres, radii, rotations and tables (with their per-frame flags), the surface set, the ARAP
-sample count and the rotation composition."""
+checkpoint and hand-off state holds (``chord.training.checkpoint.save_checkpoint``: a torch file
+read back with ``weights_only``, so loading executes no code). It holds everything needed to
+rebuild and continue the motion of a scene on top of its rest Gaussians: per dynamic object the
+layers' centres, radii, rotations and tables (with their per-frame flags), the surface set, the
+ARAP sample count and the rotation composition."""
 
 from __future__ import annotations
 

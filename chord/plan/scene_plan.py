@@ -13,10 +13,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from chord.config import settings as cc
-from chord.plan import results_layout as P
-from chord.scene import demo
-from chord.scene import ingestion as sc
+from chord.config import settings
+from chord.plan import results_layout
+from chord.scene import demo, ingestion
 
 MOTION = "motion.json"  # a scene's scripted motion (chord.motion.scripted)
 STAGES = ("coarse", "fine")  # the training stages, in run order (fine: a second layer)
@@ -62,7 +61,7 @@ def record(inputs: Mapping | Iterable[tuple[str, object]]) -> dict:
     return out
 
 
-def demo_name(spec: cc.SceneSpec, demo_dir: Path) -> str | None:
+def demo_name(spec: settings.SceneSpec, demo_dir: Path) -> str | None:
     """The bundled demo scene a sheet row points at (data = <demo_dir>/<name>), else None."""
     data = Path(spec.data)
     if data.parent == Path(demo_dir) and data.name in demo.DEMO_SCENES:
@@ -70,7 +69,7 @@ def demo_name(spec: cc.SceneSpec, demo_dir: Path) -> str | None:
     return None
 
 
-def motion_problem(spec: cc.SceneSpec, backend: str, demo_dir: Path) -> str | None:
+def motion_problem(spec: settings.SceneSpec, backend: str, demo_dir: Path) -> str | None:
     """Why the scene cannot train with the teacher ``backend``: the oracle distils a scripted
     ``motion.json``, which one's own scene does not have. None when it can."""
     if backend != "oracle" or demo_name(spec, demo_dir):
@@ -82,25 +81,25 @@ def motion_problem(spec: cc.SceneSpec, backend: str, demo_dir: Path) -> str | No
         f"scene {spec.scene} ({spec.where}): the teacher is the oracle (guidance.backend: oracle, "
         f"the default), which distils a scripted motion, and {motion} does not exist. To "
         "animate the scene from its prompt, set guidance.backend: wan with guidance.ckpt_dir "
-        "(a local Wan2.2-I2V-A14B-Diffusers folder) and guidance.tiny_vae_path (README "
-        '"Guidance"); or add a motion.json (format chord-scripted-motion/1, '
+        "(a local Wan2.2-I2V-A14B-Diffusers folder) and guidance.tiny_vae_path (see "
+        "docs/wan-teacher.md); or add a motion.json (format chord-scripted-motion/1, "
         "chord/motion/scripted.py) to distil a scripted motion"
     )
 
 
-def scene_files(spec: cc.SceneSpec, demo_dir: Path) -> tuple[str, ...]:
+def scene_files(spec: settings.SceneSpec, demo_dir: Path) -> tuple[str, ...]:
     """What ingest reads of a scene: the demo registry's GLBs (written by the workflow), or the
     folder's scene and object files (.glb, or .gltf with the files it refers to)."""
     data = Path(spec.data)
     name = demo_name(spec, demo_dir)
     if name:
         return tuple(str(data / f) for f in demo.demo_files(name) if f.endswith(".glb"))
-    return tuple(str(p) for p in sc.data_files(data))
+    return tuple(str(p) for p in ingestion.data_files(data))
 
 
 def object_ids(files) -> list[int]:
     """The object ids of a scene's files (``obj_<i>.glb|gltf``), sorted."""
-    return sorted(int(m[1]) for f in files if (m := sc.OBJ_FILE.match(Path(f).name)))
+    return sorted(int(m[1]) for f in files if (m := ingestion.OBJ_FILE.match(Path(f).name)))
 
 
 @dataclass(frozen=True)
@@ -124,7 +123,7 @@ class ScenePlan:
     def run(self) -> str:
         """The name of this plan's run: the scene, or ``<scene>/seed_<s>`` (paths.run_name)
         for one seed of a sweep. Training and everything after it are per run."""
-        return P.run_name(self.scene, self.seed)
+        return results_layout.run_name(self.scene, self.seed)
 
     @property
     def swept(self) -> bool:
@@ -141,8 +140,8 @@ class ScenePlan:
         for plan in self.runs():
             if plan.run == run:
                 return plan
-        runs = cc.few(p.run for p in self.runs())
-        raise cc.ConfigError(f"scene {self.scene}: {run!r} is not one of its runs ({runs})")
+        runs = settings.few(p.run for p in self.runs())
+        raise settings.ConfigError(f"scene {self.scene}: {run!r} is not one of its runs ({runs})")
 
     @property
     def kept(self) -> list[str]:
@@ -158,17 +157,21 @@ class ScenePlan:
         return self.stages[-1]
 
     def gaussians(self) -> dict[str, Path]:
-        return {obj: P.gaussians_ply(self.results, self.scene, obj) for obj in self.kept}
+        return {
+            obj: results_layout.gaussians_ply(self.results, self.scene, obj) for obj in self.kept
+        }
 
     def voxels(self) -> dict[str, Path]:
-        return {obj: P.voxels_npz(self.results, self.scene, obj) for obj in self.dynamic}
+        return {
+            obj: results_layout.voxels_npz(self.results, self.scene, obj) for obj in self.dynamic
+        }
 
     def loss_logs(self) -> dict[str, Path]:
         """{training stage: loss log}, in run order."""
-        return {st: P.train_losses(self.results, self.run, st) for st in self.stages}
+        return {st: results_layout.train_losses(self.results, self.run, st) for st in self.stages}
 
     def final_state(self) -> Path:
-        return P.train_state(self.results, self.run, self.final_stage)
+        return results_layout.train_state(self.results, self.run, self.final_stage)
 
     def scripted_motion(self) -> Path | None:
         """The scene's scripted ground-truth motion.json (the demo's, or one in its folder)."""
@@ -181,7 +184,7 @@ class ScenePlan:
         if self.teacher != "oracle":
             return {}
         if self.motion_problem:
-            raise cc.ConfigError(self.motion_problem)
+            raise settings.ConfigError(self.motion_problem)
         return {"motion": self.data / MOTION}
 
     # -- each stage's inputs (records: :func:`named` flattens them for Snakemake) --
@@ -192,19 +195,22 @@ class ScenePlan:
     def geometry_inputs(self) -> dict:
         """What gaussians and voxelize read: scene.json and the normalised meshes."""
         return {
-            "scene_json": P.scene_json(self.results, self.scene),
-            "meshes": P.meshes_dir(self.results, self.scene),
+            "scene_json": results_layout.scene_json(self.results, self.scene),
+            "meshes": results_layout.meshes_dir(self.results, self.scene),
         }
 
     def reference_inputs(self) -> dict:
-        return {"scene_json": P.scene_json(self.results, self.scene), "plys": self.gaussians()}
+        return {
+            "scene_json": results_layout.scene_json(self.results, self.scene),
+            "plys": self.gaussians(),
+        }
 
     def train_inputs(self) -> dict:
         """scene.json, every Gaussian set, the dynamic objects' voxels, the text embeddings,
         and the oracle's motion.json."""
         return {
-            "scene_json": P.scene_json(self.results, self.scene),
-            "text": P.text_condition(self.results, self.scene),
+            "scene_json": results_layout.scene_json(self.results, self.scene),
+            "text": results_layout.text_condition(self.results, self.scene),
             "plys": self.gaussians(),
             "voxels": self.voxels(),
             **self.teacher_motion(),
@@ -214,7 +220,7 @@ class ScenePlan:
         """What export and evaluate read: scene.json, the Gaussians, the dynamic objects'
         voxels and the final training state."""
         return {
-            "scene_json": P.scene_json(self.results, self.scene),
+            "scene_json": results_layout.scene_json(self.results, self.scene),
             "state": self.final_state(),
             "plys": self.gaussians(),
             "voxels": self.voxels(),
@@ -225,9 +231,9 @@ class ScenePlan:
         to (``external``: a .gltf's buffers and images)."""
         sources, external = {}, []
         for f in self.files:
-            m = sc.OBJ_FILE.match(Path(f).name)
+            m = ingestion.OBJ_FILE.match(Path(f).name)
             if m is None:
-                if not sc.is_scene_file(f):
+                if not ingestion.is_scene_file(f):
                     external.append(f)
             elif self.roles.get(f"obj_{m[1]}", "avoided") != "avoided":
                 sources[f"obj_{m[1]}"] = f
@@ -239,8 +245,8 @@ class ScenePlan:
         motion = self.scripted_motion()
         return {
             **self.trained_inputs(),
-            "meshes": P.meshes_dir(self.results, self.scene),
-            "ref": P.reference_png(self.results, self.scene),
+            "meshes": results_layout.meshes_dir(self.results, self.scene),
+            "ref": results_layout.reference_png(self.results, self.scene),
             "loss_logs": self.loss_logs(),
             **({"motion": motion} if motion else {}),
         }
@@ -249,9 +255,9 @@ class ScenePlan:
         """scene.json, every Gaussian set, the reference render, the text embeddings, and
         the oracle's motion.json."""
         return {
-            "scene_json": P.scene_json(self.results, self.scene),
-            "ref": P.reference_png(self.results, self.scene),
-            "text": P.text_condition(self.results, self.scene),
+            "scene_json": results_layout.scene_json(self.results, self.scene),
+            "ref": results_layout.reference_png(self.results, self.scene),
+            "text": results_layout.text_condition(self.results, self.scene),
             "plys": self.gaussians(),
             **self.teacher_motion(),
         }
@@ -260,8 +266,8 @@ class ScenePlan:
         """Each seed's reference-camera video and metrics.json (keyed by seed)."""
         runs = {str(p.seed): p for p in self.runs()}
         return {
-            "videos": {k: P.ref_view_mp4(p.results, p.run) for k, p in runs.items()},
-            "metrics": {k: P.metrics_json(p.results, p.run) for k, p in runs.items()},
+            "videos": {k: results_layout.ref_view_mp4(p.results, p.run) for k, p in runs.items()},
+            "metrics": {k: results_layout.metrics_json(p.results, p.run) for k, p in runs.items()},
         }
 
     def run_targets(self) -> list[Path]:
@@ -269,21 +275,21 @@ class ScenePlan:
         r, run = self.results, self.run
         return [
             self.final_state(),
-            P.ref_view_mp4(r, run),
-            P.orbit_mp4(r, run),
-            *[P.fixed_view_mp4(r, run, v) for v in P.FIXED_VIEWS],
-            P.preview_gif(r, run),
-            P.dynamic_glb(r, run),
-            P.dynamic_skinned_glb(r, run),
-            P.dynamic_splats_glb(r, run),
-            P.dynamic_splats_rigid_glb(r, run),
-            P.trajectories_npz(r, run),
-            P.trajectories_json(r, run),
-            P.scene_usda(r, run),
-            P.viewer_html(r, run),
-            P.splats_html(r, run),
-            P.ply_sequence_dir(r, run),
-            P.metrics_json(r, run),
+            results_layout.ref_view_mp4(r, run),
+            results_layout.orbit_mp4(r, run),
+            *[results_layout.fixed_view_mp4(r, run, v) for v in results_layout.FIXED_VIEWS],
+            results_layout.preview_gif(r, run),
+            results_layout.dynamic_glb(r, run),
+            results_layout.dynamic_skinned_glb(r, run),
+            results_layout.dynamic_splats_glb(r, run),
+            results_layout.dynamic_splats_rigid_glb(r, run),
+            results_layout.trajectories_npz(r, run),
+            results_layout.trajectories_json(r, run),
+            results_layout.scene_usda(r, run),
+            results_layout.viewer_html(r, run),
+            results_layout.splats_html(r, run),
+            results_layout.ply_sequence_dir(r, run),
+            results_layout.metrics_json(r, run),
         ]
 
     def targets(self) -> list[str]:
@@ -291,32 +297,38 @@ class ScenePlan:
         once, each run's, and a sweep's comparison and choice."""
         r, s = self.results, self.scene
         files = [
-            P.scene_json(r, s),
-            P.reference_png(r, s),
-            P.text_condition(r, s),
+            results_layout.scene_json(r, s),
+            results_layout.reference_png(r, s),
+            results_layout.text_condition(r, s),
             *self.gaussians().values(),
             *self.voxels().values(),
         ]
         for run in self.runs():
             files += run.run_targets()
         if self.swept:
-            files += [P.sweep_png(r, s), P.sweep_tsv(r, s), P.best_json(r, s)]
+            files += [
+                results_layout.sweep_png(r, s),
+                results_layout.sweep_tsv(r, s),
+                results_layout.best_json(r, s),
+            ]
         return [str(f) for f in files]
 
 
-def run_spec(conf: cc.Config, run: str) -> cc.SceneSpec:
+def run_spec(conf: settings.Config, run: str) -> settings.SceneSpec:
     """The scene spec of ``run`` (a scene, or ``<scene>/seed_<s>``): a sweep's run trains
     with its own seed."""
-    scene, seed = P.run_parts(run)
+    scene, seed = results_layout.run_parts(run)
     spec = conf.scenes[scene]
     if seed is None:
         return spec
     if seed not in spec.seeds:
-        raise cc.ConfigError(f"scene {scene}: seed {seed} is not one of its seeds {spec.seeds}")
+        raise settings.ConfigError(
+            f"scene {scene}: seed {seed} is not one of its seeds {spec.seeds}"
+        )
     return dataclasses.replace(spec, method=dataclasses.replace(spec.method, seed=seed))
 
 
-def scene(conf: cc.Config, name: str) -> ScenePlan:
+def scene(conf: settings.Config, name: str) -> ScenePlan:
     """The plan of the sheet row ``name`` of ``conf``. Reads the scene folder's file names
     (not their contents). A ``static_id`` or object list outside the objects is a
     ConfigError naming the scene."""
@@ -326,10 +338,10 @@ def scene(conf: cc.Config, name: str) -> ScenePlan:
     roles = {}
     if ids and ids == list(range(len(ids))):
         try:
-            roles = cc.object_roles(spec.method, len(ids))
-        except cc.ConfigError as exc:
-            raise cc.ConfigError(f"scene {name}: {exc}") from None
-    final = cc.final_stage(spec.method)
+            roles = settings.object_roles(spec.method, len(ids))
+        except settings.ConfigError as exc:
+            raise settings.ConfigError(f"scene {name}: {exc}") from None
+    final = settings.final_stage(spec.method)
     return ScenePlan(
         scene=name,
         results=Path(conf.results),
@@ -352,7 +364,7 @@ def runs(plans: Mapping[str, ScenePlan]) -> list[ScenePlan]:
 def aggregate_inputs(plans: Mapping[str, ScenePlan]) -> dict:
     """Every run's metrics.json and loss logs (``losses_<run>_<stage>``)."""
     return {
-        "metrics": {p.run: P.metrics_json(p.results, p.run) for p in runs(plans)},
+        "metrics": {p.run: results_layout.metrics_json(p.results, p.run) for p in runs(plans)},
         "loss_logs": {
             f"{p.run}_{st}": path for p in runs(plans) for st, path in p.loss_logs().items()
         },
@@ -365,8 +377,8 @@ def all_targets(plans: Mapping[str, ScenePlan], results: Path) -> list[str]:
     targets = [t for p in plans.values() for t in p.targets()]
     if plans:
         targets += [
-            str(P.metrics_tsv(results)),
-            str(P.metrics_png(results)),
-            str(P.losses_png(results)),
+            str(results_layout.metrics_tsv(results)),
+            str(results_layout.metrics_png(results)),
+            str(results_layout.losses_png(results)),
         ]
     return targets

@@ -14,16 +14,15 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from chord.config import result_keys as rk
-from chord.config import settings as cc
+from chord.config import settings
 from chord.core.errors import InputError
-from chord.plan import results_layout as P
+from chord.plan import results_layout
 from chord.plan import scene_plan as cp
-from chord.resources import job_memory, job_size, out_of_memory
-from chord.resources import tiers as ct
+from chord.resources import job_memory, job_size, out_of_memory, tiers
 
 
 class WorkflowJobs:
-    """The jobs of ``conf``'s scenes on the tier table ``tiers``.
+    """The jobs of ``conf``'s scenes on the tier table ``table``.
 
     ``scene_plan(name)`` gives a scene's plan (the workflow's cache), ``node()`` the GPUs
     training jobs get (asked once, and only for an ``auto`` tier), ``model`` the experts'
@@ -33,8 +32,8 @@ class WorkflowJobs:
 
     def __init__(
         self,
-        conf: cc.Config,
-        tiers: Mapping[str, ct.Tier],
+        conf: settings.Config,
+        table: Mapping[str, tiers.Tier],
         *,
         scene_plan: Callable[[str], cp.ScenePlan],
         node: Callable[[], object],
@@ -42,12 +41,12 @@ class WorkflowJobs:
         results: str | Path,
         log: Callable[[str], None],
     ):
-        self.conf, self.tiers, self.model, self.results = conf, tiers, model, results
+        self.conf, self.tiers, self.model, self.results = conf, table, model, results
         self._plan, self._find_node, self._log = scene_plan, node, log
         self._node: list = []  # the node, once asked
         self._start: dict[str, str] = {}
         self._said: set[str] = set()
-        self._job: dict[tuple[str, str], ct.TrainingJob] = {}
+        self._job: dict[tuple[str, str], tiers.TrainingJob] = {}
         self._hash: dict[str, object] = {}
         self._request: dict[tuple[str, str], dict] = {}
 
@@ -62,7 +61,7 @@ class WorkflowJobs:
         node's GPUs match and the peak-memory model predicts to fit; why each fuller tier was
         skipped is logged, each distinct line once)."""
         if scene not in self._start:
-            auto = self.conf.scenes[scene].tier == ct.AUTO
+            auto = self.conf.scenes[scene].tier == tiers.AUTO
             node = self.node() if auto else None
             choice = job_size.scene_start(
                 self.conf, self._plan(scene), self.tiers, node, self.model
@@ -74,24 +73,26 @@ class WorkflowJobs:
             self._start[scene] = choice.tier
         return self._start[scene]
 
-    def attempt_tier(self, run: str, stage: str, attempt: int) -> ct.Tier:
+    def attempt_tier(self, run: str, stage: str, attempt: int) -> tiers.Tier:
         """The tier of a training attempt of a run (or of a scene's preview): its scene's start
         tier, moved past the tiers its out-of-memory record names."""
         oom = []
         if attempt > 1:
-            record = P.checkpoints(self.results, run, stage) / out_of_memory.RECORD
+            record = results_layout.checkpoints(self.results, run, stage) / out_of_memory.RECORD
             try:
                 oom = out_of_memory.read(record)
             except InputError as exc:  # this run retries on its tier; the others as they are
                 self._log(f"warning: {exc}")
-        start = self.scene_tier(P.run_parts(run)[0])
-        return self.tiers[ct.for_attempt(start, attempt, self.tiers, oom)]
+        start = self.scene_tier(results_layout.run_parts(run)[0])
+        return self.tiers[tiers.for_attempt(start, attempt, self.tiers, oom)]
 
-    def training_job(self, run: str, tier: ct.Tier) -> ct.TrainingJob:
+    def training_job(self, run: str, tier: tiers.Tier) -> tiers.TrainingJob:
         """A scene's or run's training on tier (the tier's size and flags applied once)."""
         if (run, tier.name) not in self._job:
             method = cp.run_spec(self.conf, run).method
-            self._job[run, tier.name] = ct.training_job(method, self.conf.memory, tier, scene=run)
+            self._job[run, tier.name] = tiers.training_job(
+                method, self.conf.memory, tier, scene=run
+            )
         return self._job[run, tier.name]
 
     def training_hash(self, run: str):
@@ -99,7 +100,7 @@ class WorkflowJobs:
         size of a lowres start tier counts; memory flags do not): the training rules' and the
         preview's param."""
         if run not in self._hash:
-            tier = self.tiers[self.scene_tier(P.run_parts(run)[0])]
+            tier = self.tiers[self.scene_tier(results_layout.run_parts(run)[0])]
             self._hash[run] = self.training_job(run, tier).config_hash(self.conf.guidance)
         return self._hash[run]
 
@@ -149,7 +150,7 @@ class WorkflowJobs:
         except ValueError:
             return []
 
-    def job_request(self, scene: str, tier: ct.Tier) -> dict:
+    def job_request(self, scene: str, tier: tiers.Tier) -> dict:
         """mem_mb and cpus_per_gpu of a training job of scene on tier (job_size.job_request: what
         it needs, the tier's values the ceiling); a need over the tier's host_mem_gb is an
         error naming the scene."""
@@ -169,10 +170,10 @@ class WorkflowJobs:
                     fitted=spec.gaussians,
                     model=self.model,
                 )
-            except cc.ConfigError as exc:
+            except settings.ConfigError as exc:
                 start = self.scene_tier(scene)
                 retry = f" (a retry from tier {start} may reach it)" if start != tier.name else ""
-                raise cc.ConfigError(f"scene {scene}: {exc}{retry}") from None
+                raise settings.ConfigError(f"scene {scene}: {exc}{retry}") from None
         return self._request[scene, tier.name]
 
     def check_job_requests(self, scene: str) -> None:
@@ -188,7 +189,7 @@ class WorkflowJobs:
         cpus_per_gpu, runtime, gpu_model or slurm_partition (None: unset)."""
         tier = self.attempt_tier(run, stage, attempt)
         if key in ("mem_mb", "cpus_per_gpu"):
-            return self.job_request(P.run_parts(run)[0], tier)[key]
+            return self.job_request(results_layout.run_parts(run)[0], tier)[key]
         return getattr(tier, {"tier": "name", "runtime": "runtime_min"}.get(key, key))
 
     def preview_mem_mb(self, scene: str, attempt: int) -> int:

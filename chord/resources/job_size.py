@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from chord.config import settings as cc
+from chord.config import settings
 from chord.core.errors import InputError
 from chord.resources import gpus, peak_memory, tiers
 from chord.resources.tiers import Tier, apply, parse
@@ -117,7 +117,7 @@ def memory_shape(
     tier) the videos each holds, ``batch_size / gpus`` (rounded up where it does not divide:
     :func:`chord.resources.tiers.per_gpu` reports that); ``contact_points``: those of the
     contact loss (:func:`contact_points`; 0: off)."""
-    width, height = cc.parse_size(method.size, where="method: size")
+    width, height = settings.parse_size(method.size, where="method: size")
     contact = {"contact_points": contact_points} if contact_points else {}  # only where on
     return {
         "width": width,
@@ -229,7 +229,7 @@ def scene_fits(
 
 
 def scene_start(
-    conf: cc.Config, scene_plan, table: Mapping[str, Tier], node, model=peak_memory.A14B
+    conf: settings.Config, scene_plan, table: Mapping[str, Tier], node, model=peak_memory.A14B
 ):
     """The :class:`chord.resources.tiers.Choice` a scene's training starts on
     (:func:`chord.resources.tiers.start`):
@@ -252,8 +252,8 @@ def scene_start(
         return tiers.start(
             spec.tier, table, node, fits, method=spec.method, allow_lowres=conf.auto_lowres
         )
-    except cc.ConfigError as exc:
-        raise cc.ConfigError(f"scene {scene_plan.scene}: {exc}") from None
+    except settings.ConfigError as exc:
+        raise settings.ConfigError(f"scene {scene_plan.scene}: {exc}") from None
 
 
 #: Host RAM (MB) and CPUs of a training with the oracle teacher: no Wan weights (the demo's
@@ -298,7 +298,7 @@ def job_request(
             mem_mb = int(math.ceil(host * margin / 2**20))
             if mem_mb > tier.mem_mb:
                 ranks = f" ({tier.gpus} ranks, each with its expert)" if tier.gpus > 1 else ""
-                raise cc.ConfigError(
+                raise settings.ConfigError(
                     f"tier {tier.name}: the memory model puts a training's host RAM at "
                     f"{host / peak_memory.GiB:.1f} GiB{ranks}, {mem_mb} MB with the "
                     f"{margin - 1:.0%} margin the job asks for, more than the tier's "
@@ -375,8 +375,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     with open(args.config) as f:
         conf = yaml.safe_load(f)
-    cc.validate_config(conf)
-    method = cc.method_from_mapping(
+    settings.validate_config(conf)
+    method = settings.method_from_mapping(
         {
             **(conf.get("method") or {}),  # lambda_contact, surface_target_num
             "size": args.size,
@@ -385,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
             "use_tiny_vae": not args.wan_vae,
         }
     )
-    memory = cc.memory_from_mapping(conf.get("memory") or {})
+    memory = settings.memory_from_mapping(conf.get("memory") or {})
     roles = {"obj_0": "static"} | {f"obj_{i + 1}": "dynamic" for i in range(args.dynamic_objects)}
     contact = contact_points(method, roles)
     rows = table(

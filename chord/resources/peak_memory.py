@@ -281,9 +281,9 @@ def memory_config(flags):
     """A MemoryConfig from one, or from a (partial) mapping of memory flags (validated, the
     schema's defaults filled: chord.config.settings holds the one list of flags)."""
     if isinstance(flags, Mapping):
-        from chord.config import settings as cc
+        from chord.config import settings
 
-        return cc.memory_from_mapping(dict(flags))
+        return settings.memory_from_mapping(dict(flags))
     return flags
 
 

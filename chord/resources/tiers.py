@@ -21,8 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from chord.config import result_keys
-from chord.config import settings as cc
+from chord.config import result_keys, settings
 from chord.resources import gpus
 
 logger = logging.getLogger(__name__)
@@ -90,12 +89,14 @@ def parse(mapping: Mapping[str, Mapping]) -> dict[str, Tier]:
     tiers: dict[str, Tier] = {}
     for name, spec in mapping.items():
         if name == AUTO:
-            raise cc.ConfigError("config: tiers: 'auto' is reserved (the sheet's automatic choice)")
+            raise settings.ConfigError(
+                "config: tiers: 'auto' is reserved (the sheet's automatic choice)"
+            )
         size = spec.get("size")
         if size is not None:
-            cc.parse_size(size, where=f"config: tiers.{name}.size")
+            settings.parse_size(size, where=f"config: tiers.{name}.size")
         flags = {k: v for k, v in spec.items() if k not in TIER_KEYS}
-        cc.check_memory_flags(flags, where=f"config: tiers.{name}")  # names and types
+        settings.check_memory_flags(flags, where=f"config: tiers.{name}")  # names and types
         tiers[name] = Tier(
             name=name,
             gpu_mem_gb=float(spec["gpu_mem_gb"]),
@@ -109,11 +110,11 @@ def parse(mapping: Mapping[str, Mapping]) -> dict[str, Tier]:
             slurm_partition=spec.get("slurm_partition"),
         )
         if tiers[name].gpus < 1:
-            raise cc.ConfigError(f"config: tiers.{name}.gpus: {tiers[name].gpus}; at least 1")
+            raise settings.ConfigError(f"config: tiers.{name}.gpus: {tiers[name].gpus}; at least 1")
     names = list(tiers)
     for before, after in zip(names, names[1:], strict=False):
         if tiers[after].gpu_mem_gb > tiers[before].gpu_mem_gb:
-            raise cc.ConfigError(
+            raise settings.ConfigError(
                 f"config: tiers: {after!r} needs {tiers[after].gpu_mem_gb} GB of GPU memory, more "
                 f"than {before!r} before it ({tiers[before].gpu_mem_gb} GB); list tiers fullest "
                 "first (that order is the out-of-memory escalation order)"
@@ -173,7 +174,7 @@ def choose(
     still escalates (:func:`for_attempt`).
     """
     if not tiers:
-        raise cc.ConfigError("config: tiers: empty; at least one memory tier is needed")
+        raise settings.ConfigError("config: tiers: empty; at least one memory tier is needed")
     names = list(tiers)
     if node is None:
         return Choice(names[0])
@@ -206,7 +207,7 @@ def choose(
     optin = "auto_lowres: true in the config, or that tier in the sheet's tier column"
     if not keep:
         lowres = ", ".join(f"{n} ({tiers[n].size})" for n in candidates)
-        raise cc.ConfigError(
+        raise settings.ConfigError(
             f"tier auto: {node.describe()} fits only tiers that lower the SDS size "
             f"({lowres}), which changes the result; to accept that, set {optin}"
         )
@@ -227,7 +228,7 @@ def choose(
             )
             continue
         if name not in keep:
-            raise cc.ConfigError(
+            raise settings.ConfigError(
                 f"tier auto: the memory model predicts that no tier at the method's size fits "
                 f"{node.describe()} ({describe(tiers[declared])}); the first that does is {name} "
                 f"at size {tiers[name].size}, which changes the result. {remedies}; or accept "
@@ -286,7 +287,7 @@ def start(
     elif name in tiers:
         choice = Choice(name, node, sheet=True)
     else:
-        raise cc.ConfigError(f"tier {name!r} is not one of {[AUTO, *tiers]}")
+        raise settings.ConfigError(f"tier {name!r} is not one of {[AUTO, *tiers]}")
     if method is not None:
         names = list(tiers)
         for later in names[names.index(choice.tier) :]:
@@ -309,7 +310,7 @@ def per_gpu(method, tier: Tier, *, scene: str | None = None, start: str | None =
         reached = ""
         if start and start != tier.name:
             reached = f", which an out-of-memory retry from tier {start} may reach,"
-        raise cc.ConfigError(
+        raise settings.ConfigError(
             f"{where}tier {tier.name}{reached} trains on {n} GPUs (gpus: {n}), each on "
             f"batch_size/gpus videos, but method.batch_size {batch} is not a multiple of {n}; "
             f"set batch_size to a multiple of {n}, or use tiers with fewer GPUs"
@@ -338,7 +339,7 @@ def for_attempt(
 
 
 def pixels(size: str) -> int:
-    w, h = cc.parse_size(size)
+    w, h = settings.parse_size(size)
     return w * h
 
 

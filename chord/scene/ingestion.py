@@ -281,3 +281,15 @@ def mesh_path(scene_json: Path, doc: dict, name: str) -> Path:
     if entry is None or entry["mesh"] is None:
         raise SceneError(f"{scene_json}: {name} has no normalised mesh (unknown or avoided)")
     return Path(scene_json).parent / entry["mesh"]
+
+
+def object_mesh(scene_json: Path, doc: dict, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """An object's normalised mesh from the ingest stage, its parts as one triangle soup:
+    vertices [V, 3] (float64) and faces [F, 3] (int64)."""
+    import trimesh
+
+    parts = load_parts(mesh_path(scene_json, doc, name))
+    mesh = trimesh.util.concatenate(
+        [trimesh.Trimesh(p.vertices, p.faces, process=False) for p in parts]
+    )
+    return np.asarray(mesh.vertices, dtype=np.float64), np.asarray(mesh.faces, dtype=np.int64)

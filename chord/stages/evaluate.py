@@ -1,6 +1,6 @@
-"""Stage ``evaluate``: the metrics of a trained scene (``metrics.json``, defined in the
-README's "Outputs and metrics"), its loss curves, the frame-0 comparison with ref.png and the
-per-frame interaction of its objects (interpenetration, floating)."""
+"""Stage ``evaluate``: the metrics of a trained scene (``metrics.json``, defined in
+docs/outputs.md), its loss curves, the frame-0 comparison with ref.png and the per-frame
+interaction of its objects (interpenetration, floating)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import trimesh
 from PIL import Image
 
 from chord.config import settings
@@ -19,21 +18,13 @@ from chord.config.result_keys import stage_config
 from chord.core import media
 from chord.core.atomic_files import write_json
 from chord.core.errors import InputError
-from chord.evaluation import metrics, metrics_file, plots
+from chord.evaluation import interaction, metrics, metrics_file, plots, scripted_motion
 from chord.export import trained_scene
-from chord.motion import regularisers, scripted
 from chord.render import cameras
-from chord.scene import ingestion as sc
 
 logger = logging.getLogger(__name__)
 
 PSNR_WARN = 40.0  # dB: below this, frame 0 does not reproduce the reference render
-# Interaction checks (README "Outputs and metrics"): surface samples per dynamic object, and
-# the frame-0 distance (scene units) under which two objects rest on each other: 0.005 is
-# about 1.3 pixels at the default reference camera and SDS size (radius 2, fovy 49.1°, 480
-# rows: 0.0038 units per pixel), so objects that look in contact count as resting.
-INTERACTION_SAMPLES = 2048
-REST_TOLERANCE = 0.005
 
 
 def _clean(value):
@@ -53,89 +44,6 @@ def read_png(path: Path) -> np.ndarray:
             return np.asarray(im.convert("RGB"))
     except OSError as exc:
         raise InputError(f"{path}: unreadable image ({exc})") from exc
-
-
-def rigidity(scene, frames: int) -> list[float]:
-    """Per-frame ARAP residual of every dynamic object's surface voxels together."""
-    Xs, nbrs, masks, offset = [], [], [], 0
-    with torch.no_grad():
-        for obj in scene.dynamic.values():
-            X, _ = obj.deform(torch.arange(frames), "surface", with_rotations=False)
-            nbr, mask = regularisers.arap_connectivity(obj.surface)
-            Xs.append(X)
-            nbrs.append(nbr + offset)
-            masks.append(mask)
-            offset += X.shape[1]
-    if not Xs:
-        return [0.0] * frames
-    k = max(n.shape[1] for n in nbrs)  # objects with fewer voxels have fewer neighbours
-    nbr = torch.cat([torch.nn.functional.pad(n, (0, k - n.shape[1])) for n in nbrs])
-    mask = torch.cat([torch.nn.functional.pad(m, (0, k - m.shape[1])) for m in masks])
-    return metrics.arap_residual(torch.cat(Xs, 1), nbr, mask)
-
-
-def object_mesh(scene_json: Path, doc: dict, name: str) -> tuple[np.ndarray, np.ndarray]:
-    """An object's normalised mesh from the ingest stage, its parts as one triangle soup:
-    vertices [V, 3] (float64) and faces [F, 3]."""
-    parts = sc.load_parts(sc.mesh_path(scene_json, doc, name))
-    mesh = trimesh.util.concatenate(
-        [trimesh.Trimesh(p.vertices, p.faces, process=False) for p in parts]
-    )
-    return np.asarray(mesh.vertices, dtype=np.float64), np.asarray(mesh.faces, dtype=np.int64)
-
-
-def interaction(
-    scene_json: Path, doc: dict, scene, frames: int, samples: int, move=None
-) -> list[dict]:
-    """Per-frame :func:`chord.evaluation.metrics.pair_interaction` of every dynamic object's surface
-    samples (``samples`` per object, area-uniform on its normalised mesh, seeded by its index,
-    moved by its trained deformation) against every other non-avoided object's mesh (its
-    vertices deformed per frame when it is dynamic, as the export's GLB moves them). One
-    record per ordered pair (object, other), in scene order. ``move(name, points [n, 3])`` ->
-    [T, n, 3] replaces the trained deformation (e.g. :func:`scripted_mover`)."""
-    if move is None:
-
-        def move(name, points):
-            return trained_scene.deformer(scene.dynamic[name], frames)(points)
-
-    meshes = {name: object_mesh(scene_json, doc, name) for name in scene.names}
-    moved = {n: move(n, V) if n in scene.dynamic else V for n, (V, _) in meshes.items()}
-    index = {o["name"]: o["id"] for o in doc["objects"]}
-    pairs = []
-    for name in scene.dynamic:
-        S = metrics.surface_samples(*meshes[name], samples, seed=index[name])  # [S, 3]
-        P = move(name, S)  # [T, S, 3]
-        for other in scene.names:
-            if other != name:
-                r = metrics.pair_interaction(P, moved[other], meshes[other][1])
-                pairs.append({"object": name, "other": other, **r})
-    return pairs
-
-
-def scripted_mover(doc: dict, motion_json: Path, frames: int):
-    """``move`` of :func:`interaction` for the scripted motion (motion.json, in world space, as
-    the oracle teacher renders it): normalised rest points [n, 3] -> [T, n, 3]."""
-    motion = scripted.load_motion(motion_json)
-    c = np.asarray(doc["normalisation"]["centre"], dtype=np.float64)
-    s = float(doc["normalisation"]["scale"])
-
-    def move(name, points):
-        spec = motion["objects"].get(name)
-        if spec is None:  # unscripted: at rest
-            return np.broadcast_to(points, (frames, *np.shape(points)))
-        world = np.asarray(points, dtype=np.float64) / s + c
-        return np.stack([(scripted.apply_motion(world, spec, t) - c) * s for t in range(frames)])
-
-    return move
-
-
-def scripted_means(doc: dict, scene, motion_json: Path, frames: int) -> torch.Tensor:
-    """Ground-truth means [T, N_dyn, 3] of the dynamic Gaussians under motion.json."""
-    from chord.guidance.oracle import scripted_gaussians
-
-    motion = scripted.load_motion(motion_json)
-    rest = {n: {"means": o.rest_means, "quats": o.rest_quats} for n, o in scene.dynamic.items()}
-    return scripted_gaussians(doc, rest, motion, frames)[0]
 
 
 def run(
@@ -196,7 +104,7 @@ def run(
             method.static_threshold,
         )
     out.update(metrics.smoothness(X))
-    arap = rigidity(scene, T)
+    arap = metrics.rigidity(scene, T)
     out["arap_residual_mean"] = float(np.mean(arap[1:])) if T > 1 else 0.0
     out["arap_residual_max"] = float(np.max(arap[1:])) if T > 1 else 0.0
 
@@ -233,10 +141,12 @@ def run(
     out["ground_level"] = float(ground)
     out.update(metrics.ground_penetration(X[..., 1], float(ground)))
 
-    # interaction: interpenetration and floating between objects (README "Outputs and metrics")
+    # interaction: objects passing into each other, or floating off what they stood on
+    # (docs/outputs.md, "Interaction checks")
     start = time.perf_counter()
-    pairs = interaction(scene_json, doc, scene, T, INTERACTION_SAMPLES)
-    inter = metrics.interaction_summary(pairs, rest_tolerance=REST_TOLERANCE)
+    samples = interaction.INTERACTION_SAMPLES
+    pairs = interaction.pairs(scene_json, doc, scene, T, samples)
+    inter = metrics.interaction_summary(pairs, rest_tolerance=interaction.REST_TOLERANCE)
     elapsed = time.perf_counter() - start
     logger.info(
         "%s: interaction of %d object pairs over %d frames (%d samples per dynamic object) in "
@@ -244,7 +154,7 @@ def run(
         doc["scene"],
         len(pairs),
         T,
-        INTERACTION_SAMPLES,
+        samples,
         elapsed,
         elapsed / T,
     )
@@ -269,9 +179,11 @@ def run(
     if motion_json is not None and Path(motion_json).is_file():
         # the scripted motion's own interaction (what the oracle teacher renders): whether a
         # penetration is the motion's or the training's doing (issue 36)
-        move = scripted_mover(doc, Path(motion_json), T)
-        scripted_pairs = interaction(scene_json, doc, scene, T, INTERACTION_SAMPLES, move)
-        summary = metrics.interaction_summary(scripted_pairs, rest_tolerance=REST_TOLERANCE)
+        move = scripted_motion.mover(doc, Path(motion_json), T)
+        scripted_pairs = interaction.pairs(scene_json, doc, scene, T, samples, move)
+        summary = metrics.interaction_summary(
+            scripted_pairs, rest_tolerance=interaction.REST_TOLERANCE
+        )
         out["scripted_penetration_excess"] = summary["penetration_excess"]
     else:
         out["scripted_penetration_excess"] = None
@@ -291,15 +203,15 @@ def run(
         **inter_frames,
     }
     if motion_json is not None and Path(motion_json).is_file():
-        rec = metrics.recovery_error(X, scripted_means(doc, scene, Path(motion_json), T))
+        rec = metrics.recovery_error(X, scripted_motion.means(doc, scene, Path(motion_json), T))
         per_frame["recovery_error"] = rec.pop("recovery_per_frame")
         out.update(rec)
     else:
         out.update(recovery_error=None, recovery_max_error=None, recovery_relative=None)
     out["per_frame"] = per_frame
     out["interaction"] = {
-        "samples": INTERACTION_SAMPLES,
-        "rest_tolerance": REST_TOLERANCE,
+        "samples": samples,
+        "rest_tolerance": interaction.REST_TOLERANCE,
         "contact_band": metrics.CONTACT_BAND,
         "pairs": pairs,
     }

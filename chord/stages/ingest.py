@@ -10,7 +10,7 @@ import trimesh
 from chord.config import settings as cfg
 from chord.config.result_keys import stage_config
 from chord.core.atomic_files import atomic_dir, write_json
-from chord.scene import ingestion as sc
+from chord.scene import ingestion
 
 logger = logging.getLogger(__name__)
 
@@ -30,28 +30,28 @@ def run(
     """
     method = stage_config(method, "ingest")  # only the keys it reads
     data = Path(data)
-    paths = sc.discover_objects(data, method.obj_num)
+    paths = ingestion.discover_objects(data, method.obj_num)
     roles = cfg.scene_roles(method, len(paths))
-    scene_path = sc.scene_file(data)
-    scene_source, scene_parts = sc.load_source(scene_path, mem_mb)
-    centre, scale = sc.normalisation(sc.bounds_of(scene_parts), scene_path)
+    scene_path = ingestion.scene_file(data)
+    scene_source, scene_parts = ingestion.load_source(scene_path, mem_mb)
+    centre, scale = ingestion.normalisation(ingestion.bounds_of(scene_parts), scene_path)
     logger.info("%s: %d objects, centre %s, scale %.6g", scene, len(paths), centre, scale)
     warnings = list(scene_source.warnings)
 
     objects, meshes, read = [], {}, {}
     for i, path in enumerate(paths):
         name = f"obj_{i}"
-        source, parts = sc.load_source(path, mem_mb)
-        parts = sc.normalise_parts(parts, centre, scale)
+        source, parts = ingestion.load_source(path, mem_mb)
+        parts = ingestion.normalise_parts(parts, centre, scale)
         warnings.extend(source.warnings)
         read[name] = {"extensions": list(source.decoded), "warnings": list(source.warnings)}
-        bounds = sc.bounds_of(parts)
-        info = sc.ObjectInfo(
+        bounds = ingestion.bounds_of(parts)
+        info = ingestion.ObjectInfo(
             name=name,
             index=i,
             role=roles[name],
             source=str(path),
-            scale_factor=sc.object_scale_factor(bounds),
+            scale_factor=ingestion.object_scale_factor(bounds),
             bounds=bounds.tolist(),
             n_vertices=int(sum(len(p.vertices) for p in parts)),
             n_faces=int(sum(len(p.faces) for p in parts)),
@@ -68,7 +68,7 @@ def run(
     static = objects[method.static_id]
     ground = method.ground_level if method.ground_level is not None else static.bounds[0][1]
     doc = {
-        "format": sc.SCENE_FORMAT,
+        "format": ingestion.SCENE_FORMAT,
         "scene": scene,
         "source": str(data),
         "normalisation": {"centre": [float(c) for c in centre], "scale": float(scale)},

@@ -24,7 +24,7 @@ from chord.guidance import oracle
 from chord.guidance import text as text_cond
 from chord.render import cameras
 from chord.resources import tiers
-from chord.scene import ingestion as sc
+from chord.scene import ingestion
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ def run(
     width, height = config.parse_size(method.size, where="method: size")
     T = method.frame_num
     if guidance.backend == "oracle":
-        doc = sc.read_scene_json(scene_json)
+        doc = ingestion.read_scene_json(scene_json)
         names = [o["name"] for o in doc["objects"] if o["role"] != "avoided"]
         gsets = {n: ply.read_ply(plys[n], sh_degree_cap=method.sh_degree) for n in names}
         teacher = oracle.for_scene(doc, gsets, data_dir, method, guidance, width, height)

@@ -16,7 +16,7 @@ from chord.gaussians import gaussian_set, ply
 from chord.render import cameras
 from chord.render.rasterizer import splat_tensors
 from chord.render.views import render_views
-from chord.scene import ingestion as sc
+from chord.scene import ingestion
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ ORBIT_FPS = 20
 
 def scene_splats(scene_json: Path, plys: dict[str, Path], *, dtype=torch.float32) -> dict:
     """Every non-avoided object's Gaussians at rest, concatenated, as render tensors."""
-    doc = sc.read_scene_json(scene_json)
+    doc = ingestion.read_scene_json(scene_json)
     names = [o["name"] for o in doc["objects"] if o["role"] != "avoided"]
     missing = sorted(set(names) - set(plys))
     if missing:
@@ -37,7 +37,7 @@ def scene_splats(scene_json: Path, plys: dict[str, Path], *, dtype=torch.float32
 def run(*, scene_json: Path, plys: dict[str, Path], out_png: Path, out_orbit: Path, method) -> None:
     method = stage_config(method, "reference")  # only the keys it reads
     width, height = settings.parse_size(method.size, where="method: size")
-    doc = sc.read_scene_json(scene_json)
+    doc = ingestion.read_scene_json(scene_json)
     splats = scene_splats(scene_json, plys)
     target = cameras.scene_target(method, doc)
     K = cameras.intrinsics(width, height, method.fovy)

@@ -16,7 +16,7 @@ from chord.core.atomic_files import atomic_path, write_json
 from chord.core.errors import InputError
 from chord.evaluation import metrics_file, plots
 from chord.evaluation import seed_choice as sw
-from chord.plan import results_layout as P
+from chord.plan import results_layout
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +80,8 @@ def run(
     rows = []
     for s in seeds:
         scalars = metrics_file.scalars(docs[s])
-        rows.append({"seed": s, "run": P.run_name(scene, s), "chosen": s == choice.seed,
+        seed_run = results_layout.run_name(scene, s)
+        rows.append({"seed": s, "run": seed_run, "chosen": s == choice.seed,
                      rule.metric: choice.values[s], **scalars})  # fmt: skip
     with atomic_path(out_tsv, suffix=".tsv") as tmp:
         pd.DataFrame(rows).to_csv(tmp, sep="\t", index=False, na_rep="NA", float_format="%.6g")
@@ -98,7 +99,7 @@ def run(
             "format": FORMAT,
             "scene": scene,
             "seed": choice.seed,
-            "run": P.run_name(scene, choice.seed),
+            "run": results_layout.run_name(scene, choice.seed),
             "folder": str(Path(metrics[choice.seed]).parent),
             "rule": {"metric": rule.metric, "mode": rule.mode, "require_moved": rule.require_moved},
             "value": choice.value,

@@ -18,16 +18,15 @@ from chord.resources import job_size, out_of_memory, tiers
 from chord.training import (
     checkpoint,
     device_report,
-    progress,
     recorded_run,
     resume,
-    run_loop,
     scalars,
     scene_trainer,
     slurm_time_limit,
 )
 from chord.training.distributed import Group
 from chord.training.loss_log import LOSS_HISTORY
+from chord.training.run_settings import RunSettings
 
 logger = logging.getLogger(__name__)
 
@@ -71,48 +70,43 @@ def run_stage(
     handoff: Path | None = None,
     device="cpu",
     group: Group | None = None,
-    tier: str | None = None,
     render_backend: str = "auto",
     env=None,
-    deadline: float | None = None,
-    runtime_h: float | None = None,
-    scene: str = "-",
-    attempt: int = 1,
-    progress_every_s: float = progress.DEFAULT_EVERY_S,
-    preview: dict | None = None,
-    tensorboard: bool = False,
+    run_settings: RunSettings | None = None,
 ) -> dict:
     """Run ``stage`` ("coarse" or "fine"); returns a summary.
 
-    ``method`` and ``memory`` (a MemoryConfig; None: the defaults) are the effective ones, with
-    the memory tier's flags and size applied (:func:`chord.resources.tiers.apply`); the hand-off
-    state records that size and ``tier``. The fine stage continues the coarse hand-off at the
-    size it was trained at (:func:`chord.training.resume.load_handoff`), and either stage
-    resumes from its configuration's newest checkpoint (:mod:`chord.training.resume`).
+    ``method`` and ``memory`` (a MemoryConfig; None: the defaults) are the effective ones, with the
+    memory tier's flags and size applied (:func:`chord.resources.tiers.apply`); the hand-off state
+    records that size and ``run_settings.tier``. The fine stage continues the coarse hand-off at the
+    size it was trained at (:func:`chord.training.resume.load_handoff`), and either stage resumes
+    from its configuration's newest checkpoint (:mod:`chord.training.resume`).
 
     The training's preflight (:func:`chord.checks.preflight.preflight`, ``env`` the process
     environment for its allocator check) runs first and stops a run that would fail later.
     On a CPU, torch's deterministic algorithms are switched on for the process, so resume and
     coarse → fine reproduce an uninterrupted run bit for bit (METHOD §7); on a GPU results
-    agree up to floating-point reordering. ``deadline``: the job's end (seconds since the
-    epoch), before which the training stops (:func:`chord.training.run_loop.run`);
-    ``runtime_h``: the tier's wall time, which the log warns of when the run's projected time
-    exceeds it.
+    agree up to floating-point reordering.
 
-    Rank 0 reports progress (:class:`chord.training.progress.Progress`: a line in the log every
-    ``progress_every_s`` seconds, ``progress.jsonl`` and ``progress.json`` beside the loss
-    history), naming ``scene`` (the run), ``tier`` and ``attempt``; with ``preview`` (folder,
-    every, ref_azim, ref_cam_radius, fps: the run's view-only keys, read by no training) a
-    live preview of the motion every so many iterations (:mod:`chord.training.live_preview`);
-    ``tensorboard``: TensorBoard scalars too (:mod:`chord.training.scalars`). All of these:
-    :func:`chord.training.recorded_run.run`.
+    ``run_settings`` (:class:`chord.training.run_settings.RunSettings`; None: the defaults): how
+    the job runs, none of it in the training hash. Its ``deadline`` (the job's end) stops the
+    training (:func:`chord.training.run_loop.run`) and its ``runtime_h`` is what the log warns of
+    when the run's projected time exceeds it; rank 0 reports progress
+    (:class:`chord.training.progress.Progress`: a line in the log every ``progress_every_s``
+    seconds, ``progress.jsonl`` and ``progress.json`` beside the loss history) naming its ``scene``,
+    ``tier`` and ``attempt``, with ``preview`` (folder, every, ref_azim, ref_cam_radius, fps: the
+    run's view-only keys) a live preview of the motion every so many iterations
+    (:mod:`chord.training.live_preview`), with ``tensorboard`` TensorBoard scalars
+    (:mod:`chord.training.scalars`). All of these: :func:`chord.training.recorded_run.run`.
     """
     method = stage_config(method, "train")  # only the keys it reads
+    run_settings = run_settings or RunSettings()
+    tier = run_settings.tier
     if torch.device(device).type == "cpu":
         torch.use_deterministic_algorithms(True)
     handed, method = resume.load_handoff(stage, handoff, method)
     memory = memory or settings.memory_from_mapping({})
-    if tensorboard:
+    if run_settings.tensorboard:
         scalars.summary_writer()  # its absence stops the run before anything loads
     if tier:
         logger.info("training %s on tier %s", stage, tier)
@@ -156,14 +150,7 @@ def run_stage(
         folder=begin.folder,
         guidance=guidance,
         writer=writer,
-        deadline=deadline,
-        runtime_h=runtime_h,
-        tier=tier,
-        scene=scene,
-        attempt=attempt,
-        progress_every_s=progress_every_s,
-        preview=preview,
-        tensorboard=tensorboard,
+        run_settings=run_settings,
     )
     device_report.log_measured_memory(device, predicted, memory)
     if writer:
@@ -172,7 +159,7 @@ def run_stage(
         final = checkpoint.handoff_contents(
             trainer, last, h, size=method.size, tier=tier, before=handed, device=device
         )
-        run_loop.save_checkpoint(out, final)
+        checkpoint.save_checkpoint(out, final)
     group.barrier()
     return {"stage": stage, "start": start, "last": last, "seed": seed}
 
@@ -216,6 +203,7 @@ def run(
     method, memory = job.rank_method, job.memory  # the videos of each rank
     record = Path(checkpoint_dir) / out_of_memory.RECORD
     oom = env.get("CHORD_TEST_OOM_TIERS", "")
+    deadline = slurm_time_limit.slurm_deadline(env)
     kwargs = {
         "inputs": {**inputs, "data_dir": spec.data},
         "out": out,
@@ -225,20 +213,22 @@ def run(
         "memory": memory,
         "guidance": conf.guidance,
         "handoff": handoff,
-        "tier": chosen.name,
-        "runtime_h": chosen.runtime_h,
         "render_backend": conf.render_backend,
-        "scene": scene,
-        "attempt": attempt,
-        "progress_every_s": spec.method.progress_every_s,
-        "tensorboard": conf.logging.tensorboard,
-        # the live previews' view-only keys: read here, by no training
-        "preview": live_preview.view_keys(
-            spec.method, results_layout.previews_dir(conf.results, scene)
+        "run_settings": RunSettings(
+            scene=scene,
+            tier=chosen.name,
+            attempt=attempt,
+            deadline=deadline,
+            runtime_h=chosen.runtime_h,
+            progress_every_s=spec.method.progress_every_s,
+            # the live previews' view-only keys: read here, by no training
+            preview=live_preview.view_keys(
+                spec.method, results_layout.previews_dir(conf.results, scene)
+            ),
+            tensorboard=conf.logging.tensorboard,
         ),
     }
     order = list(table)
-    deadline = kwargs["deadline"] = slurm_time_limit.slurm_deadline(env)
     with (
         gpus.job_gpus(env, chosen.gpus),
         out_of_memory.recorded(record, chosen.name, order=order),

@@ -15,7 +15,7 @@ from chord.core.errors import InputError
 from chord.gaussians import ply
 from chord.motion import control_points
 from chord.motion import voxels as vx
-from chord.scene import ingestion as sc
+from chord.scene import ingestion
 
 logger = logging.getLogger(__name__)
 
@@ -23,12 +23,12 @@ logger = logging.getLogger(__name__)
 def run(*, scene_json: Path, obj: str, gaussians: Path, out: Path, method) -> dict:
     """Write ``out`` (npz: solid, surface, control_points, voxel_size, surface_voxel_size)."""
     method = stage_config(method, "voxelize")  # only the keys it reads
-    doc = sc.read_scene_json(scene_json)
+    doc = ingestion.read_scene_json(scene_json)
     entry = next(o for o in doc["objects"] if o["name"] == obj)
     if entry["role"] != "dynamic":
         raise InputError(f"{scene_json}: {obj} is {entry['role']}; only dynamic objects voxelize")
     index = entry["id"]
-    parts = sc.load_parts(sc.mesh_path(scene_json, doc, obj))
+    parts = ingestion.load_parts(ingestion.mesh_path(scene_json, doc, obj))
     mesh = trimesh.util.concatenate(
         [trimesh.Trimesh(p.vertices, p.faces, process=False) for p in parts]
     )

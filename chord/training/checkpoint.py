@@ -1,9 +1,13 @@
-"""A :class:`~chord.training.trainer.Trainer`'s checkpoint contents (METHOD §17): what continues a
-run
-after an iteration, and restoring it."""
+"""A :class:`~chord.training.trainer.Trainer`'s checkpoint (METHOD §17): what continues a run
+after an iteration, restoring it, and the file it is saved in and loaded from."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import torch
+
+from chord.core.errors import InputError
 from chord.motion import state
 from chord.training import float32_fallback, optimiser
 
@@ -21,6 +25,28 @@ HANDOFF_FIELDS = {
     "size": (str,), "tier": (str, type(None)), "tiers": (list,), "render_backend": (str,),
     "device": (str,),
 }  # fmt: skip
+
+
+def save_checkpoint(path: Path, ckpt: dict) -> None:
+    """Write ``ckpt`` to ``path`` atomically (a torch file, read weights-only)."""
+    from chord.core.atomic_files import atomic_path
+
+    with atomic_path(path, suffix=".pt") as tmp:
+        torch.save(ckpt, tmp)
+
+
+def load_checkpoint(path: Path) -> dict:
+    """A checkpoint or hand-off file written by :func:`save_checkpoint`; an
+    :class:`~chord.core.errors.InputError` naming ``path`` when it is not one."""
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises several types for truncated or foreign files
+        raise InputError(f"{path}: not a readable training checkpoint ({exc})") from exc
+    if not isinstance(ckpt, dict) or ckpt.get("format") != CKPT_FORMAT:
+        raise InputError(f"{path}: not a {CKPT_FORMAT} checkpoint")
+    if found := problems(ckpt):  # written by another version, or cut short
+        raise InputError(f"{path}: a damaged {CKPT_FORMAT} checkpoint: {'; '.join(found)}")
+    return ckpt
 
 
 def contents(trainer, it: int, config_hash: str) -> dict:

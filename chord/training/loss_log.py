@@ -10,8 +10,9 @@ from pathlib import Path
 # Beside a configuration's checkpoints: its loss log across attempts (copied to the output).
 LOSS_HISTORY = "losses.tsv"
 # nan: NaN entries of the teacher's velocities; nonfinite_entries: NaN or ±inf entries of them and
-# of the averaged gradients (any skips the step: README "Non-finite steps"); contact: the contact
-# loss and support: the support loss (chord.motion.contact; 0 where their lambda is 0)
+# of the averaged gradients (any skips the step: METHOD §11, DESIGN "Non-finite steps");
+# contact: the contact loss and support: the support loss (chord.motion.contact; 0 where their
+# lambda is 0)
 LOG_FIELDS = (
     "it", "sds", "ground", "temporal", "arap", "contact", "support", "t", "cfg", "skipped", "nan",
     "nonfinite_entries",

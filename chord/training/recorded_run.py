@@ -12,6 +12,7 @@ import torch
 
 from chord.training import device_report, progress, run_loop, scalars
 from chord.training.loss_log import LOSS_HISTORY, LossLog, timing_columns
+from chord.training.run_settings import RunSettings
 
 
 def run(
@@ -24,32 +25,26 @@ def run(
     folder: Path,
     guidance,
     writer: bool = True,
-    deadline: float | None = None,
-    runtime_h: float | None = None,
-    tier: str | None = None,
-    scene: str = "-",
-    attempt: int = 1,
-    progress_every_s: float = progress.DEFAULT_EVERY_S,
-    preview: dict | None = None,
-    tensorboard: bool = False,
+    run_settings: RunSettings | None = None,
 ) -> int:
     """Iterations [start, stop) of ``stage`` (early stop honoured) with the checkpoints of
     configuration ``config_hash`` in ``folder``; returns the last iteration run (``start - 1``
     when none is left).
 
     The ``writer`` (rank 0) keeps the loss log (:data:`LOSS_HISTORY` in ``folder``; rows
-    before ``start`` kept) and with ``tensorboard`` its scalars, and reports progress (a line
-    every ``progress_every_s`` seconds naming ``scene``, ``tier`` and ``attempt``; a ``failed``
-    event when the run raises anything but an interruption) with live previews when
-    ``preview`` (:func:`chord.training.live_preview.view_keys`) asks for them. ``guidance``
-    (its non-finite step limit and fallback), ``deadline`` and ``runtime_h``: as
-    :func:`chord.training.run_loop.run` takes them."""
+    before ``start`` kept) and with ``run_settings.tensorboard`` its scalars, and reports
+    progress (a line every ``progress_every_s`` seconds naming the run's ``scene``, ``tier``
+    and ``attempt``; a ``failed`` event when the run raises anything but an interruption) with
+    live previews when ``preview`` asks for them (all of ``run_settings``). ``guidance`` (its
+    non-finite step limit and fallback) and ``run_settings``' ``deadline``, ``runtime_h`` and
+    ``tier``: as :func:`chord.training.run_loop.run` takes them. None: the defaults."""
+    rs = run_settings or RunSettings()
     last = run_loop.last_iteration(trainer.method, stop)
     columns = timing_columns(trainer.memory, torch.cuda.is_available())
     log = LossLog(Path(folder) / LOSS_HISTORY, start, columns) if writer else None
     board = (
         scalars.Scalars(Path(folder) / scalars.FOLDER, stage, start, log)
-        if log and tensorboard
+        if log and rs.tensorboard
         else None
     )
     watch = None
@@ -59,19 +54,19 @@ def run(
         if writer:
             watch = progress.Progress(
                 folder,
-                scene=scene,
+                scene=rs.scene,
                 stage=stage,
                 start=start,
                 last=last,
-                tier=tier,
-                attempt=attempt,
-                every_s=progress_every_s,
+                tier=rs.tier,
+                attempt=rs.attempt,
+                every_s=rs.progress_every_s,
                 gpu_peak=device_report.gpu_peak_gb(trainer.device),
             )
-            if preview and preview["every"]:
+            if rs.preview and rs.preview["every"]:
                 from chord.training import live_preview
 
-                live_preview.attach(watch, trainer, preview)
+                live_preview.attach(watch, trainer, rs.preview)
         last = run_loop.run(
             trainer,
             start,
@@ -82,9 +77,9 @@ def run(
             writer=writer,
             max_nonfinite_steps=guidance.max_nonfinite_steps,
             fallback=guidance.nonfinite_fallback,
-            deadline=deadline,
-            runtime_h=runtime_h,
-            tier=tier,
+            deadline=rs.deadline,
+            runtime_h=rs.runtime_h,
+            tier=rs.tier,
             progress=watch,
         )
     except Exception as exc:

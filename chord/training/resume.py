@@ -10,7 +10,7 @@ import logging
 from pathlib import Path
 
 from chord.core.errors import InputError
-from chord.training import checkpoint, rng, run_loop
+from chord.training import checkpoint, rng
 
 logger = logging.getLogger(__name__)
 
@@ -23,7 +23,7 @@ def load_handoff(stage: str, handoff: Path | None, method):
         return None, method
     if handoff is None:
         raise ValueError("train_fine needs the coarse hand-off state")
-    state = run_loop.load_checkpoint(handoff)
+    state = checkpoint.load_checkpoint(handoff)
     size = state.get("size", method.size)
     if size != method.size:
         logger.info("continuing the coarse hand-off at its size %s, not %s", size, method.size)
@@ -37,7 +37,7 @@ def newest_checkpoint(folder: Path) -> dict | None:
         return None
     for path in sorted(folder.glob("ckpt_*.pt"), reverse=True):
         try:
-            return run_loop.load_checkpoint(path)
+            return checkpoint.load_checkpoint(path)
         except ValueError as exc:  # e.g. a file cut short by a kill: try the one before
             logger.warning("skipping %s: %s", path, exc)
     return None

@@ -1,6 +1,5 @@
 """The run loop (METHOD §19–§20) around the Trainer (:mod:`chord.training.trainer`): iterations
-from a
-start to a stop, checkpoints at the save points, SIGTERM and the job's time limit, the
+from a start to a stop, checkpoints at the save points, SIGTERM and the job's time limit, the
 roll-back after non-finite steps, and the coarse → fine hand-off files."""
 
 from __future__ import annotations
@@ -11,33 +10,11 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
-from chord.core.errors import InputError
 from chord.training import checkpoint, float32_fallback
-from chord.training.checkpoint import CKPT_FORMAT
+from chord.training.checkpoint import load_checkpoint, save_checkpoint
 from chord.training.trainer import Trainer
 
 logger = logging.getLogger(__name__)
-
-
-def save_checkpoint(path: Path, ckpt: dict) -> None:
-    from chord.core.atomic_files import atomic_path
-
-    with atomic_path(path, suffix=".pt") as tmp:
-        torch.save(ckpt, tmp)
-
-
-def load_checkpoint(path: Path) -> dict:
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises several types for truncated or foreign files
-        raise InputError(f"{path}: not a readable training checkpoint ({exc})") from exc
-    if not isinstance(ckpt, dict) or ckpt.get("format") != CKPT_FORMAT:
-        raise InputError(f"{path}: not a {CKPT_FORMAT} checkpoint")
-    if found := checkpoint.problems(ckpt):  # written by another version, or cut short
-        raise InputError(f"{path}: a damaged {CKPT_FORMAT} checkpoint: {'; '.join(found)}")
-    return ckpt
 
 
 def save_points(method) -> set[int]:

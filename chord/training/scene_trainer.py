@@ -16,7 +16,7 @@ from chord.guidance import text as text_cond
 from chord.motion.model import build_scene
 from chord.render import cameras
 from chord.render.backend import resolve_backend
-from chord.scene import ingestion as sc
+from chord.scene import ingestion
 from chord.training.distributed import Group
 from chord.training.trainer import Trainer
 
@@ -41,7 +41,7 @@ def build(
     error before anything loads when it cannot run)."""
     memory = memory or settings.memory_from_mapping({})
     backend = resolve_backend(render_backend, device)
-    doc = sc.read_scene_json(scene_json)
+    doc = ingestion.read_scene_json(scene_json)
     names = [o["name"] for o in doc["objects"] if o["role"] != "avoided"]
     gsets = {n: ply.read_ply(plys[n], sh_degree_cap=method.sh_degree) for n in names}
     vox = {}
@@ -61,22 +61,24 @@ def build(
 
         teacher = wan.from_config(guidance, method, memory, device=device)
         text = text_cond.read(text_path)[0]
-    meshes = {}
-    for name in method.add_cp_objs:
-        parts = sc.load_parts(sc.mesh_path(scene_json, doc, name))
-        meshes[name] = trimesh.util.concatenate(
-            [trimesh.Trimesh(p.vertices, p.faces, process=False) for p in parts]
-        )
+    meshes = {  # the second layer's voxels are planned in each one
+        name: trimesh.Trimesh(*ingestion.object_mesh(scene_json, doc, name), process=False)
+        for name in method.add_cp_objs
+    }
     ground = method.ground_level if method.ground_level is not None else doc["ground_level"]
     grid, points = None, {}
     static = [o["name"] for o in doc["objects"] if o["role"] == "static"]
     if (method.lambda_contact > 0 or method.lambda_support > 0) and static and scene.dynamic:
         from chord.motion import contact
 
-        grid = contact.signed_distance_grid([_mesh(scene_json, doc, n) for n in static])
+        grid = contact.signed_distance_grid(
+            [ingestion.object_mesh(scene_json, doc, n) for n in static]
+        )
         ids = {o["name"]: o["id"] for o in doc["objects"]}
         points = {  # the evaluation's samples (seeded by the object's id): the metric's points
-            n: contact.surface_samples(*_mesh(scene_json, doc, n), contact.CONTACT_SAMPLES, ids[n])
+            n: contact.surface_samples(
+                *ingestion.object_mesh(scene_json, doc, n), contact.CONTACT_SAMPLES, ids[n]
+            )
             for n in scene.dynamic
         }
     return Trainer(
@@ -97,12 +99,3 @@ def build(
         contact_grid=grid,
         contact_points=points,
     )
-
-
-def _mesh(scene_json: Path, doc: dict, name: str) -> tuple[np.ndarray, np.ndarray]:
-    """An object's normalised mesh, its parts as one: vertices [V, 3], faces [F, 3]."""
-    parts = sc.load_parts(sc.mesh_path(scene_json, doc, name))
-    mesh = trimesh.util.concatenate(
-        [trimesh.Trimesh(p.vertices, p.faces, process=False) for p in parts]
-    )
-    return np.asarray(mesh.vertices, dtype=np.float64), np.asarray(mesh.faces, dtype=np.int64)

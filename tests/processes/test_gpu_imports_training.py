@@ -19,7 +19,7 @@ def test_one_training_iteration_imports_only_what_the_device_has(tmp_path):
     from chord.guidance import tiny_models
     from chord.guidance.tiny_vae import TinyVAEEncoder
     from chord.scene import demo
-    from chord.training import run_loop
+    from chord.training import checkpoint
 
     wan = tiny_models.write_tiny_wan(tmp_path / "wan")
     tiny = tmp_path / "taew.safetensors"
@@ -53,5 +53,5 @@ def test_one_training_iteration_imports_only_what_the_device_has(tmp_path):
     assert "rendering with the torch rasterizer" in proc.stderr
     # no MP4 encoder on the image: the live previews are off, the training goes on
     assert "live previews off: imageio-ffmpeg is not installed" in proc.stderr
-    ckpt = run_loop.load_checkpoint(tmp_path / "trained" / "guarded" / "train" / "coarse.pt")
+    ckpt = checkpoint.load_checkpoint(tmp_path / "trained" / "guarded" / "train" / "coarse.pt")
     assert (ckpt["iteration"], ckpt["render_backend"]) == (1, "torch")

@@ -11,7 +11,7 @@ import pytest
 from chord.cli import main, upstream_train
 from chord.guidance import tiny_models
 from chord.scene import demo
-from chord.training import progress, run_loop
+from chord.training import checkpoint, progress
 
 SEED_48GB = """--ex_name <experiment_name> --mesh_source_path data/<scene_name> --model
 trained/<scene_name> --prompt "<prompt>" --split_sds_backward --split_render_backward
@@ -118,7 +118,7 @@ def test_seed_command_runs_against_a_tiny_saved_model(tmp_path, caplog, monkeypa
     assert any("wan folder" in line and "pass" in line for line in preflight), preflight
     assert "rendering with the torch rasterizer" in caplog.text
     run = tmp_path / "trained" / "seed"
-    ckpt = run_loop.load_checkpoint(run / "train" / "coarse.pt")
+    ckpt = checkpoint.load_checkpoint(run / "train" / "coarse.pt")
     assert ckpt["iteration"] == 2  # --early_stop: ⌊2N/3⌋ = 2 of N = 3
     assert (ckpt["render_backend"], ckpt["device"]) == ("torch", "cpu")
     assert (run / "condition" / "text.safetensors").is_file()
@@ -193,7 +193,7 @@ def test_sigkill_mid_run_then_rerun_equals_an_uninterrupted_run(tmp_path):
     # the resume point, from the checkpoints the kill left (save points 1, 2, 4, 5, 6, 8, 10)
     left = sorted(ckpts.glob("*/ckpt_*.pt"))
     assert len({p.parent for p in left}) == 1, left  # one configuration's folder
-    iterations = [run_loop.load_checkpoint(p)["iteration"] for p in left]
+    iterations = [checkpoint.load_checkpoint(p)["iteration"] for p in left]
     assert iterations == [int(p.stem.split("_")[1]) for p in left]
     resume_at = max(iterations) + 1
     assert 5 <= resume_at <= 10, f"killed after iteration {resume_at - 1}: nothing to resume"
@@ -222,8 +222,8 @@ def test_sigkill_mid_run_then_rerun_equals_an_uninterrupted_run(tmp_path):
     assert [r["sds"] for r in rows[: resume_at - 1]] == ["kept"] * (resume_at - 1)
     assert rows[resume_at - 1 :] == once_rows[resume_at - 1 :]
 
-    a = run_loop.load_checkpoint(tmp_path / "once" / "default" / "train" / "coarse.pt")
-    b = run_loop.load_checkpoint(run / "train" / "coarse.pt")
+    a = checkpoint.load_checkpoint(tmp_path / "once" / "default" / "train" / "coarse.pt")
+    b = checkpoint.load_checkpoint(run / "train" / "coarse.pt")
     assert a["iteration"] == b["iteration"] == 10
     assert a["motion"] and all(a["optimizers"][n]["state"] for n in a["optimizers"])
     assert all(  # Adam's fields, for every parameter of every object
@@ -267,8 +267,8 @@ def test_torchrun_two_ranks_equal_one_process_with_twice_the_batch(tmp_path):
         text=True,
     )
     assert two.returncode == 0, two.stderr[-3000:]
-    a = run_loop.load_checkpoint(tmp_path / "one" / "default" / "train" / "coarse.pt")
-    b = run_loop.load_checkpoint(tmp_path / "two" / "default" / "train" / "coarse.pt")
+    a = checkpoint.load_checkpoint(tmp_path / "one" / "default" / "train" / "coarse.pt")
+    b = checkpoint.load_checkpoint(tmp_path / "two" / "default" / "train" / "coarse.pt")
     assert set(a["motion"]) == set(b["motion"]) and set(a["optimizers"]) == set(b["optimizers"])
     for k in a["motion"]:
         torch.testing.assert_close(

@@ -13,11 +13,11 @@ import torch
 import yaml
 
 from chord.config import result_keys as rk
-from chord.config import settings as cc
+from chord.config import settings
 from chord.resources import out_of_memory
 from chord.scene import demo
 from chord.stages import train as train_stage
-from chord.training import run_loop
+from chord.training import checkpoint
 from chord.training.trainer import Trainer
 from tests.conftest import REPO
 from tests.stages.test_geometry_stages import TINY_TRAINING, train_inputs
@@ -39,7 +39,7 @@ def load(root, data, tiers=None, **method):
     table = {name: {**spec, **(tiers or {}).get(name, {})} for name, spec in TIERS.items()}
     conf.update(scenes=str(root / "scenes.tsv"), tiers=table)
     conf["scene_overrides"] = {"hop": {**TINY, **method}}
-    return cc.load(conf)
+    return settings.load(conf)
 
 
 def hop_scene(root):
@@ -71,7 +71,7 @@ def run_on(hop, tier, name=None, env=None):
         handoff=None,
         env=env or {},
     )
-    return summary, run_loop.load_checkpoint(root / name / "coarse.pt")
+    return summary, checkpoint.load_checkpoint(root / name / "coarse.pt")
 
 
 @pytest.fixture(scope="module")
@@ -245,7 +245,7 @@ def test_out_of_memory_in_one_rank_is_recorded_for_the_retry(hop, tmp_path):
 def test_a_batch_size_the_gpus_do_not_divide_is_a_config_error(hop, tmp_path):
     root, _, inputs = hop
     conf = load(tmp_path, hop[1].scenes["hop"].data, batch_size=3)
-    with pytest.raises(cc.ConfigError) as err:
+    with pytest.raises(settings.ConfigError) as err:
         train_stage.run(
             "coarse",
             conf=conf,
@@ -266,5 +266,5 @@ def test_a_batch_size_the_gpus_do_not_divide_is_a_config_error(hop, tmp_path):
 def test_a_job_with_fewer_gpus_than_its_tier_stops_before_training(hop, tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    with pytest.raises(cc.ConfigError, match=r"tier duo trains on 2 GPUs .* this job sees 1"):
+    with pytest.raises(settings.ConfigError, match=r"tier duo trains on 2 GPUs .* this job sees 1"):
         run_on(hop, "duo", "few", env={"CUDA_VISIBLE_DEVICES": "0"})

@@ -217,12 +217,12 @@ def minutes(timelimit: str) -> int:
 def ci_tiers(profile: Path, workdir: Path) -> dict:
     """The tiers a run with the CI profile sees: the workdir's config with the profile's site
     config merged over it (chord.resources.tiers.parse of the result)."""
-    from chord.resources import tiers as ct
+    from chord.resources import tiers
 
     conf = yaml.safe_load((workdir / "config/config.yaml").read_text())
     site = yaml.safe_load((profile / "site.yaml").read_text())
     merged = {name: {**spec, **site["tiers"].get(name, {})} for name, spec in conf["tiers"].items()}
-    return ct.parse(merged)
+    return tiers.parse(merged)
 
 
 # ----------------------------------------------------------------------------- the demo run

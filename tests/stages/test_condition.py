@@ -1,6 +1,6 @@
 import pytest
 
-from chord.config import settings as cc
+from chord.config import settings
 from chord.guidance import text, tiny_models
 from chord.resources.job_size import condition_gpus
 from chord.stages import condition
@@ -13,14 +13,14 @@ def encode(out, guidance, method=None, *, prompt="a plant sways", n_prompt=".", 
         prompt=prompt,
         n_prompt=n_prompt,
         guidance=guidance,
-        method=method or cc.method_from_mapping({}),
+        method=method or settings.method_from_mapping({}),
         scene="s",
         env=env,
     )
 
 
 def test_condition_with_the_seeded_tiny_encoder(tmp_path):
-    guidance = cc.guidance_from_mapping({"backend": "oracle"})
+    guidance = settings.guidance_from_mapping({"backend": "oracle"})
     meta = encode(tmp_path / "text.safetensors", guidance, prompt="a block hops")
     tensors, saved = text.read(tmp_path / "text.safetensors")
     assert tensors["prompt"].shape == (512, tiny_models.TINY_TEXT_DIM)
@@ -33,13 +33,13 @@ def test_condition_with_the_seeded_tiny_encoder(tmp_path):
 
 def test_condition_with_a_wan_folder(tmp_path):
     folder = tiny_models.write_tiny_wan(tmp_path / "wan")
-    guidance = cc.guidance_from_mapping({"backend": "wan", "ckpt_dir": str(folder)})
+    guidance = settings.guidance_from_mapping({"backend": "wan", "ckpt_dir": str(folder)})
     meta = encode(tmp_path / "t.safetensors", guidance, n_prompt="blurry")
     assert meta["encoder"] == f"umt5 from {folder}" and meta["negative_prompt"] == "blurry"
 
 
 def test_wan_backend_without_a_folder_is_a_clear_error(tmp_path):
-    guidance = cc.guidance_from_mapping({"backend": "wan"})
+    guidance = settings.guidance_from_mapping({"backend": "wan"})
     with pytest.raises(ValueError, match="guidance.ckpt_dir: the wan backend needs"):
         encode(tmp_path / "t.safetensors", guidance, prompt="p")
     assert not (tmp_path / "t.safetensors").exists()
@@ -58,10 +58,10 @@ def test_the_job_takes_a_free_gpu_for_the_wan_encoder_and_hides_cuda_otherwise(
 
     monkeypatch.setattr(gpus, "default_lock_dir", lambda: tmp_path / "locks")
     folder = tiny_models.write_tiny_wan(tmp_path / "wan")
-    wan = cc.guidance_from_mapping({"backend": "wan", "ckpt_dir": str(folder)})
-    oracle = cc.guidance_from_mapping({"backend": "oracle"})
-    on_gpu = cc.method_from_mapping({"t5_cpu": False})
-    on_cpu = cc.method_from_mapping({"t5_cpu": True})
+    wan = settings.guidance_from_mapping({"backend": "wan", "ckpt_dir": str(folder)})
+    oracle = settings.guidance_from_mapping({"backend": "oracle"})
+    on_gpu = settings.method_from_mapping({"t5_cpu": False})
+    on_cpu = settings.method_from_mapping({"t5_cpu": True})
     assert condition_gpus(wan, on_gpu) == 1
     assert condition_gpus(wan, on_cpu) == condition_gpus(oracle, on_gpu) == 0
 

@@ -15,12 +15,13 @@ import torch
 from PIL import Image
 
 from chord.core.errors import InputError
-from chord.evaluation import metrics, plots
+from chord.evaluation import interaction, metrics, plots
 from chord.export import trained_scene
 from chord.motion.model import MotionScene
 from chord.plan import results_layout
+from chord.scene import ingestion
 from chord.stages import aggregate, evaluate
-from chord.training import run_loop
+from chord.training import checkpoint
 from tests.stages.test_export_stage import sway  # noqa: F401 (a trained demo scene)
 
 
@@ -73,7 +74,7 @@ def scripted_state(run, path, steps: dict) -> None:
     """The sway scene's trained state with a scripted motion: each dynamic object's control
     points all translate by t·steps[name] in frame t (float32, as stored), with the identity
     rotation, in a per-frame table (METHOD §6: row t+1 holds frame t)."""
-    ckpt = run_loop.load_checkpoint(results_layout.train_state(run.res, run.s, "coarse"))
+    ckpt = checkpoint.load_checkpoint(results_layout.train_state(run.res, run.s, "coarse"))
     assert set(ckpt["motion_meta"]["objects"]) == set(steps)
     for name, info in ckpt["motion_meta"]["objects"].items():
         assert not info["layer2"]  # one layer: the positions are that layer's blend alone
@@ -85,7 +86,7 @@ def scripted_state(run, path, steps: dict) -> None:
             table[t + 1, :, 4:] = t * v
         ckpt["motion"][key] = table
         info["layer1_per_frame"] = True
-    run_loop.save_checkpoint(path, ckpt)
+    checkpoint.save_checkpoint(path, ckpt)
 
 
 def scripted_displacement(run, state) -> tuple[float, float]:
@@ -226,7 +227,7 @@ def block_geometry(run) -> dict:
     """The block's normalised mesh as areas by face direction (bottom, vertical sides, top),
     its height, and the slab's thickness and the largest coordinate of either mesh."""
     doc = json.loads(run.inputs["scene_json"].read_text())
-    V, F = evaluate.object_mesh(run.inputs["scene_json"], doc, "obj_2")
+    V, F = ingestion.object_mesh(run.inputs["scene_json"], doc, "obj_2")
     tri = V[F]
     n = np.cross(tri[:, 1] - tri[:, 0], tri[:, 2] - tri[:, 0])
     area = 0.5 * np.linalg.norm(n, axis=1)
@@ -234,7 +235,7 @@ def block_geometry(run) -> dict:
     parts = {"bottom": area[ny < -1 + 1e-6].sum(), "sides": area[np.abs(ny) < 1e-6].sum()}
     parts["top"] = area[ny > 1 - 1e-6].sum()
     assert sum(parts.values()) == pytest.approx(area.sum(), rel=1e-9)  # a box, upright
-    S, _ = evaluate.object_mesh(run.inputs["scene_json"], doc, "obj_1")
+    S, _ = ingestion.object_mesh(run.inputs["scene_json"], doc, "obj_1")
     reach = max(np.abs(V).max(), np.abs(S).max())
     return {**parts, "total": area.sum(), "height": np.ptp(V[:, 1]), "slab": np.ptp(S[:, 1]),
             "reach": reach}  # fmt: skip
@@ -243,7 +244,7 @@ def block_geometry(run) -> dict:
 def stored_translations(state) -> tuple[np.ndarray, int]:
     """The block's scripted y translation per frame [T] as stored (float32, in float64), and
     a bound on its control-point neighbour count K (n_cp_num ≥ min(n_cp_num, M))."""
-    ckpt = run_loop.load_checkpoint(state)
+    ckpt = checkpoint.load_checkpoint(state)
     table = ckpt["motion"]["obj_2.layer1.cp_deform"]  # [P+1, M, 7], row t+1 is frame t
     T = ckpt["motion_meta"]["objects"]["obj_2"]["frame_num"]
     return table[1 : T + 1, 0, 5].double().numpy(), int(
@@ -278,7 +279,7 @@ def test_a_block_sinking_into_the_slab_by_known_depths(sway, tmp_path, caplog, m
     delta = geo["slab"] / 12
     scripted_state(sway, state, {"obj_0": (0.0, 0.0, 0.0), "obj_2": (0.0, -delta, 0.0)})
     tau, K = stored_translations(state)
-    T, n = len(tau), evaluate.INTERACTION_SAMPLES
+    T, n = len(tau), interaction.INTERACTION_SAMPLES
     D = abs(tau[-1])
     eps = position_bound(D, K, geo["reach"]) / D
     assert eps < 1e-4
@@ -296,7 +297,7 @@ def test_a_block_sinking_into_the_slab_by_known_depths(sway, tmp_path, caplog, m
     # block's bottom is below d_t − band (the slab's footprint holds the block's); samples
     # within the rounding bound of that level may go either way
     doc = json.loads(sway.inputs["scene_json"].read_text())
-    V, F = evaluate.object_mesh(sway.inputs["scene_json"], doc, "obj_2")
+    V, F = ingestion.object_mesh(sway.inputs["scene_json"], doc, "obj_2")
     above = metrics.surface_samples(V, F, n, seed=2)[:, 1] - V[:, 1].min()  # [S]
     for t in range(1, T):
         d = abs(tau[t])
@@ -358,7 +359,7 @@ def test_a_block_lifting_off_the_slab_floats_by_the_lift(sway, tmp_path):  # noq
     assert out["penetration_warning"] is False
     apart = pair(out, "obj_2", "obj_0")  # block and column stand apart: not resting
     assert not apart["resting"] and apart["gap"] is None
-    assert apart["separation"][0] > evaluate.REST_TOLERANCE
+    assert apart["separation"][0] > interaction.REST_TOLERANCE
 
 
 def test_the_scripted_motions_penetration_is_measured_beside_the_trained(sway, tmp_path):  # noqa: F811

@@ -18,7 +18,7 @@ from PIL import Image
 
 from chord.cli import main, upstream_train
 from chord.config import result_keys as rk
-from chord.config import settings as cc
+from chord.config import settings
 from chord.core import media
 from chord.export import trained_scene
 from chord.gaussians import gaussian_set, ply
@@ -30,6 +30,7 @@ from chord.scene import demo
 from chord.stages import aggregate, evaluate, reference
 from chord.stages import export as export_stage
 from chord.stages import train as train_stage
+from chord.training.run_settings import RunSettings
 from tests.conftest import validate_glb
 from tests.unit.gltf.test_animated import float32_tolerance, skinned_vertices
 from tests.unit.gltf.test_splats import no_warnings, same_rotation, skinned_splats
@@ -42,7 +43,7 @@ F32 = float(np.finfo(np.float32).eps)
 def sway(tmp_path_factory):
     root = tmp_path_factory.mktemp("export")
     data = demo.write_demo_scene("sway", root / "data", frame_num=T)
-    m = cc.method_from_mapping(
+    m = settings.method_from_mapping(
         {
             "gs_init_num": 300,
             "surface_target_num": 200,
@@ -81,8 +82,8 @@ def sway(tmp_path_factory):
         loss_log=results_layout.train_losses(res, s, "coarse"),
         checkpoint_dir=results_layout.checkpoints(res, s, "coarse"),
         method=m,
-        guidance=cc.guidance_from_mapping({"backend": "oracle"}),
-        tier="split",  # recorded in the state and metrics.tsv (test_evaluate)
+        guidance=settings.guidance_from_mapping({"backend": "oracle"}),
+        run_settings=RunSettings(tier="split"),  # recorded in the state and metrics.tsv
     )
     sources = {f"obj_{i}": data / f"obj_{i}.glb" for i in range(3)}
     return SimpleNamespace(root=root, data=data, m=m, res=res, s=s, inputs=inputs, sources=sources)
@@ -637,7 +638,7 @@ def test_usd_splats_equal_the_exported_ply_sequence_frame_by_frame(sway, exporte
 
 
 def test_export_renders_its_videos_at_export_size(sway, tmp_path):
-    m = cc.method_from_mapping({**dataclasses.asdict(sway.m), "export_size": "64*48"})
+    m = settings.method_from_mapping({**dataclasses.asdict(sway.m), "export_size": "64*48"})
     assert rk.stage_params(m, "export")["export_size"] == "64*48"
     outs = {
         "out_ref_view": tmp_path / "ref_view.mp4",
@@ -668,7 +669,7 @@ def test_export_renders_its_videos_at_export_size(sway, tmp_path):
         assert gif.size == (64, 48)
     for bad in ("63*48", "0*48", "64"):
         with pytest.raises(ValueError, match="export_size"):
-            cc.method_from_mapping({"export_size": bad})
+            settings.method_from_mapping({"export_size": bad})
 
 
 def test_chunked_rendering_equals_unchunked(sway):

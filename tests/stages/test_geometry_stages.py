@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from chord.cli import upstream_train
-from chord.config import settings as cc
+from chord.config import settings
 from chord.gaussians import gaussian_set as gs
 from chord.gaussians import ply as plyio
 from chord.plan import results_layout
@@ -44,7 +44,7 @@ def train_inputs(data, results, scene, method) -> dict:
 
 
 def test_toy_scene_through_the_three_stages(toy_scene, tmp_path):
-    method = cc.method_from_mapping({"gs_init_num": 3000, "surface_target_num": 1500})
+    method = settings.method_from_mapping({"gs_init_num": 3000, "surface_target_num": 1500})
     doc, stats = run_all(toy_scene, tmp_path / "results", "toy", method)
     assert [o["role"] for o in doc["objects"]] == ["dynamic", "static"]
     assert doc["normalisation"]["scale"] == pytest.approx(0.6)
@@ -62,7 +62,7 @@ def test_toy_scene_through_the_three_stages(toy_scene, tmp_path):
 
 
 def test_avoided_object_gets_nothing(toy_scene, tmp_path):
-    method = cc.method_from_mapping({"gs_init_num": 500, "avoid_objs": ["obj_0"]})
+    method = settings.method_from_mapping({"gs_init_num": 500, "avoid_objs": ["obj_0"]})
     doc, stats = run_all(toy_scene, tmp_path / "r", "toy", method)
     assert doc["objects"][0]["role"] == "avoided" and doc["objects"][0]["mesh"] is None
     assert not (tmp_path / "r/toy/gaussians/obj_0.ply").exists()
@@ -84,7 +84,7 @@ def test_fitted_gaussians_are_imported(toy_scene, tmp_path):
         ply = fitted / f"obj_0/point_cloud/iteration_{k}/point_cloud.ply"
         ply.parent.mkdir(parents=True)
         plyio.write_ply(ply, g)
-    method = cc.method_from_mapping({"ply_space": "world", "sh_degree": 1})
+    method = settings.method_from_mapping({"ply_space": "world", "sh_degree": 1})
     ingest.run(
         data=toy_scene,
         out_json=tmp_path / "s/scene.json",
@@ -111,7 +111,7 @@ def test_real_models_duck_and_textured_box(khronos, tmp_path):
     copy_glb(khronos / "Duck.glb", data / "obj_0.glb")
     copy_glb(khronos / "BoxTextured.glb", data / "obj_1.glb")
     copy_glb(khronos / "Duck.glb", data / "scene.glb")
-    method = cc.method_from_mapping({"gs_init_num": 20000})
+    method = settings.method_from_mapping({"gs_init_num": 20000})
     doc, stats = run_all(data, tmp_path / "r", "duckbox", method)
     duck = plyio.read_ply(results_layout.gaussians_ply(tmp_path / "r", "duckbox", "obj_0"))
     rgb = gs.sh_dc_to_rgb(duck.sh[:, 0])

@@ -14,7 +14,7 @@ import yaml
 from PIL import Image
 
 from chord.cli import upstream_train
-from chord.config import settings as cc
+from chord.config import settings
 from chord.core import media
 from chord.guidance import mmgp_residency, text, tiny_models, wan_folder, wan_preview
 from chord.plan import results_layout
@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parents[2]
 def hop(tmp_path_factory):
     root = tmp_path_factory.mktemp("preview")
     data = demo.write_demo_scene("hop", root / "data", frame_num=T)
-    m = cc.method_from_mapping(METHOD)
+    m = settings.method_from_mapping(METHOD)
     res, s = root / "results", "hop"
     out = upstream_train.prepare_geometry(data=data, results=res, scene=s, method=m)
     reference.run(
@@ -58,8 +58,8 @@ def test_the_oracle_previews_its_scripted_target_video(hop):
         text_path=None,
         data_dir=data,
         method=m,
-        guidance=cc.guidance_from_mapping({"backend": "oracle"}),
-        settings=cc.PreviewConfig(),
+        guidance=settings.guidance_from_mapping({"backend": "oracle"}),
+        settings=settings.PreviewConfig(),
         out_mp4=results_layout.teacher_mp4(res, s),
         out_png=results_layout.teacher_png(res, s),
     )
@@ -91,7 +91,7 @@ def wan_hop(hop, tmp_path_factory):
     )
     conf["scene_overrides"] = {s: METHOD | {"use_tiny_vae": False}}  # no Tiny VAE weights here
     conf["preview"] = {"steps": 4, "guidance_scale": 2.0, "seed": 3}
-    conf = cc.load(conf)
+    conf = settings.load(conf)
     cond = wan_root / "text.safetensors"
     condition.run(
         out=cond, prompt="a block hops", n_prompt=".", guidance=conf.guidance, method=m, scene=s

@@ -1,7 +1,7 @@
 import numpy as np
 from PIL import Image
 
-from chord.config import settings as cc
+from chord.config import settings
 from chord.core import media
 from chord.plan import results_layout
 from chord.stages import reference
@@ -9,7 +9,7 @@ from tests.stages.test_geometry_stages import run_all
 
 
 def test_reference_stage_renders_the_scene(toy_scene, tmp_path):
-    method = cc.method_from_mapping(
+    method = settings.method_from_mapping(
         {"gs_init_num": 4000, "size": "160*96", "surface_target_num": 500}
     )
     results = tmp_path / "r"

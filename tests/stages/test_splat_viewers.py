@@ -29,7 +29,7 @@ import pytest
 import torch
 from scipy.spatial.transform import Rotation
 
-from chord.config import settings as cc
+from chord.config import settings
 from chord.export import rigid_motion, trained_scene
 from chord.gaussians import gaussian_set as gs
 from chord.motion.model import build_scene
@@ -115,7 +115,7 @@ def splat_files(tmp_path_factory) -> dict:
             "surface": sets[n].means[::3]}
         for n, m in (("obj_0", 8), ("obj_2", 6))
     }  # fmt: skip
-    method = cc.method_from_mapping({"frame_num": FRAMES, "n_cp_num": 3})
+    method = settings.method_from_mapping({"frame_num": FRAMES, "n_cp_num": 3})
     scene = build_scene(doc, sets, vox, method)
     # obj_0: a turn by TURN about y through its centre and a move by MOVE, in even steps
     f = np.linspace(0.0, 1.0, FRAMES)[:, None]

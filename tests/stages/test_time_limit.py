@@ -15,9 +15,9 @@ import time
 
 import pytest
 
-from chord.config import settings as cc
+from chord.config import settings
 from chord.stages import train as train_stage
-from chord.training import run_loop, slurm_time_limit
+from chord.training import checkpoint, run_loop, slurm_time_limit
 from tests.conftest import REPO
 from tests.processes.test_train_cli import assert_same_state, read_loss_log
 from tests.processes.test_train_multi_gpu import hop_scene, load
@@ -96,8 +96,8 @@ def test_a_job_near_its_time_limit_requeues_itself_and_its_runs_end_as_one_run(h
     assert runs == iterations
     assert summary["start"] == iterations and summary["last"] == iterations
     assert (fake / "scontrol.log").read_text().splitlines() == [f"requeue {JOB}"] * (runs - 1)
-    whole = run_loop.load_checkpoint(root / "whole/coarse.pt")
-    assert_same_state(run_loop.load_checkpoint(root / "limited/coarse.pt"), whole)
+    whole = checkpoint.load_checkpoint(root / "whole/coarse.pt")
+    assert_same_state(checkpoint.load_checkpoint(root / "limited/coarse.pt"), whole)
     assert read_loss_log(root / "limited/losses.tsv") == read_loss_log(root / "whole/losses.tsv")
     assert not (root / "limited/ckpt" / slurm_time_limit.TIME_LIMIT_RECORD).exists()
 
@@ -139,7 +139,7 @@ def test_a_job_killed_at_its_limit_before_an_iteration_stops_the_next_one(hop, s
     end = int((fake / "end").read_text())
     time.sleep(max(0.0, end - time.time() + 1))  # the killed job's time limit is past
     job_ends_in(fake, 3600)  # the next job
-    with pytest.raises(cc.ConfigError) as err:
+    with pytest.raises(settings.ConfigError) as err:
         train_stage.run("coarse", **kwargs(hop, "stuck", env))
     assert "tiers.solo.runtime_h" in str(err.value) and str(record) in str(err.value)
     assert not list((root / "stuck/ckpt").glob("*/ckpt_*.pt"))  # it did not train

@@ -14,16 +14,16 @@ import torch
 
 from chord.checks import report
 from chord.config import result_keys as rk
-from chord.config import settings as cc
+from chord.config import settings
 from chord.core import media
 from chord.gaussians import ply
 from chord.render import gsplat_backend
 from chord.render.backend import BackendUnavailable
-from chord.scene import demo
-from chord.scene import ingestion as sc
+from chord.scene import demo, ingestion
 from chord.stages import train as train_stage
 from chord.stages.adapter import stage_logging
-from chord.training import progress, run_loop, scalars, scene_trainer
+from chord.training import checkpoint, progress, scalars, scene_trainer
+from chord.training.run_settings import RunSettings
 from tests.components import TENSORBOARD, missing
 from tests.stages.test_geometry_stages import TINY_TRAINING, train_inputs
 
@@ -32,14 +32,14 @@ from tests.stages.test_geometry_stages import TINY_TRAINING, train_inputs
 def hop(tmp_path_factory):
     root = tmp_path_factory.mktemp("train")
     data = demo.write_demo_scene("hop", root / "data", frame_num=5)
-    m = cc.method_from_mapping({**TINY_TRAINING, "save_interval": 2})
+    m = settings.method_from_mapping({**TINY_TRAINING, "save_interval": 2})
     inputs = train_inputs(data, root / "results", "hop", m)
     return root, m, inputs
 
 
 def test_coarse_stage_writes_the_hand_off_and_resumes(hop):
     root, m, inputs = hop
-    guidance = cc.guidance_from_mapping({"backend": "oracle"})
+    guidance = settings.guidance_from_mapping({"backend": "oracle"})
     out, log, ckpts = root / "coarse.pt", root / "losses.tsv", root / "ckpt"
     summary = train_stage.run_stage(
         "coarse",
@@ -51,7 +51,7 @@ def test_coarse_stage_writes_the_hand_off_and_resumes(hop):
         guidance=guidance,
     )
     assert summary == {"stage": "coarse", "start": 1, "last": 4, "seed": 3}
-    ckpt = run_loop.load_checkpoint(out)
+    ckpt = checkpoint.load_checkpoint(out)
     assert ckpt["iteration"] == 4 and ckpt["seed"] == 3
     assert (ckpt["render_backend"], ckpt["device"]) == ("torch", "cpu")  # what rendered, where
     (folder,) = ckpts.iterdir()  # one folder per configuration hash
@@ -78,11 +78,11 @@ def test_coarse_stage_writes_the_hand_off_and_resumes(hop):
         guidance=guidance,
     )
     assert again["start"] == 5 and again["last"] == 4
-    a, b = run_loop.load_checkpoint(out), run_loop.load_checkpoint(root / "again.pt")
+    a, b = checkpoint.load_checkpoint(out), checkpoint.load_checkpoint(root / "again.pt")
     for k in a["motion"]:
         assert a["motion"][k].equal(b["motion"][k]), k
     # a changed configuration starts fresh
-    m2 = cc.method_from_mapping({**vars(m), "iterations": 2})
+    m2 = settings.method_from_mapping({**vars(m), "iterations": 2})
     fresh = train_stage.run_stage(
         "coarse",
         inputs=inputs,
@@ -109,7 +109,7 @@ def test_coarse_stage_writes_the_hand_off_and_resumes(hop):
     # before the resume point come from the log beside the checkpoints
     with open(root / "l3.tsv") as f:
         assert [int(r["it"]) for r in csv.DictReader(f, delimiter="\t")] == [1, 2, 3, 4]
-    r = run_loop.load_checkpoint(root / "r.pt")
+    r = checkpoint.load_checkpoint(root / "r.pt")
     for k in a["motion"]:  # and the resumed run ends bit for bit where the first one did
         assert r["motion"][k].equal(a["motion"][k]), k
 
@@ -129,16 +129,18 @@ def test_progress_lines_reach_the_log_without_a_terminal_and_resume_from_the_che
 ):
     root, m, inputs = hop
     assert not sys.stderr.isatty()  # as under Snakemake and Slurm: tqdm is off
-    guidance = cc.guidance_from_mapping({"backend": "oracle"})
+    guidance = settings.guidance_from_mapping({"backend": "oracle"})
     kwargs = dict(
         inputs=inputs,
         checkpoint_dir=tmp_path / "ckpt",
         method=m,
         guidance=guidance,
-        scene="hop",
-        tier="full",
-        attempt=2,
-        progress_every_s=0,  # every iteration
+        run_settings=RunSettings(
+            scene="hop",
+            tier="full",
+            attempt=2,
+            progress_every_s=0,  # every iteration
+        ),
     )
     first = tmp_path / "first.log"
     with stage_logging(str(first)):
@@ -176,11 +178,11 @@ def test_progress_lines_reach_the_log_without_a_terminal_and_resume_from_the_che
 
 def test_live_previews_show_the_motion_and_change_nothing(hop, tmp_path):
     root, m, inputs = hop
-    guidance = cc.guidance_from_mapping({"backend": "oracle"})
+    guidance = settings.guidance_from_mapping({"backend": "oracle"})
     folder = tmp_path / "previews"
     preview = {"folder": folder, "every": 3, "ref_azim": 0.0, "ref_cam_radius": 2.0, "fps": 10}
     states = {}
-    for name, kw in (("plain", {}), ("previewed", {"preview": preview})):
+    for name, kw in (("plain", {}), ("previewed", {"run_settings": RunSettings(preview=preview)})):
         train_stage.run_stage(
             "coarse",
             inputs=inputs,
@@ -191,7 +193,7 @@ def test_live_previews_show_the_motion_and_change_nothing(hop, tmp_path):
             guidance=guidance,
             **kw,
         )
-        states[name] = run_loop.load_checkpoint(tmp_path / f"{name}.pt")
+        states[name] = checkpoint.load_checkpoint(tmp_path / f"{name}.pt")
     for k, v in states["plain"]["motion"].items():  # the previews draw nothing, change nothing
         assert v.equal(states["previewed"]["motion"][k]), k
     # every 3 iterations and after the last (4): the run's frames at the SDS size (48 x 32:
@@ -214,9 +216,9 @@ def test_tensorboard_scalars_follow_the_iterations_across_a_resume(hop, tmp_path
     except ImportError as exc:
         missing(TENSORBOARD, f"tensorboard does not import ({exc})")
     root, m, inputs = hop
-    guidance = cc.guidance_from_mapping({"backend": "oracle"})
+    guidance = settings.guidance_from_mapping({"backend": "oracle"})
     kw = dict(inputs=inputs, checkpoint_dir=tmp_path / "ckpt", method=m, guidance=guidance,
-              tensorboard=True)  # fmt: skip
+              run_settings=RunSettings(tensorboard=True))  # fmt: skip
     train_stage.run_stage("coarse", out=tmp_path / "a.pt", loss_log=tmp_path / "a.tsv", **kw)
     (folder,) = (tmp_path / "ckpt").iterdir()
     (folder / "ckpt_000004.pt").write_bytes(b"truncated")  # killed after iteration 2's
@@ -238,18 +240,19 @@ def test_tensorboard_scalars_follow_the_iterations_across_a_resume(hop, tmp_path
 def test_tensorboard_without_the_package_stops_with_the_extra_to_install(hop, monkeypatch):
     root, m, inputs = hop
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # an import fails
-    with pytest.raises(cc.ConfigError, match=r"pip install -e '.\[tensorboard\]'"):
+    with pytest.raises(settings.ConfigError, match=r"pip install -e '.\[tensorboard\]'"):
         train_stage.run_stage(
             "coarse", inputs=inputs, out=root / "x.pt", loss_log=root / "x.tsv",
             checkpoint_dir=root / "none", method=m,
-            guidance=cc.guidance_from_mapping({"backend": "oracle"}), tensorboard=True,
+            guidance=settings.guidance_from_mapping({"backend": "oracle"}),
+            run_settings=RunSettings(tensorboard=True),
         )  # fmt: skip
     assert not (root / "none").exists()  # stopped before anything
 
 
 def test_oracle_needs_the_scripted_motion(hop, tmp_path):
     root, m, inputs = hop
-    guidance = cc.guidance_from_mapping({"backend": "oracle"})
+    guidance = settings.guidance_from_mapping({"backend": "oracle"})
     with pytest.raises(ValueError, match="motion.json: missing; the oracle guidance"):
         scene_trainer.build(**{**inputs, "data_dir": tmp_path}, method=m, guidance=guidance)
 
@@ -260,30 +263,29 @@ def test_build_reads_the_contact_terms_at_the_evaluations_own_samples(hop):
     (no grid is built)."""
     import numpy as np
 
-    from chord.evaluation import metrics
-    from chord.stages import evaluate
+    from chord.evaluation import interaction, metrics
 
     root, m, inputs = hop
-    guidance = cc.guidance_from_mapping({"backend": "oracle"})
-    on = cc.method_from_mapping({**vars(m), "lambda_contact": 1.0e9, "lambda_support": 0.0})
+    guidance = settings.guidance_from_mapping({"backend": "oracle"})
+    on = settings.method_from_mapping({**vars(m), "lambda_contact": 1.0e9, "lambda_support": 0.0})
     tr = scene_trainer.build(**inputs, method=on, guidance=guidance)
-    doc = sc.read_scene_json(inputs["scene_json"])
-    mesh = evaluate.object_mesh(inputs["scene_json"], doc, "obj_0")
-    S = metrics.surface_samples(*mesh, evaluate.INTERACTION_SAMPLES, seed=0)
+    doc = ingestion.read_scene_json(inputs["scene_json"])
+    mesh = ingestion.object_mesh(inputs["scene_json"], doc, "obj_0")
+    S = metrics.surface_samples(*mesh, interaction.INTERACTION_SAMPLES, seed=0)
     assert list(tr.contact_points) == ["obj_0"]
     assert np.array_equal(tr.contact_points["obj_0"].double().numpy(), S.astype(np.float32))
-    slab_top = max(v[1] for v in evaluate.object_mesh(inputs["scene_json"], doc, "obj_1")[0])
+    slab_top = max(v[1] for v in ingestion.object_mesh(inputs["scene_json"], doc, "obj_1")[0])
     assert float(tr.contact_grid(torch.tensor([[0.0, slab_top + 0.05, 0.0]]))) > 0
     assert float(tr.contact_grid(torch.tensor([[0.0, slab_top - 0.01, 0.0]]))) < 0
-    off = cc.method_from_mapping({**vars(m), "lambda_contact": 0.0, "lambda_support": 0.0})
+    off = settings.method_from_mapping({**vars(m), "lambda_contact": 0.0, "lambda_support": 0.0})
     tr = scene_trainer.build(**inputs, method=off, guidance=guidance)
     assert tr.contact_grid is None and tr.contact_points == {}
 
 
 def test_log_run_time_adds_phase_timings_to_the_loss_log(hop):
     root, m, inputs = hop
-    guidance = cc.guidance_from_mapping({"backend": "oracle"})
-    timed = cc.method_from_mapping({**vars(m), "iterations": 2})
+    guidance = settings.guidance_from_mapping({"backend": "oracle"})
+    timed = settings.method_from_mapping({**vars(m), "iterations": 2})
     train_stage.run_stage(
         "coarse",
         inputs=inputs,
@@ -291,7 +293,7 @@ def test_log_run_time_adds_phase_timings_to_the_loss_log(hop):
         loss_log=root / "timed.tsv",
         checkpoint_dir=root / "timed_ckpt",
         method=timed,
-        memory=cc.memory_from_mapping({"log_run_time": True}),
+        memory=settings.memory_from_mapping({"log_run_time": True}),
         guidance=guidance,
     )
     with open(root / "timed.tsv") as f:
@@ -327,7 +329,7 @@ def cuda_without_gsplat_kernels(monkeypatch):
         return read
 
     monkeypatch.setattr(ply, "read_ply", recorded("read_ply"))
-    monkeypatch.setattr(sc, "read_scene_json", recorded("read_scene_json"))
+    monkeypatch.setattr(ingestion, "read_scene_json", recorded("read_scene_json"))
     return reads
 
 
@@ -344,8 +346,8 @@ def test_build_resolves_the_render_backend_before_reading_anything(
             voxels={"obj_0": missing / "obj_0.npz"},
             text_path=None,
             data_dir=missing,
-            method=cc.method_from_mapping({}),
-            guidance=cc.guidance_from_mapping({"backend": "oracle"}),
+            method=settings.method_from_mapping({}),
+            guidance=settings.guidance_from_mapping({"backend": "oracle"}),
             device="cuda",
             render_backend="auto",
         )
@@ -381,8 +383,8 @@ def test_training_stage_stops_on_the_render_backend_before_loading_a_ply(
             out=tmp_path / "coarse.pt",
             loss_log=tmp_path / "losses.tsv",
             checkpoint_dir=tmp_path / "ckpt",
-            method=cc.method_from_mapping({}),
-            guidance=cc.guidance_from_mapping({"backend": "oracle"}),
+            method=settings.method_from_mapping({}),
+            guidance=settings.guidance_from_mapping({"backend": "oracle"}),
             device="cuda",
             render_backend="auto",
             env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from chord.config import settings as cc
+from chord.config import settings
 from chord.core.errors import InputError
 from chord.gaussians import ply
 from chord.gltf import container, ktx2, morphed, reader
@@ -24,7 +24,7 @@ from tests.conftest import validate_glb, write_config, write_still_motion
 from tests.stages.test_bad_input import ingest_error, run_cli
 from tests.unit.gltf.test_animated import bend
 
-METHOD = cc.method_from_mapping({"gs_init_num": 400}, where="test")
+METHOD = settings.method_from_mapping({"gs_init_num": 400}, where="test")
 
 
 def scene_folder(folder: Path, objects: list[Path]) -> Path:

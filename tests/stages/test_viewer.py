@@ -27,7 +27,7 @@ import pytest
 import torch
 from PIL import Image
 
-from chord.config import settings as cc
+from chord.config import settings
 from chord.core.errors import InputError
 from chord.export import trained_scene
 from chord.gaussians import gaussian_set as gs
@@ -473,7 +473,7 @@ def splat_scene(tmp_path_factory):
             "surface": sets[n].means[::3]}
         for n, m in (("obj_0", 8), ("obj_2", 6))
     }  # fmt: skip
-    method = cc.method_from_mapping({"frame_num": SPLAT_F, "n_cp_num": 3})
+    method = settings.method_from_mapping({"frame_num": SPLAT_F, "n_cp_num": 3})
     scene = build_scene(doc, sets, vox, method)
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():  # a trained-like motion: Fenwick tables ~ N(0, σ²)

@@ -7,9 +7,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from chord.config import settings as cc
-from chord.resources import job_memory, peak_memory
-from chord.resources import tiers as ct
+from chord.config import settings
+from chord.resources import job_memory, peak_memory, tiers
 from tests.components import require_slurm_plugin
 from tests.conftest import REPO
 from tests.workflow.test_scale import snakemake, wan_workdir
@@ -40,10 +39,10 @@ def test_the_preview_job_asks_for_its_tiers_gpu_kind_and_one_experts_host_ram(tm
     expert_mib = peak_memory.dit_params(peak_memory.A14B) * 2 / peak_memory.MiB
     assert 1.1 * expert_mib < int(preview["mem_mb"]) < 2 * expert_mib
     conf = yaml.safe_load((REPO / "config/config.yaml").read_text())
-    spec = ct.parse(conf["tiers"])[tier]
+    spec = tiers.parse(conf["tiers"])[tier]
     flags = {**conf["memory"], **spec.flags}
     # no Wan folder there: A14B's shapes; one expert (+ mmgp's staging) and 10%
     expected = job_memory.preview_mem_mb(
-        cc.memory_from_mapping(flags), ceiling_mb=spec.mem_mb, model=peak_memory.A14B
+        settings.memory_from_mapping(flags), ceiling_mb=spec.mem_mb, model=peak_memory.A14B
     )
     assert int(preview["mem_mb"]) == expected < spec.mem_mb

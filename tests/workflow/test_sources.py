@@ -23,7 +23,7 @@ import shutil
 from pathlib import Path
 
 from chord.plan import code_sources as cs
-from chord.plan import results_layout as P
+from chord.plan import results_layout
 from tests.conftest import REPO
 from tests.workflow.test_scale import snakemake
 from tests.workflow.test_workflow import planned_jobs
@@ -84,7 +84,7 @@ def test_editing_a_source_reruns_exactly_the_stages_that_depend_on_it(finished):
     # the stages of the default targets (preview is a target of its own)
     stages = {stage for stage in by_stage if stage_rules(stage, readers)}
     for stage in stages:  # each code job was given exactly its stage's files
-        log = P.code_digest(work / "resources", stage).with_suffix(".log")
+        log = results_layout.code_digest(work / "resources", stage).with_suffix(".log")
         assert sorted(map(Path, log.read_text().split())) == sorted(by_stage[stage]), stage
     used = sorted({f for files in by_stage.values() for f in files})
     groups: dict[frozenset[str], list[Path]] = {}
@@ -171,7 +171,9 @@ def test_the_upgrade_page_keeps_finished_results_and_live_digests(finished, tmp_
     stages = sorted(stage for stage in cs.STAGES if stage_rules(stage, readers))
 
     def digests() -> dict[str, str]:
-        return {s: P.code_digest(work / "resources", s).read_text().strip() for s in stages}
+        return {
+            s: results_layout.code_digest(work / "resources", s).read_text().strip() for s in stages
+        }
 
     before, old_digests = results_files(work), digests()
     old_sources, old_file = cs.sources_by_stage(stages, root=pkg), cs.module_file(MOVED[0], pkg)

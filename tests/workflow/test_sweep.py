@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from chord.core import media
-from chord.plan import results_layout as P
+from chord.plan import results_layout
 from chord.training import progress
 from tests.conftest import REPO
 from tests.workflow.test_workflow import demo_workdir, planned_jobs, snakemake
@@ -64,11 +64,16 @@ def swept(tmp_path_factory):
 
 def test_the_seeds_of_a_sweep_train_differently(swept):
     results = swept / "results"
-    docs = {s: json.loads(P.metrics_json(results, f"hop/seed_{s}").read_text()) for s in (0, 1)}
+    docs = {
+        s: json.loads(results_layout.metrics_json(results, f"hop/seed_{s}").read_text())
+        for s in (0, 1)
+    }
     assert docs[0]["seed"] == 0 and docs[1]["seed"] == 1
     # the same rest pose (the shared upstream): frame 0 renders as ref.png in both
     assert docs[0]["psnr_frame0"] == docs[1]["psnr_frame0"] == 100.0
-    frames = {s: media.read_mp4(P.ref_view_mp4(results, f"hop/seed_{s}"))[0] for s in (0, 1)}
+    frames = {
+        s: media.read_mp4(results_layout.ref_view_mp4(results, f"hop/seed_{s}"))[0] for s in (0, 1)
+    }
     diff = np.abs(frames[0].astype(float) - frames[1].astype(float)).mean(axis=(1, 2, 3))
     # frame 0 differs only by the codec's noise (the encoder sees different later frames);
     # a different motion moves the block's edges by whole pixels: far more
@@ -79,13 +84,16 @@ def test_the_seeds_of_a_sweep_train_differently(swept):
 
 def test_the_selection_follows_the_configs_rule(swept):
     results = swept / "results"
-    docs = {s: json.loads(P.metrics_json(results, f"hop/seed_{s}").read_text()) for s in (0, 1)}
-    best = json.loads(P.best_json(results, "hop").read_text())
+    docs = {
+        s: json.loads(results_layout.metrics_json(results, f"hop/seed_{s}").read_text())
+        for s in (0, 1)
+    }
+    best = json.loads(results_layout.best_json(results, "hop").read_text())
     metric = best["rule"]["metric"]
     assert (best["rule"]["mode"], metric) == ("min", "penetration_excess")  # the config's default
     assert best["seed"] == min((docs[s][metric], s) for s in (0, 1))[1]
     assert best["folder"] == f"results/hop/seed_{best['seed']}"  # as the config's results
-    table = (P.sweep_tsv(results, "hop")).read_text().splitlines()
+    table = (results_layout.sweep_tsv(results, "hop")).read_text().splitlines()
     assert len(table) == 3 and table[0].startswith("seed\trun\tchosen")
     tsv = (results / "metrics.tsv").read_text()
     assert "hop/seed_0\t" in tsv and "hop/seed_1\t" in tsv
@@ -121,13 +129,13 @@ def test_each_seeds_training_reports_in_its_log_and_chord_status_tells_it_done(s
         run = f"hop/seed_{seed}"
         lines = [
             parsed[1]
-            for line in P.log(results, run, "train_coarse").read_text().splitlines()
+            for line in results_layout.log(results, run, "train_coarse").read_text().splitlines()
             if (parsed := progress.parse_line(line)) and parsed[0] == progress.TAG
         ]
         its = [int(f["it"].split("/")[0]) for f in lines]
         assert its[0] == 1 and its[-1] == 20 and its == sorted(set(its)), its
         assert {(f["scene"], f["stage"], f["attempt"]) for f in lines} == {(run, "coarse", "1")}
-        previews = P.previews_dir(results, run)
+        previews = results_layout.previews_dir(results, run)
         # preview_every -1: iterations // 10 = every 3, and after the last
         names = sorted(p.name for p in previews.glob("it_*.mp4"))
         assert names == [f"it_{i:06d}.mp4" for i in (3, 6, 9, 12, 15, 18, 20)]

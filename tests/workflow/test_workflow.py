@@ -298,7 +298,7 @@ def check_interaction(demo_run, table):
     plot, every dynamic object resting on the slab at frame 0 and in contact with nothing
     inside it there; the warning against the threshold; hop's block lifts off mid-hop (its
     scripted arc) and lands again."""
-    from chord.stages import evaluate
+    from chord.evaluation import interaction
 
     conf = yaml.safe_load((demo_run / "config/config.yaml").read_text())
     threshold = {**conf["method"], **conf["presets"]["cpu_demo"]}["penetration_threshold"]
@@ -322,7 +322,7 @@ def check_interaction(demo_run, table):
             assert scripted == 0.0
     gap = json.loads((demo_run / "results/hop/metrics.json").read_text())["per_frame"]["float_gap"]
     T = len(gap)
-    assert gap[0] == 0.0 and gap[-1] <= evaluate.REST_TOLERANCE  # lands
+    assert gap[0] == 0.0 and gap[-1] <= interaction.REST_TOLERANCE  # lands
     assert T // 3 <= int(np.argmax(gap)) <= 2 * T // 3 and max(gap) > threshold  # mid-hop
 
 

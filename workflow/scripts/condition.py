@@ -3,12 +3,12 @@
 import os
 from pathlib import Path
 
-from chord.config import settings as cc
+from chord.config import settings
 from chord.stages import condition
 from chord.stages.adapter import stage_logging
 
 with stage_logging(snakemake.log[0]):
-    conf = cc.load(snakemake.config)
+    conf = settings.load(snakemake.config)
     spec = conf.scenes[snakemake.wildcards.scene]
     condition.run(
         out=Path(snakemake.output[0]),

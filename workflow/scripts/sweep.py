@@ -1,7 +1,7 @@
 # Adapter: rule sweep -> chord.stages.sweep.run
 from pathlib import Path
 
-from chord.config import settings as cc
+from chord.config import settings
 from chord.plan import scene_plan
 from chord.stages import sweep
 from chord.stages.adapter import stage_logging
@@ -12,7 +12,7 @@ with stage_logging(snakemake.log[0]):
         scene=snakemake.wildcards.scene,
         videos={int(s): p for s, p in inp["videos"].items()},
         metrics={int(s): p for s, p in inp["metrics"].items()},
-        rule=cc.load(snakemake.config).sweep,
+        rule=settings.load(snakemake.config).sweep,
         out_png=Path(out.png),
         out_tsv=Path(out.tsv),
         out_json=Path(out.best),

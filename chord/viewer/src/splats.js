@@ -1,5 +1,5 @@
 // The splat player: draws dynamic_splats.glb (KHR_gaussian_splatting POINTS primitives,
-// skinned on joints or morphed; README "dynamic_splats.glb") as sorted Gaussian splats.
+// skinned on joints or morphed; docs/outputs.md, "dynamic_splats.glb") as sorted Gaussian splats.
 //
 // GLTFLoader builds the joints and the animation (three.js ignores the splat attributes);
 // this file reads the splat accessors itself, poses every Gaussian on the CPU at the mixer's

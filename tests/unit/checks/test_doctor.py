@@ -10,7 +10,7 @@ import torch
 
 from chord.checks import capacity, preflight, report, teacher
 from chord.cli import main
-from chord.config import settings as cc
+from chord.config import settings
 from chord.guidance import tiny_models
 from chord.resources import machine, peak_memory
 from tests import components
@@ -124,7 +124,7 @@ def test_the_tiny_vaes_latent_scale_is_checked_with_the_wan_vae(normalized, wan_
     and the fix; the keys alone pass both."""
     path = tiny_files[normalized]
     for setting in (True, False):
-        guidance = cc.guidance_from_mapping(
+        guidance = settings.guidance_from_mapping(
             {
                 "backend": "wan",
                 "ckpt_dir": str(wan_folder),
@@ -132,7 +132,9 @@ def test_the_tiny_vaes_latent_scale_is_checked_with_the_wan_vae(normalized, wan_
                 "tiny_vae_normalize": setting,
             }
         )
-        check = teacher.check_tiny_vae(guidance, [cc.method_from_mapping({"use_tiny_vae": True})])
+        check = teacher.check_tiny_vae(
+            guidance, [settings.method_from_mapping({"use_tiny_vae": True})]
+        )
         right = setting != normalized  # raw latents are to be normalised, normalised ones not
         assert check.status == ("pass" if right else "fail"), check
         assert str(path) in check.detail and "on the test pattern" in check.detail
@@ -193,13 +195,13 @@ ALLOCATOR_ON = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
 def preflight_kwargs(tmp_path, wan_config) -> dict:
     """preflight.preflight's arguments for a small scene of the Wan config on tier full, on the
     CPU, with the production allocator."""
-    from chord.config import settings as cc
+    from chord.config import settings
 
     _, folder, tiny = wan_config
     return dict(
-        method=cc.method_from_mapping({"use_tiny_vae": True}),
-        memory=cc.memory_from_mapping({}),
-        guidance=cc.guidance_from_mapping(
+        method=settings.method_from_mapping({"use_tiny_vae": True}),
+        memory=settings.memory_from_mapping({}),
+        guidance=settings.guidance_from_mapping(
             {"backend": "wan", "ckpt_dir": str(folder), "tiny_vae_path": str(tiny)}
         ),
         device="cpu",
@@ -233,7 +235,7 @@ def test_preflight_stops_a_training_that_would_fail_later(tmp_path, wan_config):
 
 
 def test_disk_need_counts_checkpoints_and_the_ply_sequence(tmp_path):
-    m = cc.method_from_mapping({})
+    m = settings.method_from_mapping({})
     assert 1 * peak_memory.MiB < capacity.checkpoint_bytes(m, 60) < 100 * peak_memory.MiB
     # one 3DGS PLY per frame: 41 frames of 200k degree-0 Gaussians (17 floats each)
     assert capacity.export_bytes(m, 200_000, imported=False) > 200_000 * 68 * 41
@@ -343,7 +345,7 @@ def test_the_gpu_memory_row_shows_the_contact_loss_where_it_is_on(wan_config, ca
     on.write_text(yaml.safe_dump({"gpu_mem_gb": 80, "method": {"lambda_contact": 1.0}}))
     assert main.main(["doctor", "--config", str(config), "--configfile", str(on)]) == 0
     out = capsys.readouterr().out
-    conf = cc.load_file(config, on)
+    conf = settings.load_file(config, on)
     dynamic = len(scene_plan.scene(conf, "hop").dynamic)
     method = conf.scenes["hop"].method
     points = dynamic * contact.CONTACT_SAMPLES  # the evaluation's surface samples per object

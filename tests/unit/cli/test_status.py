@@ -13,9 +13,8 @@ from pathlib import Path
 import pytest
 
 from chord.cli import status
-from chord.config import settings as cc
-from chord.plan import results_layout as P
-from chord.plan import scene_plan
+from chord.config import settings
+from chord.plan import results_layout, scene_plan
 from chord.resources import out_of_memory
 from chord.training import progress
 from chord.training.slurm_time_limit import TIME_LIMIT_RECORD
@@ -43,7 +42,7 @@ def touch(path: Path, text: str = "") -> None:
 def stage_files(root: Path, run: str) -> list[Path]:
     """Every output that shows a stage of ``run`` done, in the stages' order (status's own
     list: the plan's files)."""
-    plan = scene_plan.scene(cc.load_file(root / "config.yaml"), run)
+    plan = scene_plan.scene(settings.load_file(root / "config.yaml"), run)
     return [f for _, files in status._stage_outputs(plan) for f in files]
 
 
@@ -60,16 +59,18 @@ def tree(tmp_path):
     # done: every stage's output to metrics.json
     for path in stage_files(tmp_path, "fin"):
         touch(path)
-    ckpt = P.checkpoints(res, "run", "coarse") / "0123abcd"
-    preview = P.previews_dir(res, "run") / "it_000120.mp4"
+    ckpt = results_layout.checkpoints(res, "run", "coarse") / "0123abcd"
+    preview = results_layout.previews_dir(res, "run") / "it_000120.mp4"
     progress_doc(ckpt / progress.LATEST, age_s=5, preview=str(preview))
     touch(ckpt.parent / out_of_memory.RECORD, "full\n")  # ran out of memory once, retried
-    touch(P.scene_json(res, "run"))
+    touch(results_layout.scene_json(res, "run"))
     stale = STALL_FACTOR_S = max(status.STALL_FACTOR * SLOWEST_S, status.STALL_FLOOR_S)
-    progress_doc(P.checkpoints(res, "stuck", "coarse") / "h" / progress.LATEST, age_s=2 * stale)
+    progress_doc(
+        results_layout.checkpoints(res, "stuck", "coarse") / "h" / progress.LATEST, age_s=2 * stale
+    )
     # failed: ingest's log ends its attempt in an error (an earlier attempt's is not it)
     touch(
-        P.log(res, "bad", "ingest"),
+        results_layout.log(res, "bad", "ingest"),
         "2026-12-04 10:00:00,000 INFO chord: attempt started (pid 1)\n"
         "2026-12-04 10:00:01,000 ERROR chord: an old error\n"
         "2026-12-04 10:10:00,000 INFO chord: attempt started (pid 2)\n"
@@ -205,21 +206,21 @@ def test_a_new_attempt_loading_runs_and_only_a_passed_time_limit_is_a_record(tre
     res = tree / "results"
     now = time.time()
     # "bad": its training failed once (progress), then a retry started, no iteration yet
-    progress_doc(P.checkpoints(res, "bad", "coarse") / "h" / progress.LATEST, age_s=300,
-                 state="failed")  # fmt: skip
-    P.log(res, "bad", "ingest").unlink()
-    touch(P.log(res, "bad", "train_coarse"),
+    progress_doc(results_layout.checkpoints(res, "bad", "coarse") / "h" / progress.LATEST,
+                 age_s=300, state="failed")  # fmt: skip
+    results_layout.log(res, "bad", "ingest").unlink()
+    touch(results_layout.log(res, "bad", "train_coarse"),
           "t ERROR chord: out of GPU memory: injected\n"
           "t INFO chord: attempt started (pid 7, Slurm job 12)\n")  # fmt: skip
     # "wait": a Slurm job stopped at its time limit (its deadline passed); "run": one whose
     # job is still within its limit (the record each job writes at its start)
-    folder = P.checkpoints(res, "wait", "coarse")
+    folder = results_layout.checkpoints(res, "wait", "coarse")
     touch(
         folder / TIME_LIMIT_RECORD,
         json.dumps({"job": "41", "deadline": now - 60, "tier": "full", "runtime_h": 1}),
     )
     touch(
-        P.checkpoints(res, "run", "coarse") / TIME_LIMIT_RECORD,
+        results_layout.checkpoints(res, "run", "coarse") / TIME_LIMIT_RECORD,
         json.dumps({"job": "42", "deadline": now + 3600, "tier": "full", "runtime_h": 1}),
     )
     progress_doc(folder / "h" / progress.LATEST, age_s=2 * status.STALL_FLOOR_S,
@@ -239,7 +240,7 @@ def test_a_new_attempt_loading_runs_and_only_a_passed_time_limit_is_a_record(tre
 def in_process(root: Path) -> tuple[dict, str]:
     """{run: its RunStatus} and the rendered table of ``chord status`` on the tree ``root``
     (in this process: the torch-free check is the subprocess tests')."""
-    rows = status.collect(cc.load_file(root / "config.yaml"), env={"PATH": no_slurm_path()})
+    rows = status.collect(settings.load_file(root / "config.yaml"), env={"PATH": no_slurm_path()})
     return {r.run: r for r in rows}, status.render(rows)
 
 
@@ -335,7 +336,7 @@ HOSTILE_RECORDS = {
 @pytest.mark.parametrize("damage", HOSTILE_RECORDS, ids=list(HOSTILE_RECORDS))
 def test_a_damaged_record_is_told_in_its_own_row(tree, damage):
     write, name, message = HOSTILE_RECORDS[damage]
-    folder = P.checkpoints(tree / "results", "run", "coarse")
+    folder = results_layout.checkpoints(tree / "results", "run", "coarse")
     write(folder)
     runs, text = in_process(tree)
     (note,) = runs["run"].damaged
@@ -349,13 +350,13 @@ def test_a_sigterm_stop_shows_the_logs_own_line(tree):
     progress event and raises Interrupted; the adapter logs "stage failed" with the
     traceback, which ends with the job's own line."""
     res = tree / "results"
-    progress_doc(P.checkpoints(res, "wait", "coarse") / "h" / progress.LATEST, age_s=900,
-                 state="stopped", it=65, event="sigterm")  # fmt: skip
+    progress_doc(results_layout.checkpoints(res, "wait", "coarse") / "h" / progress.LATEST,
+                 age_s=900, state="stopped", it=65, event="sigterm")  # fmt: skip
     line = "SIGTERM after iteration 65; checkpoint written"
-    ckpt = P.checkpoints(res, "wait", "coarse") / "h" / "ckpt_000065.pt"
+    ckpt = results_layout.checkpoints(res, "wait", "coarse") / "h" / "ckpt_000065.pt"
     touch(ckpt.with_name("ckpt_000050.pt"), "")
     touch(ckpt, "")
-    log = P.log(res, "wait", "train_coarse")
+    log = results_layout.log(res, "wait", "train_coarse")
     touch(
         log,
         "2026-12-04 10:00:00,000 INFO chord.stages.adapter: attempt started (pid 7)\n"
@@ -387,7 +388,7 @@ def test_done_is_the_furthest_stage_with_every_earlier_one_done(tree, gap):
     """ "wait" has every stage's outputs but those of one (the ``gap``-th, in the plan's order):
     done names the last stage before it, and the run is not done."""
     stages = [(name, files) for name, files in status._stage_outputs(
-        scene_plan.scene(cc.load_file(tree / "config.yaml"), "wait")) if files]  # fmt: skip
+        scene_plan.scene(settings.load_file(tree / "config.yaml"), "wait")) if files]  # fmt: skip
     for _, files in stages:
         for f in files:
             touch(f)
@@ -404,7 +405,7 @@ def test_a_cpu_run_is_not_labelled_with_a_gpu_tier(tree):
     res = tree / "results"
     for run in ("run", "stuck"):  # both trainings on the CPU (chord.stages.train's line)
         touch(
-            P.log(res, run, "train_coarse"),
+            results_layout.log(res, run, "train_coarse"),
             "2026-12-04 10:00:00,000 INFO chord.stages.adapter: attempt started (pid 7)\n"
             "2026-12-04 10:00:01,000 INFO chord.stages.train: training coarse on tier full\n"
             "2026-12-04 10:00:05,000 INFO chord.stages.train: training on cpu; rendering with "
@@ -423,7 +424,7 @@ def test_a_cpu_run_is_not_labelled_with_a_gpu_tier(tree):
     assert doc["total"]["gpu_h_left"] == {}
     assert doc["total"]["cpu_h_left"] == pytest.approx(2 * 180 * 1.5 / 3600)
     # a GPU run beside it keeps its tier and GPU hours
-    touch(P.log(res, "stuck", "train_coarse"),
+    touch(results_layout.log(res, "stuck", "train_coarse"),
           "t INFO chord.stages.train: training on cuda:0 (NVIDIA H100, CUDA_VISIBLE_DEVICES=0); "
           "rendering with the gsplat rasterizer\n")  # fmt: skip
     runs, text = in_process(tree)

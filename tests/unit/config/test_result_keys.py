@@ -12,11 +12,11 @@ import pickle
 import pytest
 
 from chord.config import result_keys as rk
-from chord.config import settings as cc
+from chord.config import settings
 from chord.plan import code_sources
 from tests.conftest import REPO
 
-SCHEMA = cc.read_schema(cc.CONFIG_SCHEMA)["properties"]
+SCHEMA = settings.read_schema(settings.CONFIG_SCHEMA)["properties"]
 # The training's view-only keys: what a change to re-runs no training. Pinned, with the hash
 # values below: the hash names checkpoint folders and is in every hand-off state.
 # the view-only keys before the construction, and the evaluation's interaction threshold since
@@ -49,9 +49,9 @@ def test_the_stages_with_a_config_are_the_workflow_stages_that_read_keys():
 
 
 def test_memory_flags_are_in_no_stage_config():
-    assert not set(cc.MEMORY_FLAGS) & set(rk.METHOD_STAGES)
+    assert not set(settings.MEMORY_FLAGS) & set(rk.METHOD_STAGES)
     for stage in rk.STAGES:
-        assert not set(cc.MEMORY_FLAGS) & set(rk.STAGE_KEYS[stage]), stage
+        assert not set(settings.MEMORY_FLAGS) & set(rk.STAGE_KEYS[stage]), stage
 
 
 def test_each_key_is_in_the_configs_of_exactly_the_stages_that_read_it():
@@ -71,19 +71,21 @@ def test_the_training_hash_is_unchanged_by_the_construction():
     assert set(rk.STAGE_KEYS["train"]) == set(rk.METHOD_STAGES) - VIEW
     # the hashes before issue 36 turned the contact loss on, which its 0 keeps
     off = {"lambda_contact": 0.0}
-    method, guidance = cc.method_from_mapping(off), cc.guidance_from_mapping({})
+    method, guidance = settings.method_from_mapping(off), settings.guidance_from_mapping({})
     assert rk.training_hash(method, guidance) == "8740ef82f8fae857"
-    tiny = cc.method_from_mapping({**off, "use_tiny_vae": True})
-    wan = cc.guidance_from_mapping({"backend": "wan", "ckpt_dir": "/w", "tiny_vae_path": "/t"})
+    tiny = settings.method_from_mapping({**off, "use_tiny_vae": True})
+    wan = settings.guidance_from_mapping(
+        {"backend": "wan", "ckpt_dir": "/w", "tiny_vae_path": "/t"}
+    )
     assert rk.training_hash(tiny, wan) == "e8bca3b708c79b76"
     assert rk.training_hash(tiny, wan, 4) == "8c6d2fa4851a4fc2"
     # the defaults since: the loss's weight keys the training (a new method's results)
-    assert rk.training_hash(cc.method_from_mapping({}), guidance) == "98b54981694644d2"
+    assert rk.training_hash(settings.method_from_mapping({}), guidance) == "98b54981694644d2"
 
 
 @pytest.mark.parametrize("stage", rk.STAGES)
 def test_a_stage_config_has_its_keys_only(stage):
-    method = cc.method_from_mapping({})
+    method = settings.method_from_mapping({})
     narrowed = rk.stage_config(method, stage)
     assert [f.name for f in dataclasses.fields(narrowed)] == list(rk.STAGE_KEYS[stage])
     unhashed = {k for k in rk.UNHASHED_AT if k in rk.STAGE_KEYS[stage]}
@@ -98,12 +100,12 @@ def test_a_stage_config_has_its_keys_only(stage):
         getattr(narrowed, other)
     with pytest.raises(dataclasses.FrozenInstanceError):
         narrowed.size = "16*16"
-    guidance = rk.guidance_config(cc.guidance_from_mapping({}), stage)
+    guidance = rk.guidance_config(settings.guidance_from_mapping({}), stage)
     assert dataclasses.asdict(guidance) == rk.guidance_params(guidance, stage)
 
 
 def test_a_config_of_another_stage_is_no_config_of_this_one():
-    voxelize = rk.stage_config(cc.method_from_mapping({}), "voxelize")
+    voxelize = rk.stage_config(settings.method_from_mapping({}), "voxelize")
     with pytest.raises(AttributeError, match="'fovy' is not a key of stage voxelize's"):
         rk.stage_config(voxelize, "reference")
     with pytest.raises(ValueError, match="stage: 'viewer' is not one of"):
@@ -164,10 +166,10 @@ def test_editing_a_guidance_key_changes_exactly_the_stages_that_read_it(backend,
         "nonfinite_fallback": "none",
     }
     assert set(edits) == set(props)  # a new guidance key needs a line here
-    method = cc.method_from_mapping({"use_tiny_vae": use_tiny_vae})
-    before = rule_values(method, cc.guidance_from_mapping(base))
+    method = settings.method_from_mapping({"use_tiny_vae": use_tiny_vae})
+    before = rule_values(method, settings.guidance_from_mapping(base))
     for key, value in edits.items():
-        after = rule_values(method, cc.guidance_from_mapping({**base, key: value}))
+        after = rule_values(method, settings.guidance_from_mapping({**base, key: value}))
         expected = set(props[key]["x-stages"])
         if props[key].get("x-if") == "tiny_vae" and not (backend == "wan" and use_tiny_vae):
             expected = set()
@@ -175,13 +177,13 @@ def test_editing_a_guidance_key_changes_exactly_the_stages_that_read_it(backend,
             expected.add("preview")
         assert changed_stages(before, after) == expected, key
     tiny = {"tiny_vae_path", "tiny_vae_normalize"}
-    assert (tiny <= set(rk.teacher_values(method, cc.guidance_from_mapping(base)))) == (
+    assert (tiny <= set(rk.teacher_values(method, settings.guidance_from_mapping(base)))) == (
         backend == "wan" and use_tiny_vae
     )
 
 
 def test_editing_a_method_key_changes_exactly_the_stages_that_read_it():
-    method, guidance = cc.method_from_mapping({}), cc.guidance_from_mapping({})
+    method, guidance = settings.method_from_mapping({}), settings.guidance_from_mapping({})
     before = rule_values(method, guidance)
     for key, read_by in rk.METHOD_STAGES.items():
         after = rule_values(dataclasses.replace(method, **{key: ["edited"]}), guidance)
@@ -201,16 +203,16 @@ def test_a_key_added_after_the_hash_is_left_out_of_it_at_its_old_behaviours_valu
         "lambda_support": 0.0,
         "contact_landmarks": [1, 1, 1, 1, 1],
     }
-    guidance = cc.guidance_from_mapping({})
-    old = cc.method_from_mapping({"lambda_contact": 0, "lambda_support": 0.0})
+    guidance = settings.guidance_from_mapping({})
+    old = settings.method_from_mapping({"lambda_contact": 0, "lambda_support": 0.0})
     assert rk.training_hash(old, guidance) == "8740ef82f8fae857"
     assert not set(rk.UNHASHED_AT) & set(rk.stage_params(old, "train"))
     assert list(rk.stage_config(old, "train").contact_landmarks) == [1] * 5  # the trainer reads it
     for key, value in [("lambda_contact", 1000.0), ("lambda_support", 1.0)]:
-        on = cc.method_from_mapping({key: value})
+        on = settings.method_from_mapping({key: value})
         assert rk.stage_params(on, "train")[key] == value
         assert rk.training_hash(on, guidance) != rk.training_hash(old, guidance)
-    ramp = cc.method_from_mapping({"lambda_contact": 0, "contact_landmarks": [0, 1, 1, 1, 1]})
+    ramp = settings.method_from_mapping({"lambda_contact": 0, "contact_landmarks": [0, 1, 1, 1, 1]})
     assert list(rk.stage_params(ramp, "train")["contact_landmarks"]) == [0, 1, 1, 1, 1]
 
 

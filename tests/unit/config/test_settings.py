@@ -4,7 +4,7 @@ import pytest
 import yaml
 
 from chord.config import result_keys as rk
-from chord.config import settings as cc
+from chord.config import settings
 from tests.conftest import REPO, write_config
 
 # Where the shipped config departs from the release's flag defaults (the schema's, which
@@ -17,13 +17,13 @@ def test_default_config_holds_every_method_default():
     """config/config.yaml lists every schema key under method: with the schema's default,
     except the documented departures (SHIPPED)."""
     conf = yaml.safe_load((REPO / "config/config.yaml").read_text())
-    props = cc.method_schema()["properties"]
+    props = settings.method_schema()["properties"]
     assert set(conf["method"]) == set(props)
     for key, value in conf["method"].items():
         default = SHIPPED.get(key, props[key]["default"])
         assert value == default, key
         assert type(value) is type(default), key
-    flags = cc.memory_schema()["properties"]  # and the memory section its flags' defaults
+    flags = settings.memory_schema()["properties"]  # and the memory section its flags' defaults
     assert conf["memory"] == {k: spec["default"] for k, spec in flags.items()}
     assert not set(flags) & set(props)  # a memory flag is never a method key
 
@@ -38,7 +38,7 @@ def test_chord_train_keeps_the_release_flag_defaults_and_the_workflow_runs_the_r
     )
     assert (cli.use_tiny_vae, cli.resample_timestep, cli.early_stop) == (False, False, False)
     conf = yaml.safe_load((REPO / "config/config.yaml").read_text())
-    workflow = cc.method_from_mapping(conf["method"])
+    workflow = settings.method_from_mapping(conf["method"])
     assert (workflow.use_tiny_vae, workflow.resample_timestep, workflow.early_stop) == (
         True,
         True,
@@ -47,10 +47,10 @@ def test_chord_train_keeps_the_release_flag_defaults_and_the_workflow_runs_the_r
 
 
 def test_method_defaults_match_method_md():
-    m = cc.method_from_mapping({})
+    m = settings.method_from_mapping({})
     assert (m.init_voxel_size, m.cp_num, m.frame_num, m.size) == (0.015, 60, 41, "832*480")
     assert (m.batch_size, m.static_id, m.n_cp_num) == (4, 1, 3)
-    mem = cc.memory_from_mapping({})  # METHOD §15: all memory modes off by default
+    mem = settings.memory_from_mapping({})  # METHOD §15: all memory modes off by default
     assert (mem.split_sds_backward, mem.split_render_chunk_size, mem.mmgp_profile) == (
         False,
         -1,
@@ -62,7 +62,7 @@ def test_method_defaults_match_method_md():
 
 
 def test_default_workflow_config_loads():
-    conf = cc.load(yaml.safe_load((REPO / "config/config.yaml").read_text()), base=REPO)
+    conf = settings.load(yaml.safe_load((REPO / "config/config.yaml").read_text()), base=REPO)
     assert set(conf.scenes) == {"hop", "sway", "slide"}
     hop = conf.scenes["hop"].method
     assert hop.gs_init_num == 1500 and hop.frame_num == 21  # the demo's scene overrides
@@ -81,7 +81,7 @@ def test_scene_overrides_apply_per_scene(tmp_path):
         ],
         scene_overrides={"a": {"cp_num": 40}},
     )
-    conf = cc.load_file(path)
+    conf = settings.load_file(path)
     assert conf.scenes["a"].method.cp_num == 40
     assert conf.scenes["b"].method.cp_num == 60
 
@@ -101,8 +101,8 @@ def test_scene_overrides_apply_per_scene(tmp_path):
 )
 def test_bad_config_values_name_the_key(tmp_path, extra, message):
     path = write_config(tmp_path, [{"scene": "a", "data": "d/a", "prompt": "p"}], **extra)
-    with pytest.raises(cc.ConfigError) as err:
-        cc.load_file(path)
+    with pytest.raises(settings.ConfigError) as err:
+        settings.load_file(path)
     assert message in str(err.value)
 
 
@@ -118,8 +118,8 @@ def test_bad_config_values_name_the_key(tmp_path, extra, message):
 )
 def test_bad_sheet_rows_name_line_and_field(tmp_path, rows, message):
     path = write_config(tmp_path, rows)
-    with pytest.raises(cc.ConfigError) as err:
-        cc.load_file(path)
+    with pytest.raises(settings.ConfigError) as err:
+        settings.load_file(path)
     assert message in str(err.value)
     assert "scenes.tsv" in str(err.value)
 
@@ -128,31 +128,31 @@ def test_unknown_sheet_column_is_an_error(tmp_path):
     path = write_config(tmp_path, [{"scene": "a", "data": "x", "prompt": "p"}])
     sheet = tmp_path / "scenes.tsv"
     sheet.write_text(sheet.read_text().replace("tier", "teir"))
-    with pytest.raises(cc.ConfigError, match="'teir' was unexpected"):
-        cc.load_file(path)
+    with pytest.raises(settings.ConfigError, match="'teir' was unexpected"):
+        settings.load_file(path)
 
 
 def test_object_roles():
-    m = cc.method_from_mapping({"avoid_objs": ["obj_3"], "additional_static_objs": ["obj_2"]})
-    assert cc.object_roles(m, 4) == {
+    m = settings.method_from_mapping({"avoid_objs": ["obj_3"], "additional_static_objs": ["obj_2"]})
+    assert settings.object_roles(m, 4) == {
         "obj_0": "dynamic",
         "obj_1": "static",
         "obj_2": "static",
         "obj_3": "avoided",
     }
-    with pytest.raises(cc.ConfigError, match=r"static_id: 1 is outside \[0, 1\)"):
-        cc.object_roles(m, 1)
-    with pytest.raises(cc.ConfigError, match="avoid_objs: obj_3 does not exist"):
-        cc.object_roles(cc.method_from_mapping({"avoid_objs": ["obj_3"]}), 2)
-    with pytest.raises(cc.ConfigError, match="add_cp_objs: obj_1 is static"):
-        cc.object_roles(cc.method_from_mapping({"add_cp_objs": ["obj_1"]}), 2)
+    with pytest.raises(settings.ConfigError, match=r"static_id: 1 is outside \[0, 1\)"):
+        settings.object_roles(m, 1)
+    with pytest.raises(settings.ConfigError, match="avoid_objs: obj_3 does not exist"):
+        settings.object_roles(settings.method_from_mapping({"avoid_objs": ["obj_3"]}), 2)
+    with pytest.raises(settings.ConfigError, match="add_cp_objs: obj_1 is static"):
+        settings.object_roles(settings.method_from_mapping({"add_cp_objs": ["obj_1"]}), 2)
 
 
 def test_parse_size():
-    assert cc.parse_size("832*480") == (832, 480)
-    assert cc.parse_size("576x320") == (576, 320)
-    with pytest.raises(cc.ConfigError):
-        cc.parse_size("832*464x")
+    assert settings.parse_size("832*480") == (832, 480)
+    assert settings.parse_size("576x320") == (576, 320)
+    with pytest.raises(settings.ConfigError):
+        settings.parse_size("832*464x")
 
 
 def test_the_wan_teacher_needs_its_folder_and_the_tiny_vae_file_it_uses(tmp_path):
@@ -166,19 +166,21 @@ def test_the_wan_teacher_needs_its_folder_and_the_tiny_vae_file_it_uses(tmp_path
             guidance=guidance,
             method=method,
         )
-        return cc.load_file(path)
+        return settings.load_file(path)
 
-    with pytest.raises(cc.ConfigError, match=r"guidance.ckpt_dir: the wan teacher needs"):
+    with pytest.raises(settings.ConfigError, match=r"guidance.ckpt_dir: the wan teacher needs"):
         load({"backend": "wan"})
-    with pytest.raises(cc.ConfigError, match=r"guidance.tiny_vae_path: not set, but method.use"):
+    with pytest.raises(
+        settings.ConfigError, match=r"guidance.tiny_vae_path: not set, but method.use"
+    ):
         load({"backend": "wan", "ckpt_dir": "/models/wan"}, use_tiny_vae=True)
     assert load({"backend": "wan", "ckpt_dir": "/w", "tiny_vae_path": "/t.pth"}, use_tiny_vae=True)
     assert load({"backend": "wan", "ckpt_dir": "/models/wan"})  # the full Wan VAE: allowed
     assert load({"backend": "oracle"}, use_tiny_vae=True)  # the oracle uses no VAE
-    g = cc.guidance_from_mapping({"backend": "wan", "ckpt_dir": "/w"})
-    with pytest.raises(cc.ConfigError, match=r"--tiny_vae_path: not set, but --use_tiny_vae"):
-        cc.check_guidance(
-            g, {"chord train": cc.method_from_mapping({"use_tiny_vae": True})}, flags=True
+    g = settings.guidance_from_mapping({"backend": "wan", "ckpt_dir": "/w"})
+    with pytest.raises(settings.ConfigError, match=r"--tiny_vae_path: not set, but --use_tiny_vae"):
+        settings.check_guidance(
+            g, {"chord train": settings.method_from_mapping({"use_tiny_vae": True})}, flags=True
         )
 
 
@@ -196,7 +198,7 @@ def test_presets_travel_with_the_sheet_rows(tmp_path):
     path = write_config(
         tmp_path / "a", rows, presets=presets, scene_overrides={"tuned": {"iterations": 20}}
     )
-    conf = cc.load_file(path)
+    conf = settings.load_file(path)
     assert conf.scenes["mine"].method.size == "832*480"  # the method, untouched
     assert (conf.scenes["demo"].method.size, conf.scenes["demo"].method.iterations) == (
         "128*80",
@@ -207,15 +209,17 @@ def test_presets_travel_with_the_sheet_rows(tmp_path):
         20,
     )
     bad = write_config(tmp_path / "b", [{**rows[1], "preset": "tiny"}], presets=presets)
-    with pytest.raises(cc.ConfigError, match=r"line 2: scene 'demo': preset 'tiny' is not one"):
-        cc.load_file(bad)
+    with pytest.raises(
+        settings.ConfigError, match=r"line 2: scene 'demo': preset 'tiny' is not one"
+    ):
+        settings.load_file(bad)
     wrong = write_config(tmp_path / "c", rows[1:2], presets={"small": {"sise": "1*1"}})
-    with pytest.raises(cc.ConfigError, match=r"presets.small: .*'sise' was unexpected"):
-        cc.load_file(wrong)
+    with pytest.raises(settings.ConfigError, match=r"presets.small: .*'sise' was unexpected"):
+        settings.load_file(wrong)
     many = [{"scene": f"s{i}", "data": "d", "prompt": "p"} for i in range(1000)]
     over = write_config(tmp_path / "d", many, scene_overrides={"hop": {}, "sway": {}})
-    with pytest.raises(cc.ConfigError) as err:
-        cc.load_file(over)
+    with pytest.raises(settings.ConfigError) as err:
+        settings.load_file(over)
     msg = str(err.value)
     assert "unknown scene(s) hop, sway" in msg and "s0, s1, s2, s3, s4 (+995 more)" in msg
     assert len(msg) < 300
@@ -225,9 +229,9 @@ def test_presets_travel_with_the_sheet_rows(tmp_path):
 def test_evaluation_thresholds_change_evaluate_but_not_the_training_hash(key):
     """The warning thresholds are read by evaluate alone: a new value reruns it (its params)
     but never the training."""
-    method = cc.method_from_mapping({})
+    method = settings.method_from_mapping({})
     other = dataclasses.replace(method, **{key: getattr(method, key) * 3})
-    guidance = cc.guidance_from_mapping({})
+    guidance = settings.guidance_from_mapping({})
     assert rk.training_hash(other, guidance) == rk.training_hash(method, guidance)
     assert rk.stage_params(other, "evaluate") != rk.stage_params(method, "evaluate")
     assert key in rk.VIEW_KEYS and key in rk.STAGE_KEYS["evaluate"]

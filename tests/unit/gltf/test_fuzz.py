@@ -37,7 +37,7 @@ import pytest
 
 from chord.core.errors import InputError
 from chord.gltf import container, reader
-from chord.scene import ingestion as sc
+from chord.scene import ingestion
 from tests import gltf_corpus as corpus
 
 FULL = os.environ.get("CHORD_FUZZ") == "full"
@@ -237,7 +237,7 @@ class Tally:
             if plain not in self.seen:  # each distinct plain file once through trimesh
                 self.seen.add(plain)
                 self.loads += 1
-                sc.load_source(path, mem_mb=MEM_MB)
+                ingestion.load_source(path, mem_mb=MEM_MB)
         except InputError as exc:
             message = str(exc)
             if "\n" in message or not message.startswith(str(path)):
@@ -261,7 +261,7 @@ def bases(tmp_path_factory) -> list[Path]:
 
 def test_the_base_files_read(bases):
     for path in bases:
-        sc.load_source(path, mem_mb=MEM_MB)
+        ingestion.load_source(path, mem_mb=MEM_MB)
 
 
 def test_mutated_files_end_in_a_read_or_one_line(bases, tmp_path):

@@ -15,7 +15,7 @@ from scipy.spatial import cKDTree
 from chord.core.errors import InputError
 from chord.gaussians.mesh_colour import part_colours
 from chord.gltf import container, ktx2, reader
-from chord.scene import ingestion as sc
+from chord.scene import ingestion
 from tests import components
 from tests import gltf_corpus as corpus
 from tests.conftest import empty_glb, validate_glb
@@ -25,7 +25,7 @@ POSITION_BITS, TEXCOORD_BITS = 14, 12  # glTF Transform's defaults (draco, quant
 
 
 def load(path: Path) -> list[trimesh.Trimesh]:
-    return sc.load_source(path)[1]
+    return ingestion.load_source(path)[1]
 
 
 def centroid_colours(parts) -> tuple[np.ndarray, np.ndarray]:
@@ -41,7 +41,7 @@ def centroid_colours(parts) -> tuple[np.ndarray, np.ndarray]:
 
 
 def bounds(parts) -> np.ndarray:
-    return sc.bounds_of(parts)
+    return ingestion.bounds_of(parts)
 
 
 def assert_same_surface(got, want, *, position_tol: float, colour_tol: float):
@@ -84,7 +84,7 @@ def test_compressed_and_quantised_files_read_as_the_original(tmp_path, duck, com
         "quantize": {"KHR_mesh_quantization"},
     }[command]
     assert expect <= used
-    source, got = sc.load_source(out)
+    source, got = ingestion.load_source(out)
     assert set(source.decoded) == used
     position_tol, colour_tol = quantisation_tolerances(duck)
     assert_same_surface(got, load(duck), position_tol=position_tol, colour_tol=colour_tol)
@@ -150,7 +150,7 @@ def test_the_base_colour_texture_transform_is_baked_into_the_uvs(tmp_path, textu
     src = textured
     ext = {"offset": [0.25, -0.1], "rotation": 0.4, "scale": [0.5, 2.0]}
     out = corpus.with_texture_transform(src, tmp_path / "tt.glb", ext, second_texture=True)
-    source, (got,) = sc.load_source(out)
+    source, (got,) = ingestion.load_source(out)
     (want,) = load(src)
     np.testing.assert_allclose(got.visual.uv, want.visual.uv, rtol=0, atol=uv_tol(ext))
     mat = source.doc["materials"][source.doc["meshes"][0]["primitives"][0]["material"]]
@@ -174,7 +174,7 @@ def test_gltfpack_quantised_uvs_under_a_texture_transform_read_right(tmp_path, t
     normalised uint16 over their range: within one 16-bit step of the original UVs."""
     src = textured
     out = corpus.gltfpack_quantised_uvs(src, tmp_path / "gltfpack.glb")
-    source, (got,) = sc.load_source(out)
+    source, (got,) = ingestion.load_source(out)
     (want,) = load(src)
     assert set(source.decoded) == {"KHR_mesh_quantization", "KHR_texture_transform"}
     uv = texcoord0(src)
@@ -207,7 +207,7 @@ def test_ktx2_textures_decode_to_the_same_colours(tmp_path):
     src = corpus.write_glb(corpus.textured_box(), tmp_path / "box.glb")
     encoder = corpus.basisu(tmp_path / "bin")
     out = corpus.with_ktx2_textures(src, tmp_path / "ktx2.glb", encoder, tmp_path / "work")
-    source, (got,) = sc.load_source(out)
+    source, (got,) = ingestion.load_source(out)
     assert source.decoded == ("KHR_texture_basisu",)
     assert source.doc["images"][0]["mimeType"] == "image/png"
     assert_same_surface([got], load(src), position_tol=0, colour_tol=0)
@@ -251,22 +251,26 @@ def test_a_required_extension_chord_cannot_read_is_refused_naming_it(tmp_path):
 )
 def test_files_without_a_surface_are_refused_naming_the_file(tmp_path, make, message):
     path = make(tmp_path / "obj_0.glb")
-    with pytest.raises(sc.SceneError, match=f"obj_0.glb: {message}"):
-        sc.load_source(path)
+    with pytest.raises(ingestion.SceneError, match=f"obj_0.glb: {message}"):
+        ingestion.load_source(path)
 
 
 def test_a_folder_where_a_file_should_be_is_refused(tmp_path):
     (tmp_path / "scene.glb").write_bytes(empty_glb())  # its content is not read
     (tmp_path / "obj_0.glb").mkdir()
-    with pytest.raises(sc.SceneError, match=r"obj_0.glb: is not a regular file \(a folder\)"):
-        sc.discover_objects(tmp_path)
+    with pytest.raises(
+        ingestion.SceneError, match=r"obj_0.glb: is not a regular file \(a folder\)"
+    ):
+        ingestion.discover_objects(tmp_path)
 
 
 def test_one_object_given_twice_is_refused(tmp_path):
     for name in ("scene.glb", "obj_0.glb", "obj_0.gltf"):
         (tmp_path / name).write_bytes(b"")
-    with pytest.raises(sc.SceneError, match=r"obj_0 is given twice \(obj_0.glb and obj_0.gltf\)"):
-        sc.discover_objects(tmp_path)
+    with pytest.raises(
+        ingestion.SceneError, match=r"obj_0 is given twice \(obj_0.glb and obj_0.gltf\)"
+    ):
+        ingestion.discover_objects(tmp_path)
 
 
 @pytest.mark.parametrize("command", ["draco", "meshopt", "instance"])

@@ -18,7 +18,7 @@ import trimesh
 from chord.core.errors import InputError
 from chord.gltf import reader
 from chord.gltf import uri as gltf_uri
-from chord.scene import ingestion as sc
+from chord.scene import ingestion
 
 OPENED: list[str] | None = None  # the paths opened while a test watches, else None
 
@@ -90,7 +90,7 @@ def test_a_uri_outside_the_scene_is_refused_in_one_line_without_opening_it(
     set_uri(path, uri, key)
     opened.clear()  # the set-up wrote the outside file
     what = "buffer 0" if key == "buffers" else "image 0"
-    for call in (reader.read, reader.external_files, sc.load_source):
+    for call in (reader.read, reader.external_files, ingestion.load_source):
         with pytest.raises(InputError) as err:
             call(path)
         message = str(err.value)
@@ -128,7 +128,7 @@ def test_the_workflow_inputs_leave_out_an_escaping_file_and_say_so(tmp_path, cap
     trimesh.Scene(trimesh.creation.box()).export(path.parent / "scene.glb")
     set_uri(path, "../elsewhere/x.bin")
     with caplog.at_level(logging.WARNING, logger="chord.scene.ingestion"):
-        files = sc.data_files(path.parent)
+        files = ingestion.data_files(path.parent)
     assert outside not in files and all(f.parent == path.parent for f in files)
     assert path in files  # ingest still runs on it, and refuses it
     (record,) = caplog.records

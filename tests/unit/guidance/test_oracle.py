@@ -14,8 +14,7 @@ from chord.motion import scripted
 from chord.plan import results_layout
 from chord.render import cameras
 from chord.render.rasterizer import splat_tensors
-from chord.scene import demo
-from chord.scene import ingestion as sc
+from chord.scene import demo, ingestion
 from chord.stages import ingest
 
 D64 = torch.float64
@@ -35,7 +34,9 @@ def hop(tmp_path_factory):
     )
     rest = {}
     for o in doc["objects"]:
-        parts = sc.load_parts(sc.mesh_path(results_layout.scene_json(root, "hop"), doc, o["name"]))
+        parts = ingestion.load_parts(
+            ingestion.mesh_path(results_layout.scene_json(root, "hop"), doc, o["name"])
+        )
         rest[o["name"]] = splat_tensors(
             gaussian_set.init_from_mesh(parts, 1500, seed=o["id"]), dtype=D64
         )

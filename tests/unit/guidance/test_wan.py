@@ -149,16 +149,16 @@ def test_text_embeddings_are_zero_padded_to_512(embeddings):
 def test_from_config_with_the_tiny_vae(folder, tmp_path):
     from safetensors.torch import save_file
 
-    from chord.config import settings as cc
+    from chord.config import settings
     from chord.guidance.tiny_vae import TinyVAEEncoder
 
     weights = tmp_path / "lighttaew2_1.safetensors"
     save_file(TinyVAEEncoder().state_dict(), str(weights))
-    guidance = cc.guidance_from_mapping(
+    guidance = settings.guidance_from_mapping(
         {"backend": "wan", "ckpt_dir": str(folder), "tiny_vae_path": str(weights)}
     )
-    mem = cc.memory_from_mapping({})
-    g = wan.from_config(guidance, cc.method_from_mapping({"use_tiny_vae": True}), mem)
+    mem = settings.memory_from_mapping({})
+    g = wan.from_config(guidance, settings.method_from_mapping({"use_tiny_vae": True}), mem)
     v = video().requires_grad_(True)
     z = g.encode_video(v)
     assert z.shape == (16, 11, H // 8, W // 8)
@@ -166,15 +166,15 @@ def test_from_config_with_the_tiny_vae(folder, tmp_path):
     assert float(v.grad.abs().sum()) > 0
     with pytest.raises(ValueError, match="use_tiny_vae: set guidance.tiny_vae_path"):
         wan.from_config(
-            cc.guidance_from_mapping({"backend": "wan", "ckpt_dir": str(folder)}),
-            cc.method_from_mapping({"use_tiny_vae": True}),
+            settings.guidance_from_mapping({"backend": "wan", "ckpt_dir": str(folder)}),
+            settings.method_from_mapping({"use_tiny_vae": True}),
             mem,
         )
     with pytest.raises(RuntimeError, match="enable_mmgp needs a CUDA GPU"):
         wan.from_config(
-            cc.guidance_from_mapping({"backend": "wan", "ckpt_dir": str(folder)}),
-            cc.method_from_mapping({}),
-            cc.memory_from_mapping({"enable_mmgp": True}),
+            settings.guidance_from_mapping({"backend": "wan", "ckpt_dir": str(folder)}),
+            settings.method_from_mapping({}),
+            settings.memory_from_mapping({"enable_mmgp": True}),
         )
 
 

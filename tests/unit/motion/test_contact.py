@@ -144,9 +144,9 @@ def resting_block():
 
 
 def test_the_support_band_is_the_evaluations_rest_tolerance():
-    from chord.stages import evaluate
+    from chord.evaluation import interaction
 
-    assert contact.SUPPORT_BAND == evaluate.REST_TOLERANCE
+    assert contact.SUPPORT_BAND == interaction.REST_TOLERANCE
 
 
 def test_support_costs_nothing_while_the_object_slides_or_turns_on_its_support(grid):
@@ -216,7 +216,7 @@ def test_the_grid_cell_is_its_node_spacing(grid):
 
 
 def test_the_contact_points_are_the_evaluations_samples():
-    from chord.stages import evaluate
+    from chord.evaluation import interaction
 
-    assert contact.CONTACT_SAMPLES == evaluate.INTERACTION_SAMPLES
+    assert contact.CONTACT_SAMPLES == interaction.INTERACTION_SAMPLES
     assert metrics.surface_samples is contact.surface_samples

@@ -229,20 +229,20 @@ def test_state_round_trip_gives_identical_renders(tmp_path):
     with torch.no_grad():
         scene.dynamic["obj_0"].layer2.cp_deform.normal_(0, 0.02)
         scene.dynamic["obj_0"].layer1.cp_rotation.add_(0.1)
-    from chord.training import run_loop
+    from chord.training import checkpoint
 
     tensors, meta = state.to_dict(scene, iteration=300)
     ckpt = {
-        "format": run_loop.CKPT_FORMAT,
+        "format": checkpoint.CKPT_FORMAT,
         "iteration": 300,
         "motion": tensors,
         "motion_meta": meta,
     }
-    run_loop.save_checkpoint(tmp_path / "s.pt", ckpt)  # as every training state is written
+    checkpoint.save_checkpoint(tmp_path / "s.pt", ckpt)  # as every training state is written
     fresh = scene_with_motion()
     with torch.no_grad():
         fresh.dynamic["obj_0"].layer1.cp_deform.zero_()
-    back = run_loop.load_checkpoint(tmp_path / "s.pt")
+    back = checkpoint.load_checkpoint(tmp_path / "s.pt")
     assert back["motion_meta"]["iteration"] == 300
     state.restore(fresh, back["motion"], back["motion_meta"])
 
@@ -269,13 +269,13 @@ def test_state_round_trip_gives_identical_renders(tmp_path):
     bad = tmp_path / "bad.pt"
     bad.write_bytes(b"not a state")
     with pytest.raises(ValueError, match="bad.pt: not a readable training checkpoint"):
-        run_loop.load_checkpoint(bad)
+        checkpoint.load_checkpoint(bad)
 
 
 def test_plan_second_layer_on_a_box():
     import trimesh
 
-    from chord.config import settings as cc
+    from chord.config import settings
 
     mesh = trimesh.creation.box(extents=(0.3, 0.5, 0.3))
     means = np.asarray(
@@ -283,7 +283,7 @@ def test_plan_second_layer_on_a_box():
         if "seed" in mesh.sample.__code__.co_varnames
         else mesh.sample(3000)
     )
-    method = cc.method_from_mapping({"add_cp_num": 40, "surface_target_num": 400})
+    method = settings.method_from_mapping({"add_cp_num": 40, "surface_target_num": 400})
     centres, surface, v = state_free_plan(mesh, means, method)
     assert 2 <= len(centres) <= 40
     assert 0 < len(surface) <= 400 * 40 // 20

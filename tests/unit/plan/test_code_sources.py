@@ -228,7 +228,7 @@ def test_stages_use_exempt_modules_only_in_their_declared_neutral_ways(by_stage)
     # the walk sees the uses it must: the training's, through each import form
     uses = exempt_uses(cs.module_file("chord.training.trainer"))
     assert uses["chord.resources.cuda_settings"] == {"empty_cache"}
-    assert "chord.core.errors" in exempt_uses(cs.module_file("chord.training.run_loop"))
+    assert "chord.core.errors" in exempt_uses(cs.module_file("chord.training.checkpoint"))
 
 
 def test_the_schemas_come_with_the_config_module(by_stage):

@@ -10,20 +10,19 @@ from pathlib import Path
 import pytest
 import yaml
 
-from chord.config import settings as cc
-from chord.plan import results_layout as P
-from chord.plan import scene_plan
+from chord.config import settings
+from chord.plan import results_layout, scene_plan
 from tests.conftest import REPO, box, write_scene, write_still_motion
 
 
-def load(tmp_path: Path, rows: list[tuple[str, Path]], **config) -> cc.Config:
+def load(tmp_path: Path, rows: list[tuple[str, Path]], **config) -> settings.Config:
     """The shipped config over a sheet of ``rows`` (scene, data folder), merged with
     ``config``; results under tmp_path/results."""
     sheet = tmp_path / "scenes.tsv"
     sheet.write_text("scene\tdata\tprompt\n" + "".join(f"{s}\t{d}\tp\n" for s, d in rows))
     base = yaml.safe_load((REPO / "config/config.yaml").read_text())
     base.update(scenes=str(sheet), results=str(tmp_path / "results"), **config)
-    return cc.load(base)
+    return settings.load(base)
 
 
 def three_objects(folder: Path) -> Path:
@@ -69,14 +68,18 @@ def test_roles_stages_and_the_training_inputs_of_a_scene(tmp_path):
     assert p.stages == ("coarse", "fine") and p.final_stage == "fine"
     results = tmp_path / "results"
     train = p.train_inputs()
-    assert train["plys"] == {o: P.gaussians_ply(results, "toy", o) for o in ("obj_0", "obj_1")}
-    assert train["voxels"] == {"obj_1": P.voxels_npz(results, "toy", "obj_1")}
+    assert train["plys"] == {
+        o: results_layout.gaussians_ply(results, "toy", o) for o in ("obj_0", "obj_1")
+    }
+    assert train["voxels"] == {"obj_1": results_layout.voxels_npz(results, "toy", "obj_1")}
     assert train["motion"] == data / "motion.json"  # the oracle's target
     exported = p.export_inputs()
     assert set(exported["sources"]) == {"obj_0", "obj_1"}  # the avoided object is not exported
-    assert exported["state"] == P.train_state(results, "toy", "fine")
+    assert exported["state"] == results_layout.train_state(results, "toy", "fine")
     assert set(p.evaluate_inputs()["loss_logs"]) == {"coarse", "fine"}
-    assert p.evaluate_inputs()["meshes"] == P.meshes_dir(results, "toy")  # interaction checks
+    assert p.evaluate_inputs()["meshes"] == results_layout.meshes_dir(
+        results, "toy"
+    )  # interaction checks
     wan = {
         "backend": "wan",
         "ckpt_dir": str(tmp_path / "wan"),
@@ -89,9 +92,13 @@ def test_roles_stages_and_the_training_inputs_of_a_scene(tmp_path):
 def test_the_oracle_without_a_motion_plans_the_geometry_but_not_the_training(tmp_path):
     data = three_objects(tmp_path / "data" / "mine")
     p = scene_plan.scene(load(tmp_path, [("mine", data)]), "mine")
-    assert p.geometry_inputs()["scene_json"] == P.scene_json(tmp_path / "results", "mine")
+    assert p.geometry_inputs()["scene_json"] == results_layout.scene_json(
+        tmp_path / "results", "mine"
+    )
     for inputs in (p.train_inputs, p.preview_inputs):
-        with pytest.raises(cc.ConfigError, match=r"scene mine \(scene sheet .*line 2\).*oracle"):
+        with pytest.raises(
+            settings.ConfigError, match=r"scene mine \(scene sheet .*line 2\).*oracle"
+        ):
             inputs()
     assert "motion" not in p.evaluate_inputs()  # no ground truth to compare with
     wan = {"backend": "wan", "ckpt_dir": str(tmp_path / "w"), "tiny_vae_path": str(tmp_path / "t")}
@@ -115,7 +122,7 @@ def test_a_gltf_object_brings_its_external_files_to_ingest_and_export(tmp_path):
 def test_a_static_id_outside_the_objects_names_the_scene(tmp_path):
     data = three_objects(tmp_path / "data" / "toy")
     conf = load(tmp_path, [("toy", data)], scene_overrides={"toy": {"static_id": 5}})
-    with pytest.raises(cc.ConfigError, match=r"scene toy: method: static_id: 5 is outside"):
+    with pytest.raises(settings.ConfigError, match=r"scene toy: method: static_id: 5 is outside"):
         scene_plan.scene(conf, "toy")
 
 
@@ -134,9 +141,12 @@ def test_the_demo_scenes_plan_from_the_registry_and_the_default_target_covers_th
     assert plans["hop"].scripted_motion() == Path("resources/demo/hop/motion.json")
     assert plans["hop"].motion_problem is None  # the workflow writes the demo's motion
     targets = scene_plan.all_targets(plans, conf.results)
-    assert str(P.metrics_tsv(conf.results)) in targets
+    assert str(results_layout.metrics_tsv(conf.results)) in targets
     for s, p in plans.items():
-        assert str(p.final_state()) in targets and str(P.viewer_html(conf.results, s)) in targets
+        assert (
+            str(p.final_state()) in targets
+            and str(results_layout.viewer_html(conf.results, s)) in targets
+        )
     flat = scene_plan.named(scene_plan.aggregate_inputs(plans))
     assert set(flat) == {"metrics_hop", "metrics_sway", *(f"losses_{s}_coarse" for s in plans)}
 
@@ -149,7 +159,7 @@ def test_the_plan_imports_no_torch():
     assert out.stdout.strip() == "False"
 
 
-def swept(tmp_path: Path, seeds_cell: str | None, **config) -> cc.Config:
+def swept(tmp_path: Path, seeds_cell: str | None, **config) -> settings.Config:
     """A one-scene sheet with a ``seeds`` column (``seeds_cell``; None: the column empty)."""
     data = three_objects(tmp_path / "data" / "toy")
     write_still_motion(data, ("obj_1", "obj_2"))
@@ -157,7 +167,7 @@ def swept(tmp_path: Path, seeds_cell: str | None, **config) -> cc.Config:
     sheet.write_text(f"scene\tdata\tprompt\tseeds\ntoy\t{data}\tp\t{seeds_cell or ''}\n")
     base = yaml.safe_load((REPO / "config/config.yaml").read_text())
     base.update(scenes=str(sheet), results=str(tmp_path / "results"), **config)
-    return cc.load(base)
+    return settings.load(base)
 
 
 def test_a_seed_sweep_plans_one_run_per_seed_sharing_everything_before_training(tmp_path):
@@ -170,25 +180,30 @@ def test_a_seed_sweep_plans_one_run_per_seed_sharing_everything_before_training(
         assert run.final_state() == results / "toy" / f"seed_{seed}" / "train" / "coarse.pt"
         train = run.train_inputs()  # the scene's files, the same for every seed
         assert train == p.train_inputs()
-        assert train["plys"]["obj_0"] == P.gaussians_ply(results, "toy", "obj_0")
-        assert run.evaluate_inputs()["ref"] == P.reference_png(results, "toy")
+        assert train["plys"]["obj_0"] == results_layout.gaussians_ply(results, "toy", "obj_0")
+        assert run.evaluate_inputs()["ref"] == results_layout.reference_png(results, "toy")
         assert run.evaluate_inputs()["state"] == run.final_state()
         assert scene_plan.run_spec(conf, run.run).method.seed == seed
         assert p.for_run(run.run) == run
     targets = p.targets()
     assert len(targets) == len(set(targets))
-    shared = [P.scene_json(results, "toy"), P.reference_png(results, "toy")]
+    shared = [
+        results_layout.scene_json(results, "toy"),
+        results_layout.reference_png(results, "toy"),
+    ]
     assert all(str(f) in targets for f in shared)
     for seed in (1, 2, 3):
-        assert str(P.metrics_json(results, f"toy/seed_{seed}")) in targets
-        assert str(P.viewer_html(results, f"toy/seed_{seed}")) in targets
-    assert str(P.metrics_json(results, "toy")) not in targets  # no unswept run
-    assert str(P.best_json(results, "toy")) in targets
+        assert str(results_layout.metrics_json(results, f"toy/seed_{seed}")) in targets
+        assert str(results_layout.viewer_html(results, f"toy/seed_{seed}")) in targets
+    assert str(results_layout.metrics_json(results, "toy")) not in targets  # no unswept run
+    assert str(results_layout.best_json(results, "toy")) in targets
     sweep = p.sweep_inputs()
-    assert sweep["metrics"] == {str(s): P.metrics_json(results, f"toy/seed_{s}") for s in (3, 1, 2)}
+    assert sweep["metrics"] == {
+        str(s): results_layout.metrics_json(results, f"toy/seed_{s}") for s in (3, 1, 2)
+    }
     agg = scene_plan.aggregate_inputs({"toy": p})
     assert list(agg["metrics"]) == ["toy/seed_3", "toy/seed_1", "toy/seed_2"]
-    with pytest.raises(cc.ConfigError, match="seed 7 is not one of its seeds"):
+    with pytest.raises(settings.ConfigError, match="seed 7 is not one of its seeds"):
         scene_plan.run_spec(conf, "toy/seed_7")
 
 
@@ -200,7 +215,7 @@ def test_the_config_sweeps_every_scene_and_a_sheet_cell_overrides_it(tmp_path):
     unswept = scene_plan.scene(swept(tmp_path, None), "toy")
     assert [r.run for r in unswept.runs()] == ["toy"]  # today's paths, unchanged
     assert unswept.final_state() == tmp_path / "results" / "toy" / "train" / "coarse.pt"
-    assert str(P.best_json(tmp_path / "results", "toy")) not in unswept.targets()
+    assert str(results_layout.best_json(tmp_path / "results", "toy")) not in unswept.targets()
 
 
 @pytest.mark.parametrize(
@@ -211,14 +226,16 @@ def test_the_config_sweeps_every_scene_and_a_sheet_cell_overrides_it(tmp_path):
     ],
 )
 def test_a_bad_seeds_cell_names_the_sheet_line(tmp_path, cell, message):
-    with pytest.raises(cc.ConfigError, match=f"scenes.tsv, line 2: {message}"):
+    with pytest.raises(settings.ConfigError, match=f"scenes.tsv, line 2: {message}"):
         swept(tmp_path, cell)
 
 
 def test_run_names_and_their_parts_are_inverse():
-    assert P.run_parts(P.run_name("a-b_c", None)) == ("a-b_c", None)
-    assert P.run_parts(P.run_name("a", 12)) == ("a", 12)
+    assert results_layout.run_parts(results_layout.run_name("a-b_c", None)) == ("a-b_c", None)
+    assert results_layout.run_parts(results_layout.run_name("a", 12)) == ("a", 12)
     import re
 
-    assert re.fullmatch(P.RUN_PATTERN, "hop/seed_3") and re.fullmatch(P.RUN_PATTERN, "hop")
-    assert not re.fullmatch(P.RUN_PATTERN, "hop/seed_x")
+    assert re.fullmatch(results_layout.RUN_PATTERN, "hop/seed_3") and re.fullmatch(
+        results_layout.RUN_PATTERN, "hop"
+    )
+    assert not re.fullmatch(results_layout.RUN_PATTERN, "hop/seed_x")

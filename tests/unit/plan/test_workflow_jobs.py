@@ -9,13 +9,11 @@ from pathlib import Path
 import yaml
 
 from chord.config import result_keys as rk
-from chord.config import settings as cc
-from chord.plan import code_sources, scene_plan
-from chord.plan import results_layout as P
+from chord.config import settings
+from chord.plan import code_sources, results_layout, scene_plan
 from chord.plan.workflow_jobs import WorkflowJobs
-from chord.resources import job_size
+from chord.resources import job_size, tiers
 from chord.resources import out_of_memory as oom
-from chord.resources import tiers as ct
 from tests.conftest import REPO, write_still_motion
 from tests.unit.plan.test_scene_plan import three_objects
 
@@ -28,7 +26,7 @@ def jobs_of(tmp_path, *, tier="full", **config):
     sheet = tmp_path / "scenes.tsv"
     sheet.write_text(f"scene\tdata\tprompt\ttier\ntoy\t{data}\tp\t{tier}\n")
     base.update(scenes=str(sheet), results=str(tmp_path / "results"), **config)
-    conf = cc.load(base)
+    conf = settings.load(base)
     asked, said = [], []
 
     def node():
@@ -37,7 +35,7 @@ def jobs_of(tmp_path, *, tier="full", **config):
 
     jobs = WorkflowJobs(
         conf,
-        ct.parse(conf.tiers),
+        tiers.parse(conf.tiers),
         scene_plan=lambda name: scene_plan.scene(conf, name),
         node=node,
         model=None,
@@ -52,7 +50,9 @@ def test_a_retry_after_running_out_of_memory_asks_for_the_next_tiers_resources(t
     names = list(jobs.tiers)
     assert jobs.resource("toy/seed_1", "coarse", "tier", 1) == names[0] == "full"
     # seed 1 ran out of memory on full; seed 0's record is its own and empty
-    oom.record(P.checkpoints(jobs.results, "toy/seed_1", "coarse") / oom.RECORD, "full")
+    oom.record(
+        results_layout.checkpoints(jobs.results, "toy/seed_1", "coarse") / oom.RECORD, "full"
+    )
     assert jobs.resource("toy/seed_1", "coarse", "tier", 2) == names[1]
     assert jobs.resource("toy/seed_0", "coarse", "tier", 2) == names[0]
     runtime = jobs.tiers[names[1]].runtime_min
@@ -76,7 +76,7 @@ def test_the_training_hash_is_of_the_start_tiers_method_per_run(tmp_path):
     hashes = {run: jobs.training_hash(run) for run in ("toy/seed_0", "toy/seed_1")}
     assert hashes["toy/seed_0"] != hashes["toy/seed_1"]  # the seed changes the result
     start = jobs.tiers[jobs.scene_tier("toy")]
-    job = ct.training_job(
+    job = tiers.training_job(
         scene_plan.run_spec(jobs.conf, "toy/seed_1").method, jobs.conf.memory, start
     )
     assert hashes["toy/seed_1"] == job.config_hash(jobs.conf.guidance)
@@ -84,7 +84,7 @@ def test_the_training_hash_is_of_the_start_tiers_method_per_run(tmp_path):
 
 # --- every sheet column a stage reads reaches its rule ----------------------------------------
 
-SHEET = cc.read_schema(cc.SCENES_SCHEMA)["properties"]  # the scene sheet's columns
+SHEET = settings.read_schema(settings.SCENES_SCHEMA)["properties"]  # the scene sheet's columns
 # The SceneSpec field a column fills, where it is not the column's name: the preset picks the
 # method values.
 FIELD = {"preset": "method"}
@@ -204,10 +204,10 @@ def sheet_jobs(tmp_path: Path, row: dict) -> WorkflowJobs:
     (folder / "scenes.tsv").write_text("\n".join(lines) + "\n")
     base = yaml.safe_load((REPO / "config/config.yaml").read_text())
     base.update(scenes=str(folder / "scenes.tsv"), results=str(tmp_path / "results"))
-    conf = cc.load(base)
+    conf = settings.load(base)
     return WorkflowJobs(
         conf,
-        ct.parse(conf.tiers),
+        tiers.parse(conf.tiers),
         scene_plan=lambda name: scene_plan.scene(conf, name),
         node=lambda: None,
         model=None,

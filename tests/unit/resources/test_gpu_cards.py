@@ -14,7 +14,7 @@ import torch
 import yaml
 
 from chord.cli import main
-from chord.config import settings as cc
+from chord.config import settings
 from chord.resources import gpus, job_size, peak_memory, tiers
 from tests import components
 from tests.components import skip_without
@@ -75,8 +75,8 @@ def on_node(tmp_path, monkeypatch):
 
 def pick(table: dict, node: gpus.Node, **kw) -> str:
     """tiers.auto for a scene of the shipped config's method, with the A14B memory model."""
-    method = cc.method_from_mapping(CONFIG["method"])
-    memory = cc.memory_from_mapping(CONFIG["memory"])
+    method = settings.method_from_mapping(CONFIG["method"])
+    memory = settings.memory_from_mapping(CONFIG["memory"])
     fits = job_size.scene_fits(method, memory, ROLES, node, backend="wan", label="scene s")
     return tiers.auto(tiers.parse(table), node, fits, method=method, **kw)
 
@@ -96,7 +96,7 @@ def test_auto_picks_the_tier_a_user_of_the_node_expects(on_node, row, caplog):
     node = on_node(row)
     for table, expected in ((SHIPPED, row.shipped), (MULTI, row.multi)):
         if expected == "lowres":
-            with pytest.raises(cc.ConfigError, match=LOWRES) as err:
+            with pytest.raises(settings.ConfigError, match=LOWRES) as err:
                 pick(table, node)
             assert row.name in str(err.value)  # names the card
             assert pick(table, node, allow_lowres=True) == "lowres"
@@ -116,8 +116,8 @@ def test_a_tier_is_skipped_by_the_memory_model_with_its_estimate(on_node, caplog
     """A scene too large for `full` on an 80 GB card (81 frames, Wan 2.2's own length: ~85 GiB
     by the model) but not for `split`: auto passes over full and says what the model predicts."""
     node = on_node(next(r for r in NODES if r.node == "h100_80gb"))
-    method = cc.method_from_mapping({**CONFIG["method"], "frame_num": 81})
-    memory = cc.memory_from_mapping(CONFIG["memory"])
+    method = settings.method_from_mapping({**CONFIG["method"], "frame_num": 81})
+    memory = settings.memory_from_mapping(CONFIG["memory"])
     fits = job_size.scene_fits(method, memory, ROLES, node, backend="wan", label="scene s")
     table = tiers.parse(SHIPPED)
     with caplog.at_level(logging.INFO, logger="chord.resources.tiers"):

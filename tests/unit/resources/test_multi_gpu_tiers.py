@@ -8,11 +8,11 @@ import pytest
 import yaml
 
 from chord.config import result_keys as rk
-from chord.config import settings as cc
+from chord.config import settings
 from chord.resources import gpus, job_size, peak_memory, tiers
 from tests.conftest import REPO
 
-MEM = cc.memory_from_mapping({})
+MEM = settings.memory_from_mapping({})
 SPLIT = {
     "split_sds_backward": True,
     "split_render_backward": True,
@@ -38,29 +38,29 @@ def node(gib, count=1):
 def documented(**values):
     """832*480, 41 frames, batch 4, the Tiny VAE (two objects of 100k Gaussians)."""
     base = {"size": "832*480", "frame_num": 41, "batch_size": 4, "use_tiny_vae": True}
-    return cc.method_from_mapping({**base, **values})
+    return settings.method_from_mapping({**base, **values})
 
 
 def test_gpus_is_a_tier_key_not_a_memory_flag():
     t = tiers.parse(SITE)
     assert [t[n].gpus for n in t] == [1, 2, 4, 1]
     assert t["quad24"].flags == OFFLOAD and t["duo48"].flags == SPLIT
-    with pytest.raises(cc.ConfigError, match=r"tiers.none.gpus: 0"):
+    with pytest.raises(settings.ConfigError, match=r"tiers.none.gpus: 0"):
         tiers.parse({"none": {"gpu_mem_gb": 24, "gpus": 0}})
     conf = yaml.safe_load((REPO / "config/config.yaml").read_text())
     conf["tiers"] = SITE
-    cc.validate_config(conf)  # the schema knows gpus (and fills its default)
+    settings.validate_config(conf)  # the schema knows gpus (and fills its default)
     assert conf["tiers"]["full"]["gpus"] == 1
     conf["tiers"] = {"x": {"gpu_mem_gb": 24, "gpus": 1.5}}
-    with pytest.raises(cc.ConfigError, match="gpus"):
-        cc.validate_config(conf)
+    with pytest.raises(settings.ConfigError, match="gpus"):
+        settings.validate_config(conf)
 
 
 def test_the_escalation_order_is_by_memory_per_gpu():
     """A tier's gpu_mem_gb is per GPU; the GPU count does not enter the order: 4x24 GB sits
     with the 24 GB tiers (before them: auto takes the first that fits), not above 48 GB."""
     tiers.parse(SITE)
-    with pytest.raises(cc.ConfigError, match="fullest first"):
+    with pytest.raises(settings.ConfigError, match="fullest first"):
         tiers.parse({"offload": SITE["offload"], "duo48": SITE["duo48"]})
     t = tiers.parse(SITE)
     assert tiers.for_attempt("quad24", 2, t, {"quad24"}) == "offload"  # same flags, one GPU
@@ -73,10 +73,12 @@ def test_each_gpu_trains_its_share_of_the_batch():
     assert tiers.per_gpu(m, t["full"]) is m
     assert tiers.per_gpu(m, t["duo48"]).batch_size == 2
     assert tiers.per_gpu(m, t["quad24"]).batch_size == 1
-    assert rk.training_hash(tiers.per_gpu(m, t["quad24"]), cc.guidance_from_mapping({}), 4) == (
-        rk.training_hash(m, cc.guidance_from_mapping({}))
+    assert rk.training_hash(
+        tiers.per_gpu(m, t["quad24"]), settings.guidance_from_mapping({}), 4
+    ) == (
+        rk.training_hash(m, settings.guidance_from_mapping({}))
     )  # 4 ranks of 1 video hash as one process of 4
-    with pytest.raises(cc.ConfigError) as err:
+    with pytest.raises(settings.ConfigError) as err:
         tiers.per_gpu(documented(batch_size=2), t["quad24"], scene="s")
     msg = str(err.value)
     assert msg.startswith("scene s: tier quad24 trains on 4 GPUs (gpus: 4)")
@@ -88,10 +90,10 @@ def test_every_tier_a_scene_may_run_on_must_divide_its_batch_at_dag_build():
     to, so the error comes before any job, not on a retry hours later."""
     t = tiers.parse(SITE)
     assert tiers.start("offload", t, None, method=documented(batch_size=3)).tier == "offload"
-    with pytest.raises(cc.ConfigError) as err:
+    with pytest.raises(settings.ConfigError) as err:
         tiers.start("full", t, None, method=documented(batch_size=3))
     assert "tier duo48, which an out-of-memory retry from tier full may reach," in str(err.value)
-    with pytest.raises(cc.ConfigError, match="tier quad24 trains on 4 GPUs"):
+    with pytest.raises(settings.ConfigError, match="tier quad24 trains on 4 GPUs"):
         tiers.start("quad24", t, None, method=documented(batch_size=2))
     assert tiers.start("full", t, None, method=documented(batch_size=8)).tier == "full"
 
@@ -132,7 +134,7 @@ def test_auto_picks_a_multi_gpu_tier_that_fits():
     # batch_size 2 on the 24 GB site: quad24 would split it 4 ways, an error before any job
     two = documented(batch_size=2)
     fits = job_size.scene_fits(two, MEM, ROLES, node(24, 4), backend="wan")
-    with pytest.raises(cc.ConfigError, match="batch_size 2 is not a multiple of 4"):
+    with pytest.raises(settings.ConfigError, match="batch_size 2 is not a multiple of 4"):
         tiers.start("auto", t, node(24, 4), fits, method=two)
 
 
@@ -154,7 +156,7 @@ def test_the_shipped_config_trains_on_one_gpu_and_its_commented_example_fits_24_
     GB GPU: auto picks it on a 24 GB site, before offload."""
     text = (REPO / "config/config.yaml").read_text()
     conf = yaml.safe_load(text)
-    cc.validate_config(conf)
+    settings.validate_config(conf)
     assert {t.gpus for t in tiers.parse(conf["tiers"]).values()} == {1}
     lines = text.splitlines()
     start = lines.index("  # quad24:  # a node of 4 x 24 GB; batch_size 4: one video per GPU")
@@ -164,7 +166,7 @@ def test_the_shipped_config_trains_on_one_gpu_and_its_commented_example_fits_24_
             break
         block.append("    " + line[len("  #   ") :])
     conf = yaml.safe_load("\n".join([*lines[:start], *block, *lines[start + len(block) :]]))
-    cc.validate_config(conf)
+    settings.validate_config(conf)
     t = tiers.parse(conf["tiers"])
     assert list(t)[:4] == ["full", "split", "quad24", "offload"]
     assert t["quad24"].gpus == 4 and t["quad24"].flags == {
@@ -228,15 +230,17 @@ def test_a_training_job_applies_its_tier_once_for_the_job_and_its_ranks():
     """tiers.training_job: the tier's size and flags for the job, batch_size / gpus for each
     rank, and one hash for both (the checkpoints a single-GPU tier of the scene shares)."""
     t = tiers.parse({**SITE, "quad_low": {**SITE["quad24"], "size": "416*240"}})
-    m = cc.method_from_mapping({"size": "832*480", "batch_size": 4})
+    m = settings.method_from_mapping({"size": "832*480", "batch_size": 4})
     job = tiers.training_job(m, MEM, t["quad_low"], scene="s")
     assert job.method.size == "416*240" and job.method.batch_size == 4
     assert job.rank_method.size == "416*240" and job.rank_method.batch_size == 1
     assert {k: getattr(job.memory, k) for k in OFFLOAD} == OFFLOAD
-    guidance = cc.guidance_from_mapping({})
+    guidance = settings.guidance_from_mapping({})
     assert job.config_hash(guidance) == rk.training_hash(job.rank_method, guidance, 4)
     assert job.config_hash(guidance) != tiers.training_job(m, MEM, t["full"]).config_hash(guidance)
     solo = tiers.training_job(m, MEM, t["full"])
     assert solo.rank_method == solo.method == m  # a lower size only: 832*480 stays
-    with pytest.raises(cc.ConfigError, match="scene s: tier quad24"):
-        tiers.training_job(cc.method_from_mapping({"batch_size": 3}), MEM, t["quad24"], scene="s")
+    with pytest.raises(settings.ConfigError, match="scene s: tier quad24"):
+        tiers.training_job(
+            settings.method_from_mapping({"batch_size": 3}), MEM, t["quad24"], scene="s"
+        )

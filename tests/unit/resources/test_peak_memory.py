@@ -185,7 +185,7 @@ def test_the_model_takes_the_experts_shapes_from_the_wan_folder(tmp_path, caplog
 
     import torch
 
-    from chord.config import settings as cc
+    from chord.config import settings
     from chord.guidance import tiny_models
     from chord.resources import job_size
     from chord.training import device_report
@@ -212,10 +212,10 @@ def test_the_model_takes_the_experts_shapes_from_the_wan_folder(tmp_path, caplog
     scene = SimpleNamespace(
         means=torch.zeros(300, 3), slices={"obj_0": slice(0, 300)}, dynamic={"obj_0": None}
     )
-    m = cc.method_from_mapping({"size": "64*32", "frame_num": 5, "batch_size": 1})
-    wan = cc.guidance_from_mapping({"backend": "wan", "ckpt_dir": str(folder)})
+    m = settings.method_from_mapping({"size": "64*32", "frame_num": 5, "batch_size": 1})
+    wan = settings.guidance_from_mapping({"backend": "wan", "ckpt_dir": str(folder)})
     with caplog.at_level("INFO", logger="chord.training.device_report"):
-        mem = cc.memory_from_mapping({})
+        mem = settings.memory_from_mapping({})
         trainer = SimpleNamespace(scene=scene, memory=mem)
         e = device_report.log_memory_estimate(trainer, m, wan, None)
     assert e == job_size.estimate(m, mem, None, 300, 300, shape)

@@ -11,12 +11,12 @@ import torch
 import yaml
 
 from chord.config import result_keys as rk
-from chord.config import settings as cc
+from chord.config import settings
 from chord.resources import gpus, job_size, out_of_memory, tiers
 from chord.stages import adapter
 from tests.conftest import REPO
 
-MEM = cc.memory_from_mapping({})  # the memory section's defaults
+MEM = settings.memory_from_mapping({})  # the memory section's defaults
 
 
 def card(gib, count=1):
@@ -27,7 +27,7 @@ def card(gib, count=1):
 @pytest.fixture
 def default_tiers():
     conf = yaml.safe_load((REPO / "config/config.yaml").read_text())
-    cc.validate_config(conf)
+    settings.validate_config(conf)
     return tiers.parse(conf["tiers"])
 
 
@@ -76,16 +76,18 @@ def test_a_gpu_smaller_than_every_tier_takes_the_leanest_naming_why_not_the_othe
 
 
 def test_parse_rejects_tiers_out_of_escalation_order():
-    with pytest.raises(cc.ConfigError, match="fullest first"):
+    with pytest.raises(settings.ConfigError, match="fullest first"):
         tiers.parse({"small": {"gpu_mem_gb": 24}, "big": {"gpu_mem_gb": 80}})
-    with pytest.raises(cc.ConfigError, match="reserved"):
+    with pytest.raises(settings.ConfigError, match="reserved"):
         tiers.parse({"auto": {"gpu_mem_gb": 24}})
-    with pytest.raises(cc.ConfigError, match="multiples of 16"):
+    with pytest.raises(settings.ConfigError, match="multiples of 16"):
         tiers.parse({"odd": {"gpu_mem_gb": 24, "size": "100*50"}})
     # a tier's other keys are memory flags, checked against the memory section
-    with pytest.raises(cc.ConfigError, match=r"tiers.fast: .*'split_sds_bakward' was unexpected"):
+    with pytest.raises(
+        settings.ConfigError, match=r"tiers.fast: .*'split_sds_bakward' was unexpected"
+    ):
         tiers.parse({"fast": {"gpu_mem_gb": 24, "split_sds_bakward": True}})
-    with pytest.raises(cc.ConfigError, match=r"tiers.fast: split_render_chunk_size"):
+    with pytest.raises(settings.ConfigError, match=r"tiers.fast: split_render_chunk_size"):
         tiers.parse({"fast": {"gpu_mem_gb": 24, "split_render_chunk_size": "21"}})
 
 
@@ -101,7 +103,7 @@ def test_auto_picks_the_first_tier_that_fits(default_tiers, gpu_mem_gb, expected
     assert picked.tier == expected
     assert tiers.start("split", default_tiers, card(gpu_mem_gb)).tier == "split"  # explicit wins
     if lowres:
-        with pytest.raises(cc.ConfigError, match="auto_lowres: true"):
+        with pytest.raises(settings.ConfigError, match="auto_lowres: true"):
             tiers.auto(default_tiers, card(gpu_mem_gb))
 
 
@@ -117,9 +119,9 @@ def test_escalation_moves_past_tiers_that_ran_out_of_memory(default_tiers):
 
 
 def test_memory_flags_keep_the_hash_and_a_lower_size_changes_it(default_tiers):
-    method = cc.method_from_mapping({"size": "832*480"})
-    mem = cc.memory_from_mapping({})
-    guidance = cc.guidance_from_mapping({})
+    method = settings.method_from_mapping({"size": "832*480"})
+    mem = settings.memory_from_mapping({})
+    guidance = settings.guidance_from_mapping({})
     h = rk.training_hash(method, guidance)
     for name in ("full", "split", "offload"):
         applied, _ = tiers.apply(method, mem, default_tiers[name])
@@ -129,17 +131,17 @@ def test_memory_flags_keep_the_hash_and_a_lower_size_changes_it(default_tiers):
     lowres, _ = tiers.apply(method, mem, default_tiers["lowres"])
     assert lowres.size == "576*320" and rk.training_hash(lowres, guidance) != h
     # the size only ever goes down: a small method size is kept
-    small = cc.method_from_mapping({"size": "64*32"})
+    small = settings.method_from_mapping({"size": "64*32"})
     assert tiers.apply(small, mem, default_tiers["lowres"])[0].size == "64*32"
 
 
 def test_tier_flags_left_out_keep_the_memory_sections_value(default_tiers):
-    method = cc.method_from_mapping({})
-    mem = cc.memory_from_mapping({"split_sds_backward": True, "mmgp_transformer_budget": 500})
+    method = settings.method_from_mapping({})
+    mem = settings.memory_from_mapping({"split_sds_backward": True, "mmgp_transformer_budget": 500})
     assert tiers.apply(method, mem, default_tiers["full"])[1].split_sds_backward is True
     assert tiers.apply(method, mem, default_tiers["offload"])[1].mmgp_transformer_budget == 500
-    with pytest.raises(cc.ConfigError, match="split_sds_backward"):  # never a method key
-        cc.method_from_mapping({"split_sds_backward": True})
+    with pytest.raises(settings.ConfigError, match="split_sds_backward"):  # never a method key
+        settings.method_from_mapping({"split_sds_backward": True})
 
 
 def test_out_of_memory_record_notes_the_tier_and_clears_on_success(tmp_path):
@@ -200,14 +202,15 @@ def test_lowres_size_is_recorded_and_the_fine_stage_continues_at_it(tmp_path):
     hand-off; the fine stage, on a fuller tier, continues at that size."""
     from chord.scene import demo
     from chord.stages import train as train_stage
+    from chord.training.run_settings import RunSettings
     from tests.stages.test_geometry_stages import TINY_TRAINING, train_inputs
 
     data = demo.write_demo_scene("hop", tmp_path / "data", frame_num=5)
     smaller = {"gs_init_num": 600, "cp_num": 8}
     fine = {"add_cp_objs": ["obj_0"], "add_cp_layer_iter": 3, "add_cp_num": 12}
-    m = cc.method_from_mapping({**TINY_TRAINING, **smaller, **fine})
+    m = settings.method_from_mapping({**TINY_TRAINING, **smaller, **fine})
     inputs = train_inputs(data, tmp_path / "results", "hop", m)
-    guidance = cc.guidance_from_mapping({"backend": "oracle"})
+    guidance = settings.guidance_from_mapping({"backend": "oracle"})
     t = tiers.parse({"full": {"gpu_mem_gb": 80}, "tiny": {"gpu_mem_gb": 8, "size": "32*16"}})
     lean, _ = tiers.apply(m, MEM, t["tiny"])
     ckpts = tmp_path / "ckpt"
@@ -223,7 +226,7 @@ def test_lowres_size_is_recorded_and_the_fine_stage_continues_at_it(tmp_path):
             memory=mem,
             guidance=guidance,
             handoff=tmp_path / "coarse.pt" if stage == "fine" else None,
-            tier=tier,
+            run_settings=RunSettings(tier=tier),
         )
     coarse = torch.load(tmp_path / "coarse.pt", weights_only=True)
     fine = torch.load(tmp_path / "fine.pt", weights_only=True)
@@ -267,10 +270,10 @@ def test_auto_skips_tiers_the_model_rejects(default_tiers):
         tiers.auto(default_tiers, card(8), Rejects("full", "split"), allow_lowres=True)
         == "lowres_min"
     )
-    with pytest.raises(cc.ConfigError, match=r"fits only tiers that lower the SDS size"):
+    with pytest.raises(settings.ConfigError, match=r"fits only tiers that lower the SDS size"):
         tiers.auto(default_tiers, card(8), Rejects("full", "split"))
     # ... unless the method's size is already that small: then lowres_min changes nothing
-    small = cc.method_from_mapping({"size": "128*80"})
+    small = settings.method_from_mapping({"size": "128*80"})
     assert tiers.auto(default_tiers, card(8), Rejects(), method=small) == "lowres_min"
 
 
@@ -309,10 +312,10 @@ def test_auto_without_a_gpu_ignores_the_model(default_tiers):
 def test_gaussian_counts_before_the_gaussians_stage():
     """gs_init_num per object, gs_init_nums overriding it, avoided objects left out; the
     dynamic count is that of the dynamic objects; an imported PLY's count wins."""
-    m = cc.method_from_mapping(
+    m = settings.method_from_mapping(
         {"gs_init_num": 1000, "gs_init_nums": {"obj_0": 50, "obj_3": 7}, "avoid_objs": ["obj_3"]}
     )
-    roles = cc.object_roles(m, 4)
+    roles = settings.object_roles(m, 4)
     assert roles == {"obj_0": "dynamic", "obj_1": "static", "obj_2": "dynamic", "obj_3": "avoided"}
     assert job_size.gaussian_counts(m, roles) == (50 + 1000 + 1000, 50 + 1000)
     assert job_size.gaussian_counts(m, roles, {"obj_2": 300}) == (50 + 1000 + 300, 50 + 300)
@@ -338,8 +341,8 @@ def test_imported_counts_read_the_fitted_ply_headers(tmp_path):
 def test_memory_shape_and_flags_follow_the_tier(default_tiers):
     from chord.resources import peak_memory
 
-    m = cc.method_from_mapping({"size": "832*480", "frame_num": 41, "batch_size": 4})
-    mem = cc.memory_from_mapping({})
+    m = settings.method_from_mapping({"size": "832*480", "frame_num": 41, "batch_size": 4})
+    mem = settings.memory_from_mapping({})
     lowres, lean = tiers.apply(m, mem, default_tiers["lowres"])
     assert lean.enable_mmgp is True and lean.split_render_chunk_size == 21
     shape = job_size.memory_shape(lowres, 200, 100)
@@ -361,7 +364,7 @@ def test_memory_shape_and_flags_follow_the_tier(default_tiers):
 def documented(**values):
     """The method at the documented shapes: 832*480, 41 frames, batch 4, the Tiny VAE."""
     base = {"size": "832*480", "frame_num": 41, "batch_size": 4, "use_tiny_vae": True}
-    return cc.method_from_mapping({**base, **values})
+    return settings.method_from_mapping({**base, **values})
 
 
 @pytest.mark.parametrize("gpu, expected", [(80, "full"), (48, "split"), (24, "offload")])
@@ -418,7 +421,7 @@ def test_the_contact_loss_is_in_the_tier_choice_and_the_training_log(default_tie
     sizes = job_size.trained_contact(m, scene, grid)
     assert sizes == {"contact_points": n, "contact_grid_nodes": 210}
     trainer = SimpleNamespace(scene=scene, memory=MEM, contact_grid=grid)
-    wan = cc.guidance_from_mapping({"backend": "wan"})
+    wan = settings.guidance_from_mapping({"backend": "wan"})
     with caplog.at_level("INFO", logger="chord.training.device_report"):
         logged = device_report.log_memory_estimate(trainer, m, wan, None)
     assert logged["parts"]["contact_grid"] == 4 * (210 + n)
@@ -458,7 +461,7 @@ def test_the_model_rejects_tiers_whose_declared_memory_is_optimistic(default_tie
     assert "no tier fits 1 x a 48 GiB GPU" in caplog.text and "starting on split" in caplog.text
     caplog.clear()
     fits80 = job_size.scene_fits(wan_vae, MEM, roles, card(80), backend="wan", label="scene s")
-    with pytest.raises(cc.ConfigError) as err:
+    with pytest.raises(settings.ConfigError) as err:
         tiers.auto(default_tiers, card(80), fits80, method=wan_vae)
     msg = str(err.value)
     assert (
@@ -500,13 +503,13 @@ def test_training_logs_the_model_estimate_of_its_tier(caplog):
     )
     trainer = SimpleNamespace(scene=scene, memory=MEM)
     m = documented()
-    wan = cc.guidance_from_mapping({"backend": "wan"})
+    wan = settings.guidance_from_mapping({"backend": "wan"})
     with caplog.at_level("INFO", logger="chord.training.device_report"):
         e = device_report.log_memory_estimate(trainer, m, wan, "split")
     assert e == job_size.estimate(m, MEM, None, 300, 100)
     assert "memory model on tier split (experts: 40 layers x 5120 (A14B)" in caplog.text
     assert "): 832x480: peak" in caplog.text
-    oracle = cc.guidance_from_mapping({"backend": "oracle"})
+    oracle = settings.guidance_from_mapping({"backend": "oracle"})
     assert device_report.log_memory_estimate(trainer, m, oracle, "split") is None
 
 
@@ -526,7 +529,7 @@ def test_a_job_needing_more_host_ram_than_its_tier_allows_is_an_error_naming_bot
     host = job_size.estimate(m, MEM, duo, 200_000, 100_000)["host_bytes"]
     need_mb = math.ceil(host * 1.1 / 2**20)  # the request: the model's need and a 10% margin
     assert duo.host_mem_gb == 64 and need_mb > duo.mem_mb
-    with pytest.raises(cc.ConfigError) as err:
+    with pytest.raises(settings.ConfigError) as err:
         job_size.job_request(duo, backend="wan", method=m, mem=MEM, roles=roles)
     msg = str(err.value)
     assert f"tier split: the memory model puts a training's host RAM at {host / 2**30:.1f}" in msg
@@ -547,7 +550,7 @@ def test_the_shipped_tiers_hold_the_shipped_methods_training_with_the_wan_teache
     """Every tier of config/config.yaml has the host RAM the memory model gives the shipped
     method (one 14B expert, mmgp's staging on the offload tiers) for a demo scene."""
     conf = yaml.safe_load((REPO / "config/config.yaml").read_text())
-    m = cc.method_from_mapping(conf["method"])
+    m = settings.method_from_mapping(conf["method"])
     roles = {"obj_0": "dynamic", "obj_1": "static"}
     for tier in default_tiers.values():
         request = job_size.job_request(tier, backend="wan", method=m, mem=MEM, roles=roles)

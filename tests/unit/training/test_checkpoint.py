@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from chord.training import checkpoint, run_loop
+from chord.training import checkpoint
 from tests.unit.training.test_run_loop import FlakyTeacher, make_trainer, method, run_steps
 
 
@@ -35,11 +35,11 @@ def test_a_checkpoint_holds_what_continues_the_run():
 def test_restoring_a_checkpoint_continues_after_its_iteration(tmp_path):
     m = method(iterations=4, batch_size=1)
     a = trained(m)
-    run_loop.save_checkpoint(tmp_path / "c.pt", checkpoint.contents(a, 2, "h"))
+    checkpoint.save_checkpoint(tmp_path / "c.pt", checkpoint.contents(a, 2, "h"))
     b = make_trainer(m)
     b.seed = 99
     b.arap_connectivity["obj_0"] = "stale"  # of the weights before the restore
-    assert checkpoint.restore(b, run_loop.load_checkpoint(tmp_path / "c.pt")) == 3
+    assert checkpoint.restore(b, checkpoint.load_checkpoint(tmp_path / "c.pt")) == 3
     assert b.seed == a.seed and b.arap_connectivity == {} and not b.float32_fallback
     pa, pb = a.scene.dynamic["obj_0"], b.scene.dynamic["obj_0"]
     for (k, p), (_, q) in zip(pa.named_parameters(), pb.named_parameters(), strict=True):

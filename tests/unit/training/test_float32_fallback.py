@@ -96,7 +96,7 @@ def test_float32_fallback_is_refused_where_the_job_host_ram_cannot_hold_the_floa
             )
         assert last == 6 and tr.nonfinite == 0  # the run went on to its end
         assert tr.guidance.fp32 == switches == tr.float32_fallback
-        ckpt = run_loop.load_checkpoint(folder / "ckpt_000006.pt")
+        ckpt = checkpoint.load_checkpoint(folder / "ckpt_000006.pt")
         assert ckpt["float32_fallback"] == switches
         if switches:
             assert "float32 fallback taken after 2 non-finite steps" in caplog.text
@@ -179,7 +179,7 @@ def test_a_run_resumed_after_the_fallback_computes_in_float32_and_ends_as_one_ru
             log=sigterm_after_4,
             max_nonfinite_steps=2,
         )
-    ckpt = run_loop.load_checkpoint(ckpts / "ckpt_000004.pt")
+    ckpt = checkpoint.load_checkpoint(ckpts / "ckpt_000004.pt")
 
     resumed = wan_trainer(folder, embeddings, m, broken=True)  # a new process: bf16 again
     assert resumed.guidance.compute_dtype == torch.bfloat16
@@ -193,7 +193,7 @@ def test_a_run_resumed_after_the_fallback_computes_in_float32_and_ends_as_one_ru
     ref, got = motion(one), motion(resumed)
     for k in ref:
         assert torch.equal(got[k], ref[k]), (k, float((got[k] - ref[k]).abs().max()))
-    assert run_loop.load_checkpoint(ckpts / "ckpt_000006.pt")["float32_fallback"] is True
+    assert checkpoint.load_checkpoint(ckpts / "ckpt_000006.pt")["float32_fallback"] is True
 
     old = {k: v for k, v in ckpt.items() if k != "float32_fallback"}  # before the field
     older = wan_trainer(folder, embeddings, m, broken=False)

@@ -10,20 +10,20 @@ import logging
 
 import pytest
 
-from chord.config import settings as cc
+from chord.config import settings
 from chord.core.errors import InputError
-from chord.training import resume, run_loop
+from chord.training import checkpoint, resume
 from chord.training.checkpoint import CKPT_FORMAT
 
 
 def method(**kw):
-    return cc.method_from_mapping({"size": "32*16", "seed": 5, **kw})
+    return settings.method_from_mapping({"size": "32*16", "seed": 5, **kw})
 
 
 def write(path, iteration, seed=11, **kw):
     ckpt = {"format": CKPT_FORMAT, "iteration": iteration, "seed": seed, "config_hash": "h"}
     path.parent.mkdir(parents=True, exist_ok=True)
-    run_loop.save_checkpoint(path, {**ckpt, **kw})
+    checkpoint.save_checkpoint(path, {**ckpt, **kw})
     return path
 
 

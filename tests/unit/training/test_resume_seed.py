@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from chord.training import resume, rng, run_loop
+from chord.training import checkpoint, resume, rng, run_loop
 from tests.unit.training.test_run_loop import Killed, dies_at, make_trainer, method
 
 
@@ -62,6 +62,6 @@ def test_an_unseeded_run_resumes_with_the_seed_it_drew(tmp_path, monkeypatch):
     for k in want:
         assert torch.equal(got[k], want[k]), k
 
-    handoff = run_loop.load_checkpoint(sorted(again.folder.glob("ckpt_*.pt"))[-1])
+    handoff = checkpoint.load_checkpoint(sorted(again.folder.glob("ckpt_*.pt"))[-1])
     fine = resume.find_start(tmp_path / "fine", "h", m, handoff_state=handoff)
     assert fine.seed == 1234

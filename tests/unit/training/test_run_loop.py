@@ -12,7 +12,7 @@ import pytest
 import torch
 import trimesh
 
-from chord.config import settings as cc
+from chord.config import settings
 from chord.gaussians import gaussian_set
 from chord.guidance import text, tiny_models, wan, wan_folder
 from chord.guidance.oracle import OracleGuidance
@@ -72,7 +72,7 @@ def method(**kw):
         "back_iter": 4,
         "arap_sample_num": 64,
     }
-    return cc.method_from_mapping({**base, **kw})
+    return settings.method_from_mapping({**base, **kw})
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +110,7 @@ def sds_grads(memory, guidance, txt, m):
 
 def flags(split_sds=False, split_render=False, chunk=-1, **kw):
     """MemoryConfig with the split flags and chunk given (the schema's defaults otherwise)."""
-    return cc.memory_from_mapping(
+    return settings.memory_from_mapping(
         {
             "split_sds_backward": split_sds,
             "split_render_backward": split_render,
@@ -291,9 +291,9 @@ def test_coarse_then_fine_equals_one_run(tmp_path):
     run_steps(one, 1, 9)
     coarse = make_trainer(m)
     run_steps(coarse, 1, 5)
-    run_loop.save_checkpoint(tmp_path / "coarse.pt", checkpoint.contents(coarse, 4, "h"))
+    checkpoint.save_checkpoint(tmp_path / "coarse.pt", checkpoint.contents(coarse, 4, "h"))
     fine = make_trainer(m)
-    start = checkpoint.restore(fine, run_loop.load_checkpoint(tmp_path / "coarse.pt"))
+    start = checkpoint.restore(fine, checkpoint.load_checkpoint(tmp_path / "coarse.pt"))
     assert start == 5
     run_steps(fine, start, 9)
     a, b = one.scene.dynamic["obj_0"], fine.scene.dynamic["obj_0"]

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from chord.config import settings as cc
+from chord.config import settings
 from chord.resources.tiers import Tier
 from chord.training import run_loop
 from chord.training import slurm_time_limit as stl
@@ -136,7 +136,7 @@ def test_a_job_past_its_deadline_leaves_the_record_and_its_checkpoint(tmp_path):
 
 def test_a_job_after_one_killed_without_progress_stops_naming_the_runtime(tmp_path):
     past_record(tmp_path)
-    with pytest.raises(cc.ConfigError, match="tiers.solo.runtime_h") as err:
+    with pytest.raises(settings.ConfigError, match="tiers.solo.runtime_h") as err:
         with stl.time_limit(tmp_path, TIER, {"SLURM_JOB_ID": JOB}, time.time() + 3600, "hop"):
             pytest.fail("trained")
     assert "scene hop" in str(err.value) and "Slurm job 41" in str(err.value)
@@ -163,7 +163,7 @@ def test_a_job_after_one_that_progressed_or_on_other_terms_trains(tmp_path, chan
 
 def test_the_same_runtime_as_before_is_refused_and_an_unreadable_record_ignored(tmp_path):
     past_record(tmp_path, runtime_h=2.0)
-    with pytest.raises(cc.ConfigError):
+    with pytest.raises(settings.ConfigError):
         with stl.time_limit(tmp_path, TIER, {"SLURM_JOB_ID": JOB}, time.time() + 3600):
             pass
     (tmp_path / stl.TIME_LIMIT_RECORD).write_text("{cut")
