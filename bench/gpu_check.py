@@ -135,9 +135,8 @@ from pathlib import Path
 import torch
 
 from chord.checks import fake_iteration
-from chord.config import settings as cc
-from chord.resources import peak_memory
-from chord.resources import tiers as ct
+from chord.config import settings
+from chord.resources import peak_memory, tiers
 from chord.training import trainer
 
 if __package__:
@@ -162,9 +161,9 @@ TINY = dataclasses.replace(
 def workflow_method(width: int, height: int, frames: int, batch: int, config: Path = CONFIG):
     """The workflow's method (``config``'s ``method:``, the contact loss included) at the
     check's size, frames and batch, seed 0."""
-    conf = cc.validate_config(cc.read_yaml(config))
+    conf = settings.validate_config(settings.read_yaml(config))
     over = {"size": f"{width}*{height}", "frame_num": frames, "batch_size": batch, "seed": 0}
-    return cc.method_from_mapping({**conf["method"], **over}, where=f"{config}: method")
+    return settings.method_from_mapping({**conf["method"], **over}, where=f"{config}: method")
 
 
 def traced_peaks(path: Path, frames: int, batch: int, gaussians: int) -> dict:
@@ -192,13 +191,13 @@ def tier_table(width: int, height: int, config: Path = CONFIG) -> dict[str, tupl
     with ``split_plain`` (split without checkpoint_tiny_vae: what the checkpoints save) after
     ``split``. The config is validated (the schema's defaults filled) without its scene sheet,
     which would need pandas on the GPU image."""
-    conf = cc.validate_config(cc.read_yaml(config))
-    memory = cc.memory_from_mapping(conf["memory"])
-    method = cc.method_from_mapping({"size": f"{width}*{height}"})
+    conf = settings.validate_config(settings.read_yaml(config))
+    memory = settings.memory_from_mapping(conf["memory"])
+    method = settings.method_from_mapping({"size": f"{width}*{height}"})
     rows = {}
-    for name, tier in ct.parse(conf["tiers"]).items():
-        m, mem = ct.apply(method, memory, tier)
-        rows[name] = (mem, cc.parse_size(m.size))
+    for name, tier in tiers.parse(conf["tiers"]).items():
+        m, mem = tiers.apply(method, memory, tier)
+        rows[name] = (mem, settings.parse_size(m.size))
         if name == "split":
             plain = dataclasses.replace(mem, checkpoint_tiny_vae=False)
             rows["split_plain"] = (plain, rows[name][1])
@@ -458,15 +457,15 @@ def run_tier(name, mem, size, ctx) -> dict:
     }
 
 
-def tier_rows(ctx, names, tiers=None, on_row=None) -> list[dict]:
-    """One row per tier of ``names`` in ``tiers`` (default ``ctx["tiers"]``, see
+def tier_rows(ctx, names, table=None, on_row=None) -> list[dict]:
+    """One row per tier of ``names`` in ``table`` (default ``ctx["tiers"]``, see
     :func:`tier_table`), failing soft; none starts after its section's budget. ``on_row(row)``
     after each (the JSON is written there). On CUDA a row also holds the host RSS peak above
     its start (``host_peak``: mmgp's and the float32 fallback's host RAM) beside the model's."""
     rows = []
     host = Peak(False) if ctx["cuda"] else None
     for name in names:
-        mem, size = (tiers or ctx["tiers"])[name]
+        mem, size = (table or ctx["tiers"])[name]
         if ctx["tiny"]:
             size = TINY_LOWRES.get(name, size)
         est = peak_memory.estimate(
@@ -863,18 +862,18 @@ def main(argv=None) -> int:
         p.error(str(exc))
     tiny = args.tiny
     width, height, frames, batch = (64, 48, 9, 2) if tiny else (832, 480, 41, 4)
-    tiers = tier_table(width, height)
-    names = list(tiers) if args.tiers is None else [n for n in args.tiers.split(",") if n]
-    unknown = sorted(set(names) - set(tiers))
+    table = tier_table(width, height)
+    names = list(table) if args.tiers is None else [n for n in args.tiers.split(",") if n]
+    unknown = sorted(set(names) - set(table))
     if unknown:
-        p.error(f"--tiers: unknown {unknown}; choose from {list(tiers)}")
+        p.error(f"--tiers: unknown {unknown}; choose from {list(table)}")
     extras = [n for n in args.extras.split(",") if n]
     if sorted(set(extras) - set(EXTRAS)):
         p.error(f"--extras: unknown {sorted(set(extras) - set(EXTRAS))}; choose from {EXTRAS}")
     # the float32 fallback row: split's flags at lowres_min's size (float32 has no bf16 tensor
     # cores: at 832x480 its two iterations alone would take about 6 minutes)
-    split = tiers["split"][0]
-    float32_tier = {"split_fp32": (split, tiers["lowres_min"][1])}
+    split = table["split"][0]
+    float32_tier = {"split_fp32": (split, table["lowres_min"][1])}
     if args.float32_size:
         w, _, h = args.float32_size.partition("x")
         if not (w.isdigit() and h.isdigit()):
@@ -956,7 +955,7 @@ def main(argv=None) -> int:
             "shape": dataclasses.replace(
                 shape, vae_base_dim=vae_cfg["base_dim"], vae_params=vae_params
             ),
-            "tiers": tiers,
+            "tiers": table,
             "verbose": args.verbose,
             "budgets": budgets,
             "render_backend": args.render_backend,
@@ -977,7 +976,7 @@ def main(argv=None) -> int:
         # each section within its own budget
         for section, mmgp in (("tiers", False), ("mmgp", True)):
             start_section(ctx, section)
-            part = [n for n in names if tiers[n][0].enable_mmgp == mmgp]
+            part = [n for n in names if table[n][0].enable_mmgp == mmgp]
             tier_rows(ctx, part, on_row=add_row)
         # the tiers' injected expert goes: the extras load theirs from the folder
         for guide in guides.values():

@@ -35,8 +35,7 @@ from chord.gaussians import gaussian_set, ply
 from chord.motion import control_points
 from chord.motion.model import DynamicObject, MotionScene, build_scene
 from chord.render.rasterizer import splat_tensors
-from chord.scene import demo
-from chord.scene import ingestion as sc
+from chord.scene import demo, ingestion
 
 VARIANTS = {  # name: (motion kind forced on every dynamic object or None, TEXT_NUMBERS)
     "as written": (None, usd_splats.TEXT_NUMBERS),
@@ -98,8 +97,8 @@ def sphere_row(folder: Path, *, gaussians: int, cp_num: int, frames: int) -> dic
     mesh = trimesh.creation.uv_sphere(radius=0.4, count=[100, 100])
     src = folder / "obj_0.glb"
     trimesh.Scene(mesh).export(src, file_type="glb")
-    c, s = sc.normalisation(sc.bounds_of([mesh]))
-    normalised = sc.normalise_parts([mesh], c, s)
+    c, s = ingestion.normalisation(ingestion.bounds_of([mesh]))
+    normalised = ingestion.normalise_parts([mesh], c, s)
     rest = normalised[0].vertices
     centres = control_points.place_control_points(rest, cp_num)
     gset = gaussian_set.init_from_mesh(normalised, gaussians, seed=0)

@@ -20,10 +20,6 @@ import chord.plan.code_sources
 from chord.resources import tiers
 import chord.plan.workflow_jobs
 
-# report.smk and export.smk, edited elsewhere as this lands, still read the modules' old aliases
-# (issue 46): these names go when those files read the modules under their own names.
-cc, P, ct = settings, results_layout, tiers
-
 validate(config, settings.CONFIG_SCHEMA)
 DEBUG_SCENE = config["debug_scene"]
 if DEBUG_SCENE:  # a debug run: one scene, the debug method values, its own results root
@@ -290,7 +286,7 @@ def all_targets():
     module every training's code digest includes)."""
     runs = [r.run for s in SCENES for r in plan(s).runs()]
     return chord.plan.scene_plan.all_targets({s: plan(s) for s in SCENES}, RESULTS) + [
-        str(P.preview_strip_png(RESULTS, r)) for r in runs
+        str(results_layout.preview_strip_png(RESULTS, r)) for r in runs
     ]
 
 
@@ -301,5 +297,6 @@ def training_previews(wildcards):
     stage = plan(wildcards.run).final_stage
     getattr(checkpoints, f"train_{stage}").get(run=wildcards.run)
     return sorted(
-        str(p) for p in P.previews_dir(RESULTS, wildcards.run).glob("it_*.mp4")
+        str(p)
+        for p in results_layout.previews_dir(RESULTS, wildcards.run).glob("it_*.mp4")
     )

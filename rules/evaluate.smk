@@ -58,14 +58,14 @@ rule preview_strip:
         code=code("preview_strip"),
     output:
         png=report(
-            P.preview_strip_png(RESULTS, "{run}"),
+            results_layout.preview_strip_png(RESULTS, "{run}"),
             caption="../workflow/report/preview_strip.rst",
             category="{run}",
             subcategory="plots",
             labels={"scene": "{run}", "figure": "live previews of the training"},
         ),
     log:
-        P.log(RESULTS, "{run}", "preview_strip"),
+        results_layout.log(RESULTS, "{run}", "preview_strip"),
     conda:
         "../workflow/envs/chord.yaml"
     script:

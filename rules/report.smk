@@ -8,30 +8,30 @@ rule aggregate:
         code=code("aggregate"),
     output:
         tsv=report(
-            P.metrics_tsv(RESULTS),
+            results_layout.metrics_tsv(RESULTS),
             caption="../workflow/report/metrics_tsv.rst",
             category="all scenes",
             subcategory="summary",
             labels={"figure": "metrics table"},
         ),
         bars=report(
-            P.metrics_png(RESULTS),
+            results_layout.metrics_png(RESULTS),
             caption="../workflow/report/metric_bars.rst",
             category="all scenes",
             subcategory="summary",
             labels={"figure": "metrics across scenes"},
         ),
         losses=report(
-            P.losses_png(RESULTS),
+            results_layout.losses_png(RESULTS),
             caption="../workflow/report/losses_all.rst",
             category="all scenes",
             subcategory="summary",
             labels={"figure": "training losses across scenes"},
         ),
     log:
-        P.results_log(RESULTS, "aggregate"),
+        results_layout.results_log(RESULTS, "aggregate"),
     benchmark:
-        P.results_bench(RESULTS, "aggregate")
+        results_layout.results_bench(RESULTS, "aggregate")
     conda:
         "../workflow/envs/chord.yaml"
     params:

@@ -34,7 +34,9 @@ checkpoint train_coarse:
         attempt=attempt_number,
     params:
         method=lambda wc: train_params(wc.run),
-        checkpoints=lambda wc: str(results_layout.checkpoints(RESULTS, wc.run, "coarse")),
+        checkpoints=lambda wc: str(
+            results_layout.checkpoints(RESULTS, wc.run, "coarse")
+        ),
     script:
         "../workflow/scripts/train.py"
 

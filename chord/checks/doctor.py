@@ -20,13 +20,13 @@ from chord.checks.capacity import (
 from chord.checks.gpu import check_cuda, check_renderer
 from chord.checks.report import FAIL, NA, PASS, Check
 from chord.checks.teacher import check_tiny_vae, check_wan_folder
-from chord.config import settings as cc
+from chord.config import settings
 from chord.plan import scene_plan as plan
 from chord.resources import gpus, job_size, peak_memory, tiers
 from chord.resources.machine import host_bytes, torch_node
 
 
-def _reference(conf: cc.Config):
+def _reference(conf: settings.Config):
     """The first scene's reference render (ref.png) that exists, for the Tiny VAE's latent-scale
     check; None before any has been rendered."""
     from chord.plan import results_layout
@@ -44,7 +44,7 @@ def _device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def run(conf: cc.Config, env: Mapping[str, str]) -> list:
+def run(conf: settings.Config, env: Mapping[str, str]) -> list:
     """Every check for the workflow configuration ``conf`` on this machine. The tiers are
     chosen as the workflow's DAG build chooses them: for the config's ``gpu_mem_gb`` and
     ``gpus_per_node``, else for the GPUs ``nvidia-smi`` lists
@@ -78,7 +78,7 @@ def run(conf: cc.Config, env: Mapping[str, str]) -> list:
     for name, spec in conf.scenes.items():
         try:
             scene_plan = plan.scene(conf, name)
-        except cc.ConfigError as exc:
+        except settings.ConfigError as exc:
             checks.append(Check("scene", FAIL, str(exc)))
             continue
         roles, dynamic = scene_plan.roles, scene_plan.dynamic
@@ -90,7 +90,7 @@ def run(conf: cc.Config, env: Mapping[str, str]) -> list:
             continue
         try:
             choice = job_size.scene_start(conf, scene_plan, tier_table, node, model)
-        except cc.ConfigError as exc:
+        except settings.ConfigError as exc:
             checks.append(Check("tier", FAIL, str(exc), "see the message"))
             continue
         tier = choice.tier

@@ -50,10 +50,9 @@ from chord.cli.state_files import (  # noqa: F401 (status.last_error: its tests'
     last_error,
     read_state,
 )
-from chord.config import settings as cc
+from chord.config import settings
 from chord.core.errors import InputError
-from chord.plan import results_layout as P
-from chord.plan import scene_plan
+from chord.plan import results_layout, scene_plan
 from chord.resources import out_of_memory, tiers
 from chord.training import progress
 from chord.training.slurm_time_limit import TIME_LIMIT_RECORD
@@ -100,14 +99,17 @@ def _stage_outputs(p: scene_plan.ScenePlan) -> list[tuple[str, list[Path]]]:
     """The run's stages in DAG order, each with the files that show it done."""
     r, s, run = p.results, p.scene, p.run
     out = [
-        ("ingest", [P.scene_json(r, s)]),
+        ("ingest", [results_layout.scene_json(r, s)]),
         ("gaussians", list(p.gaussians().values())),
         ("voxelize", list(p.voxels().values())),
-        ("reference", [P.reference_png(r, s)]),
-        ("condition", [P.text_condition(r, s)]),
+        ("reference", [results_layout.reference_png(r, s)]),
+        ("condition", [results_layout.text_condition(r, s)]),
     ]
-    out += [(f"train_{st}", [P.train_state(r, run, st)]) for st in p.stages]
-    out += [("export", [P.ref_view_mp4(r, run)]), ("evaluate", [P.metrics_json(r, run)])]
+    out += [(f"train_{st}", [results_layout.train_state(r, run, st)]) for st in p.stages]
+    out += [
+        ("export", [results_layout.ref_view_mp4(r, run)]),
+        ("evaluate", [results_layout.metrics_json(r, run)]),
+    ]
     return out
 
 
@@ -130,7 +132,7 @@ def _latest_progress(
     folder; what is wrong with each damaged one is appended to ``damaged``."""
     best = (None, None, -1.0)
     for st in p.stages:
-        folder = P.checkpoints(p.results, p.run, st)
+        folder = results_layout.checkpoints(p.results, p.run, st)
         try:
             subs = [sub for sub in os.scandir(folder) if sub.is_dir()]
         except OSError:
@@ -151,7 +153,7 @@ def _records(p: scene_plan.ScenePlan, now: float, damaged: list[str]) -> str | N
     in time: only one whose deadline has passed tells of a job killed at its limit."""
     notes = []
     for st in p.stages:
-        folder = P.checkpoints(p.results, p.run, st)
+        folder = results_layout.checkpoints(p.results, p.run, st)
         path = folder / out_of_memory.RECORD
         try:
             oom = out_of_memory.read(path)
@@ -181,7 +183,7 @@ def _records(p: scene_plan.ScenePlan, now: float, damaged: list[str]) -> str | N
 def _device(p: scene_plan.ScenePlan, stage: str | None) -> str | None:
     """The device type the run's training (``stage``'s, else the last one logged) runs on."""
     for st in [stage] if stage in p.stages else reversed(p.stages):
-        found = state_files.device(P.log(p.results, p.run, f"train_{st}"))
+        found = state_files.device(results_layout.log(p.results, p.run, f"train_{st}"))
         if found:
             return found
     return None
@@ -189,7 +191,10 @@ def _device(p: scene_plan.ScenePlan, stage: str | None) -> str | None:
 
 def _logs(p: scene_plan.ScenePlan) -> list[Path]:
     """The run's logs (its scene's and its own), newest first."""
-    folders = {P.scene_dir(p.results, p.scene) / "logs", P.scene_dir(p.results, p.run) / "logs"}
+    folders = {
+        results_layout.scene_dir(p.results, p.scene) / "logs",
+        results_layout.scene_dir(p.results, p.run) / "logs",
+    }
     found = []
     for folder in folders:
         try:
@@ -203,7 +208,7 @@ def _loading(p: scene_plan.ScenePlan, now: float, since: float | None) -> bool:
     """Whether a training attempt started (its log's first line, written by the adapter)
     after the newest progress (``since``), within the stall limit, and has no error yet."""
     for stage in p.stages:
-        log = P.log(p.results, p.run, f"train_{stage}")
+        log = results_layout.log(p.results, p.run, f"train_{stage}")
         try:
             mtime = log.stat().st_mtime
         except OSError:
@@ -292,7 +297,7 @@ def _num(job: str) -> int:
 
 
 def run_status(
-    p: scene_plan.ScenePlan, conf: cc.Config, now: float, jobs: dict, table: dict
+    p: scene_plan.ScenePlan, conf: settings.Config, now: float, jobs: dict, table: dict
 ) -> RunStatus:
     """The status of the run ``p`` at ``now`` (seconds since the epoch)."""
     st = RunStatus(run=p.run, scene=p.scene, done=_furthest(p), state="waiting")
@@ -340,7 +345,7 @@ def run_status(
         elif st.state == "failed" and st.record and "bad input" in st.record:
             st.error = st.record
     if st.state in ("failed", "stalled", "stopped") and st.log is None and st.stage:
-        st.log = str(P.log(p.results, p.run, f"train_{st.stage}"))
+        st.log = str(results_layout.log(p.results, p.run, f"train_{st.stage}"))
     st.device = _device(p, st.stage)
     hours = _remaining(st, spec)
     if st.device == "cpu":
@@ -362,14 +367,16 @@ def _remaining(st: RunStatus, spec) -> float | None:
     return left * st.s_per_it / 3600.0
 
 
-def collect(conf: cc.Config, *, env: Mapping[str, str] | None = None, now: float | None = None):
+def collect(
+    conf: settings.Config, *, env: Mapping[str, str] | None = None, now: float | None = None
+):
     """Every run's :class:`RunStatus`, in sheet and seed order."""
     env = os.environ if env is None else env
     now = time.time() if now is None else now
     jobs = slurm_jobs(env)
     try:
         table = tiers.parse(conf.tiers)
-    except cc.ConfigError:
+    except settings.ConfigError:
         table = {}
     plans = {name: scene_plan.scene(conf, name) for name in conf.scenes}
     return [run_status(p, conf, now, jobs, table) for p in scene_plan.runs(plans)]

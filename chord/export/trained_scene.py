@@ -22,7 +22,7 @@ from chord.gltf.morphed import dynamic_scene_glb
 from chord.gltf.skinned import dynamic_scene_skinned_glb
 from chord.motion import state
 from chord.motion.model import build_scene
-from chord.scene import ingestion as sc
+from chord.scene import ingestion
 from chord.training import run_loop
 
 logger = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ def load_trained(
     checkpoint dict) from the stage files of one scene and a training state. The motion's
     shape (frames, neighbours) comes from the state; ``frame_num`` only matters for a scene
     without dynamic objects (default: the method default)."""
-    doc = sc.read_scene_json(scene_json)
+    doc = ingestion.read_scene_json(scene_json)
     ckpt = run_loop.load_checkpoint(state_path)
     meta = ckpt["motion_meta"]
     names = [o["name"] for o in doc["objects"] if o["role"] != "avoided"]

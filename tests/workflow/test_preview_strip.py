@@ -10,7 +10,7 @@ import shutil
 import numpy as np
 from PIL import Image
 
-from chord.plan import results_layout as P
+from chord.plan import results_layout
 from chord.stages import preview_strip
 from tests.workflow.test_scale import snakemake
 from tests.workflow.test_workflow import planned_jobs
@@ -22,9 +22,9 @@ def test_a_finished_training_gets_its_preview_strip_and_the_report_shows_it(fini
     snakemake(work, "--until", "code")  # the copy's code jobs re-run once (absolute paths)
     assert planned_jobs(snakemake(work, "-n")) == {}
     results = work / "results"
-    previews = sorted(P.previews_dir(results, "hop").glob("it_*.mp4"))
+    previews = sorted(results_layout.previews_dir(results, "hop").glob("it_*.mp4"))
     assert previews  # preview_every -1 on 2 iterations: every iteration
-    strip = P.preview_strip_png(results, "hop")
+    strip = results_layout.preview_strip_png(results, "hop")
     img = np.asarray(Image.open(strip).convert("RGB"))
     rows = {np.asarray(Image.open(strip)).shape[0] // len(previews)}
     assert len(rows) == 1 and img.shape[0] % len(previews) == 0  # one row per preview
@@ -33,7 +33,7 @@ def test_a_finished_training_gets_its_preview_strip_and_the_report_shows_it(fini
     assert planned_jobs(snakemake(work, "-n")) == {"preview_strip": 1}
     snakemake(work)
     np.testing.assert_array_equal(np.asarray(Image.open(strip).convert("RGB")), img)
-    log = P.log(results, "hop", "preview_strip").read_text()
+    log = results_layout.log(results, "hop", "preview_strip").read_text()
     its = sorted(preview_strip.iteration(p) for p in previews)
     assert f"{len(its)} previews, iterations {its}" in log
     report = tmp_path / "report.html"

@@ -18,7 +18,7 @@ import pytest
 from bench import gltf_costs
 from chord.core.errors import InputError
 from chord.gltf import container, memory_budget, reader
-from chord.scene import ingestion as sc
+from chord.scene import ingestion
 from tests.conftest import REPO
 from tests.unit.gltf.test_untrusted import box_glb, refused, write
 
@@ -181,8 +181,8 @@ def test_a_scene_file_that_is_a_fifo_or_a_link_to_dev_zero_is_named_so(tmp_path,
     write(tmp_path, doc, blob, "obj_0.glb")
     (tmp_path / name).unlink()
     (tmp_path / name).symlink_to("/dev/zero")
-    with pytest.raises(sc.SceneError) as err:
-        sc.discover_objects(tmp_path)
+    with pytest.raises(ingestion.SceneError) as err:
+        ingestion.discover_objects(tmp_path)
     want = f"{tmp_path / name}: is not a regular file (a link to /dev/zero, a character device)"
     assert str(err.value) == want
     with pytest.raises(InputError) as err:
