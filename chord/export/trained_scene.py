@@ -23,7 +23,7 @@ from chord.gltf.skinned import dynamic_scene_skinned_glb
 from chord.motion import state
 from chord.motion.model import build_scene
 from chord.scene import ingestion
-from chord.training import run_loop
+from chord.training import checkpoint
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ def load_trained(
     shape (frames, neighbours) comes from the state; ``frame_num`` only matters for a scene
     without dynamic objects (default: the method default)."""
     doc = ingestion.read_scene_json(scene_json)
-    ckpt = run_loop.load_checkpoint(state_path)
+    ckpt = checkpoint.load_checkpoint(state_path)
     meta = ckpt["motion_meta"]
     names = [o["name"] for o in doc["objects"] if o["role"] != "avoided"]
     dynamic = [o["name"] for o in doc["objects"] if o["role"] == "dynamic"]

@@ -75,7 +75,6 @@ from chord.gltf.textures import (
 )
 from chord.gltf.uri import is_data, regular_bytes, scene_path
 
-SUFFIXES = (".glb", ".gltf")
 QUANTIZATION = "KHR_mesh_quantization"
 INSTANCING = "EXT_mesh_gpu_instancing"
 #: resolved into core glTF by :func:`read`
@@ -131,10 +130,6 @@ class Source:
 
 
 # --- files --------------------------------------------------------------------------------
-
-
-def is_source(path: Path) -> bool:
-    return path.suffix.lower() in SUFFIXES
 
 
 def external_files(path: Path | str) -> list[Path]:
