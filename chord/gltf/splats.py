@@ -11,7 +11,7 @@ changed in 63770cc70a3709cf101a42cece0bdf602b37e2e7, "Editorial review"): ROTATI
 quaternion (x, y, z, w), SCALE linear (not log), OPACITY linear in [0, 1] (not a logit),
 SH_DEGREE_l_COEF_n the raw coefficients of degree l and order m = n − l (DC without the 0.5).
 
-The spec leaves skinned splats undefined; ours (docs/outputs.md, "`dynamic_splats.glb`") is
+The spec leaves skinned splats undefined; ours (docs/outputs.md, "dynamic_splats.glb") is
 named in each skinned primitive's ``extras.CHORD_splat_skinning``: the glTF skinning rule moves the
 position, the rotation is N(Σ_i w_i·q_{j_i}(t)) ⊗ q with q_j(t) joint j's animated local
 rotation (the trained blend, METHOD §5), the scale is kept (the skin matrices here are rigid)
@@ -61,7 +61,7 @@ KERNEL = {
     "projection": "perspective",
     "sortingMethod": "cameraDistance",
 }
-#: Our conventions where the spec says nothing (docs/outputs.md, "`dynamic_splats.glb`").
+#: Our conventions where the spec says nothing (docs/outputs.md, "dynamic_splats.glb").
 SKINNING_EXTRAS = {
     "CHORD_splat_skinning": {
         "rotation": "normalised_blend_of_joint_rotations",
