@@ -177,7 +177,7 @@ def test_gaussian_count_change_reruns_gaussians_and_voxelize(demo_run, tmp_path)
     conf["scene_overrides"]["hop"]["gs_init_num"] = 5000  # over its preset
     (work / "config/config.yaml").write_text(yaml.safe_dump(conf, sort_keys=False))
     jobs = planned_jobs(snakemake(work, "-n"))
-    after = {"train_coarse", "export", "viewer", "evaluate", "aggregate"}
+    after = {"train_coarse", "export", "viewer", "evaluate", "aggregate", "preview_strip"}
     assert set(jobs) == {"gaussians", "voxelize", "reference"} | after
     assert jobs["reference"] == 1 and jobs["voxelize"] == 1 and jobs["train_coarse"] == 1
 
