@@ -89,7 +89,9 @@ def both_glbs(
     return row
 
 
-def demo_row(name: str, folder: Path) -> dict:
+def demo_scene(name: str, folder: Path):
+    """(method, scene.json doc, Gaussian sets, the motion scene with a trained-like motion,
+    {object: source GLB}) of the demo scene ``name``, its stages run under ``folder``."""
     method, _ = fixtures.scene_config(name)
     data = demo.write_demo_scene(name, folder / "data", frame_num=method.frame_num)
     out = upstream_train.prepare_geometry(
@@ -104,6 +106,11 @@ def demo_row(name: str, folder: Path) -> dict:
     scene = build_scene(doc, gsets, vox, method)
     shake(scene)
     sources = {o["name"]: data / f"{o['name']}.glb" for o in doc["objects"]}
+    return method, doc, gsets, scene, sources
+
+
+def demo_row(name: str, folder: Path) -> dict:
+    method, doc, gsets, scene, sources = demo_scene(name, folder)
     cps = sum(len(o.layer1.centres) for o in scene.dynamic.values())
     row = both_glbs(
         folder, doc=doc, scene=scene, sources=sources, gaussians=gsets,

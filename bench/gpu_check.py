@@ -168,18 +168,26 @@ def workflow_method(width: int, height: int, frames: int, batch: int, config: Pa
 
 def traced_peaks(path: Path, frames: int, batch: int, gaussians: int) -> dict:
     """``{(tier, "WxH", flags): traced peak bytes}`` of the faked trace at ``path`` for runs of
-    these frames, batch and Gaussians; {} when there is none."""
+    these frames, batch and Gaussians; {} when there is none, and {} with one line naming the
+    file when it cannot be read as a trace."""
     try:
         report = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        print(f"gpu_check: {path}: not read ({exc}); no trace beside the rows")
         return {}
     peaks = {}
-    for r in report.get("tiers", []):
-        if r.get("ok") and (r["frames"], r["batch"], r.get("gaussians")) == (
-            frames, batch, gaussians,
-        ):  # fmt: skip
-            key = (r["tier"], r["size"].replace("*", "x"), json.dumps(r["flags"], sort_keys=True))
-            peaks[key] = r["traced_peak_bytes"]
+    try:
+        for r in report["tiers"]:
+            if r.get("ok") and (r["frames"], r["batch"], r.get("gaussians")) == (
+                frames, batch, gaussians,
+            ):  # fmt: skip
+                flags = json.dumps(r["flags"], sort_keys=True)
+                peaks[r["tier"], r["size"].replace("*", "x"), flags] = int(r["traced_peak_bytes"])
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
+        print(f"gpu_check: {path}: not a trace ({type(exc).__name__}: {exc}); no trace column")
+        return {}
     return peaks
 
 

@@ -24,18 +24,16 @@ import torch
 import trimesh
 
 if __package__:
-    from bench import fixtures, glb_size
+    from bench import glb_size
 else:
-    import fixtures
     import glb_size
 
-from chord.cli import upstream_train
 from chord.export import usd, usd_splats
-from chord.gaussians import gaussian_set, ply
+from chord.gaussians import gaussian_set
 from chord.motion import control_points
-from chord.motion.model import DynamicObject, MotionScene, build_scene
+from chord.motion.model import DynamicObject, MotionScene
 from chord.render.rasterizer import splat_tensors
-from chord.scene import demo, ingestion
+from chord.scene import ingestion
 
 VARIANTS = {  # name: (motion kind forced on every dynamic object or None, TEXT_NUMBERS)
     "as written": (None, usd_splats.TEXT_NUMBERS),
@@ -71,20 +69,7 @@ def layer_sizes(folder: Path, **kw) -> dict:
 
 
 def demo_row(name: str, folder: Path) -> dict:
-    method, _ = fixtures.scene_config(name)
-    data = demo.write_demo_scene(name, folder / "data", frame_num=method.frame_num)
-    out = upstream_train.prepare_geometry(
-        data=data, results=folder / "results", scene=name, method=method
-    )
-    doc = out["doc"]
-    gsets = {n: ply.read_ply(p, sh_degree_cap=method.sh_degree) for n, p in out["plys"].items()}
-    vox = {}
-    for n, p in out["voxels"].items():
-        with np.load(p) as z:
-            vox[n] = {k: z[k] for k in ("control_points", "surface")}
-    scene = build_scene(doc, gsets, vox, method)
-    glb_size.shake(scene)
-    sources = {o["name"]: data / f"{o['name']}.glb" for o in doc["objects"]}
+    method, doc, gsets, scene, sources = glb_size.demo_scene(name, folder)
     sizes = layer_sizes(
         folder, doc=doc, scene=scene, sources=sources, gaussians=gsets,
         frames=method.frame_num, fps=method.save_fps,

@@ -293,6 +293,10 @@ def test_the_trace_of_the_same_run_goes_beside_the_measured_peak(tmp_path, capsy
     key = lambda name, f: (name, "64x48", json.dumps(flags(f), sort_keys=True))  # noqa: E731
     assert peaks == {key("full", "full"): 1000, key("split", "full"): 7}
     assert mod.traced_peaks(tmp_path / "none.json", 9, 2, 2000) == {}
+    for damaged in ("[1, 2]", '{"tiers": [{"ok": true}]}', "{", '{"tiers": 3}'):
+        path.write_text(damaged)  # a damaged trace is one line and no column, not a traceback
+        assert mod.traced_peaks(path, 9, 2, 2000) == {}
+        assert f"gpu_check: {path}: not " in capsys.readouterr().out
 
     ctx = {
         "tiny": True, "cuda": False, "frames": 9, "batch": 2, "gaussians": 2000,
