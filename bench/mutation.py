@@ -209,7 +209,8 @@ def stop_tests_in(copy: Path) -> None:
 
 def test_command(target: Target) -> str:
     return " ".join(
-        [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *target.tests]
+        [sys.executable, "-m", "pytest", "-n", "0", "-x", "-q", "-p", "no:cacheprovider"]
+        + list(target.tests)
         + [f"--deselect={node}" for node in target.slow]
     )
 

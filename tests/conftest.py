@@ -14,7 +14,7 @@ import pytest
 import trimesh
 import yaml
 
-from tests import components
+from tests import components, parallel
 
 REPO = Path(__file__).resolve().parents[1]
 # Third-party glTF files the tests read, through the khronos fixture (sources and licences in its
@@ -41,12 +41,20 @@ MARKERS = {
 
 
 def pytest_configure(config):
-    """Registers each marker with the folders that carry it (from FOLDER_MARKERS)."""
+    """Registers each marker with the folders that carry it (from FOLDER_MARKERS); in an xdist
+    worker, gives torch the worker's share of the CPUs (tests/parallel.py)."""
     for name, what in MARKERS.items():
         folders = ", ".join(f"tests/{f}" for f, marks in FOLDER_MARKERS.items() if name in marks)
         config.addinivalue_line("markers", f"{name}: {what} ({folders})")
+    parallel.share_threads()
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    return parallel.workers(parallel.cpus(), parallel.available_gb())
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
 def pytest_collection_modifyitems(config, items):
     tests = Path(__file__).resolve().parent
     for item in items:
@@ -54,6 +62,7 @@ def pytest_collection_modifyitems(config, items):
         parts = path.relative_to(tests).parts if path.is_relative_to(tests) else ()
         for name in FOLDER_MARKERS.get(parts[0], ()) if len(parts) > 1 else ():
             item.add_marker(name)
+    parallel.mark_groups(items)
 
 
 @pytest.hookimpl(hookwrapper=True)

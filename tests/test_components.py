@@ -39,8 +39,8 @@ def run_sample(tmp_path, ci: bool) -> str:
     if ci:
         env["CHORD_CI"] = "1"
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider",
-         "--rootdir", str(tmp_path), str(tmp_path / "test_sample.py")],
+        [sys.executable, "-m", "pytest", "-n", "0", "-p", "tests.conftest",
+         "-p", "no:cacheprovider", "--rootdir", str(tmp_path), str(tmp_path / "test_sample.py")],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     return proc.stdout + proc.stderr
