@@ -397,15 +397,8 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)  # fmt: skip
         return 2
 
-    from chord.checks import cuda_shim
-
-    try:
-        cuda_shim.load()
-    except cuda_shim.ShimError as exc:
-        print(f"fake_iteration: {exc}", file=sys.stderr)
-        return 2
-    import torch
-
+    # the config is read and checked before torch is imported (none of this imports it): a bad
+    # one is named at once, not after the device's setup
     from chord.config import settings
     from chord.resources import peak_memory, tiers
 
@@ -449,6 +442,15 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    from chord.checks import cuda_shim
+
+    try:
+        cuda_shim.load()
+    except cuda_shim.ShimError as exc:
+        print(f"fake_iteration: {exc}", file=sys.stderr)
+        return 2
+    import torch
+
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         teacher = Teacher(Path(tmp), args.experts, shape)
