@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -24,6 +25,15 @@ SCRIPT = ROOT / "bench" / "gpu_check.py"
 #: blocked (bench/gpu_imports.py)
 GUARD = ROOT / "bench" / "gpu_imports.py"
 RUN_TIER = mod.run_tier  # the real one, for tests that replace it in main()
+
+
+@pytest.fixture(autouse=True)
+def no_collections(monkeypatch):
+    """The check collects garbage between its rows, to measure each tier from a clean heap; in
+    this process (torch, diffusers and the suite loaded) a collection takes about a second,
+    and the tests' rows allocate nothing: the in-process tests skip them (the --tiny run in its
+    own process collects)."""
+    monkeypatch.setattr(mod, "gc", SimpleNamespace(collect=lambda *a: 0))
 
 
 @skip_without(components.CPU_ONLY, not torch.cuda.is_available(), "the --tiny run is the CPU check")
@@ -79,7 +89,15 @@ def test_tiny_run_prints_every_tier_and_fails_soft(tmp_path):
     assert "renderer timing: skipped" in proc.stdout
 
 
-def test_an_out_of_memory_tier_is_a_row_and_the_next_tier_runs(monkeypatch, capsys):
+@pytest.fixture(scope="module")
+def contact():
+    """The check's contact inputs (meshes, the slab's distance grid, the block's points) at the
+    tiny size, for tests that hand tier_rows a context of their own (the grid takes ~0.5 s)."""
+    method = mod.workflow_method(64, 48, 9, 2)
+    return mod.fake_iteration.block_on_slab(method, gaussians=100)[1:]
+
+
+def test_an_out_of_memory_tier_is_a_row_and_the_next_tier_runs(monkeypatch, capsys, contact):
     calls = []
 
     def fake_run_tier(name, flags, size, ctx):
@@ -105,7 +123,7 @@ def test_an_out_of_memory_tier_is_a_row_and_the_next_tier_runs(monkeypatch, caps
         "verbose": False,
         "method": mod.workflow_method(64, 48, 9, 2),
     }
-    ctx["contact"] = mod.fake_iteration.block_on_slab(ctx["method"], gaussians=100)[1:]
+    ctx["contact"] = contact
     rows = mod.tier_rows(ctx, ["full", "split", "offload", "lowres"])
     assert calls == ["full", "split", "offload", "lowres"]
     assert [r["status"] for r in rows] == [
@@ -275,7 +293,7 @@ def test_the_random_expert_keeps_diffusers_float32_modules():
     assert mod.kept_float32(expert.to(torch.bfloat16)) == (0, total)  # what mmgp's cast did
 
 
-def test_the_trace_of_the_same_run_goes_beside_the_measured_peak(tmp_path, capsys):
+def test_the_trace_of_the_same_run_goes_beside_the_measured_peak(tmp_path, capsys, contact):
     """A row takes the faked trace's peak of its own tier, size, flags, frames, batch and
     Gaussians (bench/gpu_trace.json), and no other's."""
     tiers = mod.tier_table(64, 48)
@@ -303,7 +321,7 @@ def test_the_trace_of_the_same_run_goes_beside_the_measured_peak(tmp_path, capsy
         "peak": mod.Peak(False), "shape": peak_memory.A14B, "tiers": tiers, "verbose": False,
         "method": mod.workflow_method(64, 48, 9, 2), "traced": peaks,
     }  # fmt: skip
-    ctx["contact"] = mod.fake_iteration.block_on_slab(ctx["method"], gaussians=100)[1:]
+    ctx["contact"] = contact
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(mod, "run_tier", lambda *a: {"status": "ok", "allocated": 1100})
         rows = mod.tier_rows(ctx, ["full", "split"])

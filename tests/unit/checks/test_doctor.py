@@ -3,6 +3,7 @@ with its remedy, and a non-zero exit where something would fail on the GPU node.
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 
 import pytest
@@ -11,7 +12,7 @@ import torch
 from chord.checks import capacity, preflight, report, teacher
 from chord.cli import main
 from chord.config import settings
-from chord.guidance import tiny_models
+from chord.guidance import tiny_models, tiny_vae_check
 from chord.resources import machine, peak_memory
 from tests import components
 from tests.components import skip_without
@@ -46,6 +47,35 @@ def test_the_demo_config_passes_here_and_says_what_needs_a_gpu(capsys, monkeypat
         "disk": "pass",
     }
     assert "needs a CUDA GPU (gsplat's kernels are CUDA-only)" in out
+
+
+@pytest.fixture(scope="module")
+def comparisons():
+    """{digest of the clip, the Tiny VAE's and the Wan VAE's weights: result} of the latent-scale
+    comparison, which the doctor and the preflight run on every call (about a second on a CPU):
+    a pure function of those, computed once per distinct input for the module's tests."""
+    return {}
+
+
+@pytest.fixture(autouse=True)
+def compare_once(comparisons, monkeypatch):
+    compare = tiny_vae_check.compare_with_full_vae
+
+    def cached(video, tiny, vae):
+        digest = hashlib.sha256()
+        tensors = {"video": video, "mean": tiny.latents_mean, "std": tiny.latents_std}
+        tensors |= {f"tiny.{k}": t for k, t in tiny.state_dict().items()}
+        tensors |= {f"vae.{k}": t for k, t in vae.state_dict().items()}
+        for name, t in tensors.items():
+            t = t.detach().cpu()
+            digest.update(f"{name} {t.dtype} {tuple(t.shape)}".encode())
+            digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+        key = digest.hexdigest()
+        if key not in comparisons:
+            comparisons[key] = compare(video, tiny, vae)
+        return comparisons[key]
+
+    monkeypatch.setattr(tiny_vae_check, "compare_with_full_vae", cached)
 
 
 @pytest.fixture(scope="module")
