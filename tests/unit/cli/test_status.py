@@ -3,12 +3,15 @@ waiting), locally and with a fake Slurm (squeue and sacct on PATH), and without 
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
 import sys
 import time
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -91,6 +94,18 @@ def chord_status(root: Path, *args, path=None) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=root, timeout=60)
 
 
+def status_here(root: Path, *args, path: str) -> subprocess.CompletedProcess:
+    """``chord status`` as :func:`chord_status` runs it, in this process (its imports paid
+    once; the torch-free check is test_each_state_is_told_without_torch's)."""
+    from chord.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    argv = ["status", "--config", str(root / "config.yaml"), *args]
+    with mock.patch.dict(os.environ, {"PATH": path}), redirect_stdout(out), redirect_stderr(err):
+        rc = main.main(argv)
+    return subprocess.CompletedProcess(argv, rc, out.getvalue(), err.getvalue())
+
+
 def no_slurm_path() -> str:
     """PATH without squeue or sacct (this machine may have Slurm)."""
     return os.pathsep.join(
@@ -152,7 +167,7 @@ def test_slurm_jobs_are_matched_by_the_executors_comment(tree, tmp_path):
     for name, out in scripts.items():
         (bin_ / name).write_text(f"#!/bin/sh\nprintf '{out}'\n")
         (bin_ / name).chmod(0o755)
-    proc = chord_status(tree, "--json", path=f"{bin_}{os.pathsep}{no_slurm_path()}")
+    proc = status_here(tree, "--json", path=f"{bin_}{os.pathsep}{no_slurm_path()}")
     assert proc.returncode == 0, proc.stderr
     runs = {r["run"]: r for r in json.loads(proc.stdout)["runs"]}
     jobs = {k: (r["state"], r["job"], r["job_state"]) for k, r in runs.items()}
@@ -225,7 +240,7 @@ def test_a_new_attempt_loading_runs_and_only_a_passed_time_limit_is_a_record(tre
     )
     progress_doc(folder / "h" / progress.LATEST, age_s=2 * status.STALL_FLOOR_S,
                  state="stopped")  # fmt: skip
-    proc = chord_status(tree, "--json", path=no_slurm_path())
+    proc = status_here(tree, "--json", path=no_slurm_path())
     runs = {r["run"]: r for r in json.loads(proc.stdout)["runs"]}
     assert (runs["bad"]["state"], runs["bad"]["error"]) == ("running", None)
     # it stopped itself at its time limit: "stopped", not waiting or failed (issue 47)
@@ -295,10 +310,10 @@ def test_a_damaged_progress_json_is_told_in_its_own_row(tree, damage):
     others_still_shown(runs, text)
     assert text.splitlines()[-1].endswith("; 1 with damaged state files")
     # the command: the table, exit status 0 as for a failed run (a fact of that run)
-    proc = chord_status(tree, path=no_slurm_path())
+    proc = status_here(tree, path=no_slurm_path())
     assert proc.returncode == 0, proc.stderr
     assert f"damaged: {path}: {message}" in proc.stdout
-    doc = json.loads(chord_status(tree, "--json", path=no_slurm_path()).stdout)
+    doc = json.loads(status_here(tree, "--json", path=no_slurm_path()).stdout)
     assert doc["total"]["damaged"] == 1
 
 
