@@ -109,10 +109,15 @@ def test_the_loss_and_the_metric_agree_on_which_points_are_inside(shape):
     (where the grid interpolates)."""
     if shape == "slab":
         V, F = slab()
+        cells = contact.GRID_CELLS
     else:
         sphere = trimesh.creation.icosphere(subdivisions=3, radius=0.3)
         V, F = sphere.vertices, sphere.faces
-    grid = contact.signed_distance_grid([(V, F)])
+        # the agreement holds outside a cell's diagonal at any resolution: a quarter of the
+        # cells (41^3 nodes, not 137^3: a 60th of the winding numbers) still leaves most of the
+        # 400 points that far (> 100 asserted below)
+        cells = contact.GRID_CELLS // 4
+    grid = contact.signed_distance_grid([(V, F)], cells=cells)
     cell = float((grid.hi - grid.lo).max()) / (max(grid.values.shape) - 1)
     rng = np.random.default_rng(0)
     lo, hi = np.asarray(V).min(0) - 0.05, np.asarray(V).max(0) + 0.05
