@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +19,7 @@ import yaml
 
 from tests.components import require_slurm_plugin
 from tests.conftest import REPO
+from tests.workflow import snakemake_cli
 from tests.workflow.test_workflow import planned_jobs
 
 # Small enough for a CPU: few Gaussians, 2 iterations of one 64x32 video (without the shipped
@@ -42,12 +41,11 @@ AFTER_TRAINING = {"export", "viewer", "evaluate", "aggregate", "preview_strip"}
 
 def snakemake(work: Path, *args: str, env: dict | None = None, check: bool = True):
     """Snakemake in ``work`` on its copy of the workflow (work/wf: :func:`copy_workflow`; its
-    default profile applies)."""
-    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(work / "wf/Snakefile")]
-    cmd += ["--cores", "2", *args]
+    default profile applies), through tests/workflow/snakemake_cli.py."""
+    cmd = ["--snakefile", str(work / "wf/Snakefile"), "--cores", "2", *args]
     full_env = {k: v for k, v in os.environ.items() if k != "CHORD_TEST_OOM_TIERS"}
     full_env.update({"PYTHONPATH": str(work / "wf"), **(env or {})})
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=full_env, cwd=work)
+    proc = snakemake_cli.run(cmd, cwd=work, env=full_env)
     if check and proc.returncode != 0:
         raise AssertionError(
             f"{' '.join(args)} failed:\n{proc.stdout[-3000:]}{proc.stderr[-6000:]}"

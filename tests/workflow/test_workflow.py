@@ -20,6 +20,7 @@ from PIL import Image
 from chord.core import media
 from chord.guidance import text
 from tests.conftest import REPO, validate_glb
+from tests.workflow import snakemake_cli
 
 # The demo scenes of the shipped sheet, as the README's main job runs them; slide is issue 36's
 # contact scene, whose teacher (its motion.json) passes through the wall by design
@@ -29,9 +30,6 @@ CONTACT_SCENE = "slide"
 
 def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
     cmd = [
-        sys.executable,
-        "-m",
-        "snakemake",
         "--snakefile",
         str(REPO / "Snakefile"),
         "--directory",
@@ -41,10 +39,10 @@ def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.Compl
         *args,
     ]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    proc = snakemake_cli.run(cmd, cwd=os.getcwd(), env=env)  # python -m snakemake, forked
     if check and proc.returncode != 0:
         raise AssertionError(
-            f"{' '.join(cmd)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+            f"snakemake {' '.join(cmd)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
         )
     return proc
 
