@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 # The server: one JSON request a line on stdin ({args, cwd, env, stdout, stderr}), one reply
@@ -81,29 +82,34 @@ for line in sys.stdin:
     print(json.dumps({"rc": os.waitstatus_to_exitcode(status)}), flush=True)
 """
 
-_server: subprocess.Popen | None = None
+# Idle servers: a call takes one (or starts one) and gives it back, so calls from threads
+# side by side (tests/stages/test_bad_input.py) each have their own.
+_idle: list[subprocess.Popen] = []
+_lock = threading.Lock()
 
 
 def _start() -> subprocess.Popen:
-    global _server
-    if _server is None or _server.poll() is not None:
-        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-        _server = subprocess.Popen(
-            [sys.executable, "-c", SERVER],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            env=env,
-            cwd=tempfile.gettempdir(),
-        )
-        atexit.register(_server.stdin.close)
-    return _server
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    server = subprocess.Popen(
+        [sys.executable, "-c", SERVER],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=tempfile.gettempdir(),
+    )
+    atexit.register(server.stdin.close)  # its loop ends, and with it the server
+    return server
 
 
 def run(args: list[str], *, cwd: Path | str, env: dict[str, str]) -> subprocess.CompletedProcess:
     """``python -m snakemake *args`` in ``cwd`` with the environment ``env``, as a
-    CompletedProcess with its text output (forked from the server: module docstring)."""
-    server = _start()
+    CompletedProcess with its text output (forked from a server: module docstring)."""
+    with _lock:
+        while _idle and _idle[-1].poll() is not None:
+            _idle.pop()
+        server = _idle.pop() if _idle else None
+    server = server or _start()
     with tempfile.TemporaryDirectory() as tmp:
         out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
         request = {"args": [str(a) for a in args], "cwd": str(cwd), "env": dict(env)}
@@ -114,6 +120,8 @@ def run(args: list[str], *, cwd: Path | str, env: dict[str, str]) -> subprocess.
             raise RuntimeError(f"the Snakemake server exited ({server.wait()})")
         code = json.loads(reply)["rc"]
         stdout, stderr = out.read_text(errors="replace"), err.read_text(errors="replace")
+    with _lock:
+        _idle.append(server)
     return subprocess.CompletedProcess(
         [sys.executable, "-m", "snakemake", *args], code, stdout, stderr
     )

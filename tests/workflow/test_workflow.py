@@ -85,17 +85,24 @@ def set_method(workdir: Path, **values) -> None:
 # config, recovery_relative hop 0.050, sway 0.089 (the full demo: 0.008, 0.065; sway at 100 of
 # 150 without the recipe's resampled timesteps: 0.116).
 HALF = {"iterations": 150, "save_interval": 50, "back_iter": 5}
+# The contact scene is held to no recovery bound: its check is the contact loss's (no
+# penetration warning, under a fifth of the scripted excess). Its teacher drives the block into
+# the wall from the first iterations, so 40 of 60 (HALF's scaling) show it: measured without
+# the contact loss 0.024 (past the 0.01 threshold and 0.036 / 5 = 0.0072), with it 0.0052.
+CONTACT_SCHEDULE = {"iterations": 60, "save_interval": 20, "back_iter": 2}
 
 
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory):
     """The main job: the workflow with the shipped default config (the demo scenes, oracle
-    guidance, on the CPU) at half the demo's iterations, run once and shared by the tests
-    below."""
+    guidance, on the CPU) at half the demo's iterations (the contact scene at a fifth), run
+    once and shared by the tests below."""
     workdir = demo_workdir(tmp_path_factory.mktemp("demo"))
     path = workdir / "config/config.yaml"
     conf = yaml.safe_load(path.read_text())
-    conf["scene_overrides"] = {scene: dict(HALF) for scene in DEMO}
+    conf["scene_overrides"] = {
+        scene: dict(CONTACT_SCHEDULE if scene == CONTACT_SCENE else HALF) for scene in DEMO
+    }
     path.write_text(yaml.safe_dump(conf, sort_keys=False))
     # The trainings are most of the run, one core each: the longest (the scene of most objects)
     # first, beside the others in turn, not last and alone (the order changes no result)
