@@ -8,10 +8,12 @@ skips with the reason.
 
 from __future__ import annotations
 
+import csv
 import os
 import pwd
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -82,7 +84,9 @@ def write_ci_profile(folder: Path, cluster: sc.Cluster, tiers: list[str] | None 
     conf["default-resources"]["mem_mb"] = 1000
     conf["cores"] = 1
     conf["latency-wait"] = 5
-    # poll soon after a submission (the plugin's default waits 40 s first)
+    # the executor's status checks: every 2 s (the plugin's default waits 40 s before the
+    # first; tests/slurm/snakemake_main.py keeps this interval instead of its growing one). A
+    # sacct query of this cluster takes ~0.1 s
     conf["slurm-init-seconds-before-status-checks"] = 2
     conf["slurm-status-command"] = "sacct" if cluster.accounting else "squeue"
     conf["slurm-keep-successful-logs"] = True
@@ -103,7 +107,10 @@ def ci_profile(slurm_cluster, tmp_path_factory) -> Path:
 
 
 def snakemake_cmd(workdir: Path, profile: Path | None, *args: str) -> list[str]:
-    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile")]
+    """Snakemake's command line: through Slurm with ``profile`` (tests/slurm/snakemake_main.py:
+    the executor plugin polling at the profile's constant interval), locally without."""
+    main = "tests.slurm.snakemake_main" if profile else "snakemake"
+    cmd = [sys.executable, "-m", main, "--snakefile", str(REPO / "Snakefile")]
     cmd += ["--directory", str(workdir)]
     cmd += ["--workflow-profile", str(profile)] if profile else ["--cores", "2"]
     return [*cmd, *args]
@@ -321,3 +328,84 @@ def copy_workdir(src: Path, dst: Path) -> Path:
     """A finished workdir copied with its times (its outputs stay up to date)."""
     shutil.copytree(src, dst, symlinks=True)
     return dst
+
+
+# ----------------------------------------------------------------------------- hop's long training
+# hop trained anew (a new configuration) long enough to be interrupted once its loss log has
+# AFTER rows, with the save points 1, 5 and 60 only (tests/slurm/test_preemption.py,
+# test_time_limit.py): an interruption lands between save points 5 and 60
+LONG = {"iterations": 90, "save_interval": 1000}
+AFTER = 15
+TARGET = "results/hop/train/coarse.pt"
+CHECKPOINTS = "results/hop/checkpoints/coarse"
+
+
+def long_hop(src: Path, dst: Path) -> Path:
+    """The finished demo workdir ``src`` copied to ``dst``, hop's training made LONG."""
+    work = copy_workdir(src, dst)
+    set_overrides(work, hop=LONG)
+    return work
+
+
+@pytest.fixture(scope="session")
+def long_reference(slurm_demo, tmp_path_factory):
+    """hop's LONG training run through without interruption, locally: its workdir and state."""
+    work = long_hop(slurm_demo.work, tmp_path_factory.mktemp("reference") / "w")
+    run_snakemake(work, None, TARGET)
+    return SimpleNamespace(work=work, state=torch.load(work / TARGET, weights_only=True))
+
+
+def start(work: Path, profile: Path, cluster: sc.Cluster, *targets: str) -> subprocess.Popen:
+    """Snakemake through Slurm in the background, its output in ``work``/../snakemake.log."""
+    log = open(work.parent / "snakemake.log", "w")
+    return subprocess.Popen(
+        snakemake_cmd(work, profile, *targets),
+        cwd=work,
+        env=snakemake_env(cluster),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # a signal meant for it reaches no test process
+        # a job a shell starts in the background (as CI may be) inherits SIGINT ignored, and
+        # Python then raises no KeyboardInterrupt: Snakemake would not hear the test's Ctrl-C.
+        # A user's Ctrl-C reaches a Snakemake whose SIGINT is the default: restore it
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+
+
+def finish(proc: subprocess.Popen, work: Path, timeout: float = 400) -> str:
+    proc.wait(timeout=timeout)
+    return (work.parent / "snakemake.log").read_text()
+
+
+def running_training(cluster: sc.Cluster, scene: str = "hop") -> str | None:
+    """The Slurm job id of the scene's training while it runs."""
+    out = cluster.run("squeue", "-h", "-t", "RUNNING", "-o", "%i|%k").stdout
+    for line in out.splitlines():
+        jobid, comment = line.split("|", 1)
+        if comment == f"rule_train_coarse_wildcards_{scene}":
+            return jobid
+    return None
+
+
+def logged_iterations(work: Path, old: set[str]) -> int:
+    """Rows of the long training's loss log (kept beside its configuration's checkpoints; the
+    configurations ``old`` are the demo's)."""
+    rows = 0
+    for path in (work / CHECKPOINTS).glob("*/losses.tsv"):
+        if path.parent.name not in old:
+            with open(path) as f:
+                rows = max(rows, sum(1 for _ in csv.DictReader(f, delimiter="\t")))
+    return rows
+
+
+def wait_for_logged(work: Path, cluster: sc.Cluster, demo: Path) -> tuple[str, int]:
+    """Wait until hop's long training job runs and has logged AFTER iterations; return its
+    job id and the iterations logged then."""
+    old = {p.name for p in (demo / CHECKPOINTS).iterdir()}  # the demo's configuration
+    jobid = wait_until("hop's training job", lambda: running_training(cluster), timeout=300)
+
+    def logged():
+        rows = logged_iterations(work, old)
+        return rows if rows >= AFTER else None
+
+    return jobid, wait_until(f"{AFTER} logged iterations", logged, timeout=300, every=0.1)
