@@ -292,15 +292,17 @@ def first_tier() -> str:
 @pytest.fixture(scope="session")
 def slurm_demo(slurm_cluster, ci_profile, tmp_path_factory):
     """The small demo run end to end through Slurm, and the same config run locally (default
-    profile) at the same time, for comparison. hop's training runs out of GPU memory on the
-    first tier (the training's test hook CHORD_TEST_OOM_TIERS; Slurm jobs inherit it through
-    sbatch --export=ALL): it escalates to the next (tests/slurm/test_escalation.py)."""
+    profile) at the same time, for comparison: locally only up to what the tests compare (the
+    metrics table and the trainings; no export, viewer or preview jobs). hop's training runs
+    out of GPU memory on the first tier (the training's test hook CHORD_TEST_OOM_TIERS; Slurm
+    jobs inherit it through sbatch --export=ALL): it escalates to the next
+    (tests/slurm/test_escalation.py)."""
     root = tmp_path_factory.mktemp("demo")
     work, local = small_demo(root / "slurm"), small_demo(root / "local")
     oom = {"CHORD_TEST_OOM_TIERS": first_tier()}
     with open(root / "local.log", "w") as out:
         local_proc = subprocess.Popen(
-            snakemake_cmd(local, None),
+            snakemake_cmd(local, None, "results/metrics.tsv"),
             cwd=local,
             env=snakemake_env(None, **oom),
             stdout=out,
