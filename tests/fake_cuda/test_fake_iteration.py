@@ -135,7 +135,9 @@ def config_tiers():
 
 def traced_as() -> dict[str, str]:
     """{tier: the first tier with its method and memory flags}: at the demo's 128x80 the lowres
-    tiers' sizes lower nothing, so they are offload's run (the same iteration: traced once)."""
+    tiers' sizes lower nothing, so they are offload's run (the same iteration: traced once; the
+    faked device's capacity, the tier's gpu_mem_gb, is checked against the traced peak in the
+    test)."""
     runs = config_tiers()
     return {n: next(f for f, run in runs.items() if run == runs[n]) for n in runs}
 
@@ -159,6 +161,11 @@ def test_each_tiers_iteration_runs_on_the_faked_device(report, tier):
     rows = {row["tier"]: row for row in data["tiers"]}
     row = rows[traced_as()[tier]]
     assert row["ok"], "".join(row.get("traceback", []))[-3000:]
+    # a tier traced as another's run: the same iteration on a device of its own capacity (the
+    # faked device refuses an allocation past it), so that run's peak must fit this tier too
+    config = settings.validate_config(settings.read_yaml(CONFIG))
+    capacity = tiers.parse(config["tiers"])[tier].gpu_mem_gb * 1e9
+    assert row["traced_peak_bytes"] <= capacity, (tier, row["traced_peak_bytes"])
     method, memory = config_tiers()[tier]
     assert row["flags"] == dataclasses.asdict(memory)
     assert (row["size"], row["frames"], row["batch"]) == (
