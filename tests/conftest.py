@@ -25,18 +25,21 @@ KHRONOS_FILES = ("Duck.glb", "BoxTextured.glb")
 
 # The suite's tiers follow its folders, so a new test file cannot miss its marker:
 # `pytest -m "not slow"` (unit and stage tests) is the developer's loop; tests that start
-# processes (ranks, torchrun, signals), workflow runs and the Slurm cluster are slow.
+# processes (ranks, torchrun, signals, a browser, a tier's whole faked iteration), workflow runs
+# and the Slurm cluster are slow.
 FOLDER_MARKERS = {
-    "fake_cuda": ("fake_cuda",),
+    "browser": ("slow", "browser"),
+    "fake_cuda": ("slow", "fake_cuda"),
     "processes": ("slow", "processes"),
     "workflow": ("slow",),
     "slurm": ("slow", "slurm"),
 }
 MARKERS = {
-    "slow": "starts processes, runs Snakemake end to end or a Slurm cluster (minutes)",
+    "slow": "starts processes or a browser, runs Snakemake end to end or a Slurm cluster",
     "processes": "starts several processes: gloo ranks, torchrun, signals and kills",
     "slurm": "runs jobs on a real single-node Slurm cluster the tests start",
-    "fake_cuda": "runs the GPU path on a faked cuda:0 (chord.checks.fake_cuda; quick tier)",
+    "browser": "loads the viewer pages in a headless Chromium (SwiftShader's WebGL)",
+    "fake_cuda": "runs the GPU path on a faked cuda:0 (chord.checks.fake_cuda)",
 }
 
 

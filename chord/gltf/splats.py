@@ -22,7 +22,7 @@ Each unskinned object's node sits at the object's centre, its splats relative to
 A skinned object's splats stay in world coordinates under an untransformed node: glTF's
 skinning ignores a skinned node's transform, and so does Babylon.js 9, which ignores the skin
 of splats too, so a translated node would draw its rest pose out of place there
-(tests/stages/test_splat_viewers.py). ``dynamic_splats_rigid.glb`` is the file for viewers.
+(tests/browser/test_splat_viewers.py). ``dynamic_splats_rigid.glb`` is the file for viewers.
 """
 
 from __future__ import annotations

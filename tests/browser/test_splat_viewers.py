@@ -13,7 +13,7 @@ the morph targets of ``dynamic_splats.glb`` (neither reads JOINTS_0/WEIGHTS_0 or
 targets on splats), which both draw at rest, unmoving: the same picture as the rigid file's
 frame 0.
 
-The scene: three boxes' surface Gaussians (as tests/stages/test_viewer.py's splat page):
+The scene: three boxes' surface Gaussians (as tests/browser/test_viewer.py's splat page):
 obj_0 (orange) moved by a scripted rigid motion, right and up, turning by half a radian; obj_1 a
 static grey slab; obj_2 (blue) with a second control-point layer (morphed in the skinned
 file)."""
@@ -35,8 +35,7 @@ from chord.gaussians import gaussian_set as gs
 from chord.motion.model import build_scene
 from chord.stages import viewer
 from tests import components
-from tests.conftest import REPO, box
-from tests.stages.test_viewer import (  # noqa: F401 (chromium_installed: a fixture)
+from tests.browser.test_viewer import (  # noqa: F401 (chromium_installed: a fixture)
     BACKGROUND,
     CENTRE,
     FOVY,
@@ -46,6 +45,7 @@ from tests.stages.test_viewer import (  # noqa: F401 (chromium_installed: a fixt
     needs_chromium,
     visit,
 )
+from tests.conftest import REPO, box
 from tests.unit.export.test_trajectories import script_rigid
 
 TOOLS = REPO / "tests" / "tools"
