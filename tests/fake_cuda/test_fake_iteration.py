@@ -74,11 +74,11 @@ print(json.dumps(out))
 """
 
 
-def python(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+def python(*args: str, timeout: float = 600, **env: str) -> subprocess.CompletedProcess:
     compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
     if not compiler:
         components.missing(components.CXX, "the fake CUDA device is compiled against torch")
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": str(REPO), **env}
     return subprocess.run(
         [sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
     )
@@ -121,6 +121,12 @@ def test_a_bad_config_is_one_line_and_exit_2(tmp_path):
     bad.write_text("tiers: 3\n")
     proc = python("-m", "chord.checks.fake_iteration", "--config", str(bad))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "tiers" in proc.stderr
+    # the config is read before the faked device is built: named even where it cannot be (an
+    # empty cache and a compiler that fails)
+    broken = {"XDG_CACHE_HOME": str(tmp_path / "cache"), "CXX": "false"}
+    proc = python("-m", "chord.checks.fake_iteration", "--config", str(bad), **broken)
+    assert proc.returncode == 2 and "tiers" in proc.stderr, proc.stderr
+    assert "fake CUDA device" not in proc.stderr
 
 
 def config_tiers():
