@@ -31,7 +31,6 @@ from scipy.spatial.transform import Rotation
 
 from chord.config import settings
 from chord.export import rigid_motion, trained_scene
-from chord.gaussians import gaussian_set as gs
 from chord.motion.model import build_scene
 from chord.stages import viewer
 from tests import components
@@ -43,9 +42,11 @@ from tests.browser.test_viewer import (  # noqa: F401 (chromium_installed: a fix
     SCALE,
     chromium_installed,
     needs_chromium,
+    toy_doc,
+    toy_gaussians,
     visit,
 )
-from tests.conftest import REPO, box
+from tests.conftest import REPO
 from tests.unit.export.test_trajectories import script_rigid
 
 TOOLS = REPO / "tests" / "tools"
@@ -91,24 +92,7 @@ def splat_files(tmp_path_factory) -> dict:
     """dynamic_splats.glb and dynamic_splats_rigid.glb of the scene above, written by the
     export's writers."""
     root = tmp_path_factory.mktemp("splat_files")
-    meshes = {
-        "obj_0": box([0.4, 0.8, 0.4], [-0.4, 0.45, 0.0]),
-        "obj_1": box([2.0, 0.1, 2.0], [0.0, 0.0, 0.0], (90, 90, 90, 255)),
-        "obj_2": box([0.3, 0.6, 0.3], [0.4, 0.35, 0.1], (40, 80, 200, 255)),
-    }
-    sets = {}
-    for i, (name, mesh) in enumerate(meshes.items()):
-        mesh.apply_scale(SCALE)
-        sets[name] = gs.init_from_mesh([mesh], 500, seed=i)
-    doc = {
-        "scene": "toy",
-        "normalisation": {"centre": CENTRE.tolist(), "scale": SCALE},
-        "objects": [
-            {"name": "obj_0", "role": "dynamic"},
-            {"name": "obj_1", "role": "static"},
-            {"name": "obj_2", "role": "dynamic"},
-        ],
-    }
+    sets, doc = toy_gaussians(), toy_doc()
     rng = np.random.default_rng(2)
     vox = {
         n: {"control_points": sets[n].means[rng.choice(len(sets[n]), m, replace=False)],

@@ -439,14 +439,9 @@ BACKGROUND = np.array([0xD4, 0xD8, 0xDE]) / 255.0  # the page's
 MOVING = ("obj_0", "obj_2")
 
 
-@pytest.fixture(scope="module")
-def splat_scene(tmp_path_factory):
-    """Surface Gaussians of three boxes (METHOD §2 init) in one dynamic_splats.glb written by
-    the export's writer: obj_0 (orange, SH degree 1) skinned on its control points, obj_1 (a
-    grey slab) static, obj_2 (blue) with a second control-point layer, so morphed; plus the
-    package's own deformation of every frame (normalised space) and the splat page."""
-    root = tmp_path_factory.mktemp("splats")
-    rng = np.random.default_rng(5)
+def toy_gaussians() -> dict:
+    """Surface Gaussians (METHOD §2 init, 500 each) of the splat scenes' three boxes: obj_0
+    (orange) and obj_2 (blue) standing on obj_1 (a grey slab)."""
     meshes = {
         "obj_0": box([0.4, 0.8, 0.4], [-0.4, 0.45, 0.0]),
         "obj_1": box([2.0, 0.1, 2.0], [0.0, 0.0, 0.0], (90, 90, 90, 255)),
@@ -456,10 +451,12 @@ def splat_scene(tmp_path_factory):
     for i, (name, mesh) in enumerate(meshes.items()):
         mesh.apply_scale(SCALE)  # world boxes around CENTRE, normalised: (x − c)·s
         sets[name] = gs.init_from_mesh([mesh], 500, seed=i)
-    g0 = sets["obj_0"]  # view-dependent colour: degree-1 coefficients
-    sh1 = rng.normal(0.0, 0.3, (len(g0), 3, 3))
-    sets["obj_0"] = dataclasses.replace(g0, sh=np.concatenate([g0.sh, sh1], 1))
-    doc = {
+    return sets
+
+
+def toy_doc() -> dict:
+    """The splat scenes' scene.json: obj_1 static, the others dynamic."""
+    return {
         "scene": "toy",
         "normalisation": {"centre": CENTRE.tolist(), "scale": SCALE},
         "objects": [
@@ -468,6 +465,20 @@ def splat_scene(tmp_path_factory):
             {"name": "obj_2", "role": "dynamic"},
         ],
     }
+
+
+@pytest.fixture(scope="module")
+def splat_scene(tmp_path_factory):
+    """Surface Gaussians of three boxes (METHOD §2 init) in one dynamic_splats.glb written by
+    the export's writer: obj_0 (orange, SH degree 1) skinned on its control points, obj_1 (a
+    grey slab) static, obj_2 (blue) with a second control-point layer, so morphed; plus the
+    package's own deformation of every frame (normalised space) and the splat page."""
+    root = tmp_path_factory.mktemp("splats")
+    rng = np.random.default_rng(5)
+    sets, doc = toy_gaussians(), toy_doc()
+    g0 = sets["obj_0"]  # view-dependent colour: degree-1 coefficients
+    sh1 = rng.normal(0.0, 0.3, (len(g0), 3, 3))
+    sets["obj_0"] = dataclasses.replace(g0, sh=np.concatenate([g0.sh, sh1], 1))
     vox = {
         n: {"control_points": sets[n].means[rng.choice(len(sets[n]), m, replace=False)],
             "surface": sets[n].means[::3]}
