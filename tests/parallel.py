@@ -16,6 +16,7 @@ pyproject.toml's addopts; ``-n 0`` runs it in one process, for a debugger or one
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 #: host memory a worker may hold at its peak (GB): measured peaks of the heaviest quick tests
@@ -61,6 +62,9 @@ def share_threads() -> None:
         return
     threads = thread_share(cpus(), int(count))
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    if "torch" not in sys.modules and os.environ["OMP_NUM_THREADS"] == str(threads):
+        return  # torch, once a test imports it, takes its threads from OMP_NUM_THREADS (a
+        # worker that runs no torch test, as in tests/test_parallel.py's sample, skips its 3 s)
     import torch
 
     torch.set_num_threads(threads)
