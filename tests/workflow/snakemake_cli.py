@@ -22,6 +22,9 @@ import tempfile
 import threading
 from pathlib import Path
 
+from tests.conftest import REPO
+from tests.workflow import job_python
+
 # The server: one JSON request a line on stdin ({args, cwd, env, stdout, stderr}), one reply
 # ({"rc": status}) a line on stdout, after the forked child has exited.
 SERVER = r"""
@@ -55,6 +58,8 @@ def child(req):
             out = os.open(req[name], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             os.dup2(out, fd)
         sys.argv = ["snakemake", *req["args"]]
+        if req["python"]:  # the jobs' scripts run through tests/workflow/job_python.py
+            sys.executable = req["python"]
         try:
             snakemake.cli.main(req["args"])
             code = 0
@@ -102,9 +107,31 @@ def _start() -> subprocess.Popen:
     return server
 
 
-def run(args: list[str], *, cwd: Path | str, env: dict[str, str]) -> subprocess.CompletedProcess:
+_jobs_folder: Path | None = None
+
+
+def job_interpreter() -> str:
+    """The interpreter the jobs' scripts run with (tests/workflow/job_python.py): a wrapper made
+    once per test process, in a folder of its own that also holds the job servers' sockets."""
+    global _jobs_folder
+    with _lock:
+        if _jobs_folder is None:
+            folder = Path(tempfile.mkdtemp(prefix="chord-job-python-")) / "jobs"
+            job_python.install(folder, package=REPO / "chord", prefix="CHORD_")
+            atexit.register(job_python.stop_servers, folder.parent)
+            _jobs_folder = folder
+    return str(_jobs_folder / "python")
+
+
+def run(
+    args: list[str], *, cwd: Path | str, env: dict[str, str], fresh_jobs: bool = False
+) -> subprocess.CompletedProcess:
     """``python -m snakemake *args`` in ``cwd`` with the environment ``env``, as a
-    CompletedProcess with its text output (forked from a server: module docstring)."""
+    CompletedProcess with its text output (forked from a server: module docstring). Its jobs'
+    scripts run through :func:`job_interpreter`, or, with ``fresh_jobs`` (or CHORD_TEST_FRESH_JOBS=1
+    in the tests' environment, to tell a job's failure from the server's), each in a fresh
+    interpreter."""
+    fresh_jobs = fresh_jobs or os.environ.get("CHORD_TEST_FRESH_JOBS") == "1"
     with _lock:
         while _idle and _idle[-1].poll() is not None:
             _idle.pop()
@@ -112,7 +139,8 @@ def run(args: list[str], *, cwd: Path | str, env: dict[str, str]) -> subprocess.
     server = server or _start()
     with tempfile.TemporaryDirectory() as tmp:
         out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
-        request = {"args": [str(a) for a in args], "cwd": str(cwd), "env": dict(env)}
+        request = {"args": [str(a) for a in args], "cwd": str(cwd), "env": dict(env),
+                   "python": None if fresh_jobs else job_interpreter()}  # fmt: skip
         server.stdin.write(json.dumps({**request, "stdout": str(out), "stderr": str(err)}) + "\n")
         server.stdin.flush()
         reply = server.stdout.readline()
