@@ -6,8 +6,9 @@ A workflow test's Snakemake (tests/workflow/snakemake_cli.py) runs each ``script
 which runs this file (stdlib only, ``-I -S``). It hands the job to a server
 (tests/workflow/job_server.py) that made the imports once, for the job's environment (one
 server per environment; PYTHONPATH, the package's own variables and :data:`PER_PROCESS` aside:
-the package is imported by the job, from its own path), and forks the job from there: the job's stdin, stdout and stderr are this process's,
-its signals (SIGINT, SIGTERM, ...) are passed on, its exit status or signal is this process's.
+the package is imported by the job, from its own path), and forks the job from there: the
+job's stdin, stdout and stderr are this process's, its signals (SIGINT, SIGTERM, ...) are
+passed on, its exit status or signal is this process's.
 Anything but a script (``-m``, ``-c``, flags) and any job before its environment's server
 listens runs the real interpreter (exec). The first such job starts the server in the
 background.
