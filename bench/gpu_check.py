@@ -87,8 +87,8 @@ configuration, a base-width-8 Wan VAE, 2,000 Gaussians, 64x48 (lowres 48x32, 32x
 float32 row 32x16), 9 frames, batch 2); peaks are then the process's RSS above its baseline,
 the mmgp tiers fail soft (mmgp needs CUDA), the reload row saves and loads the tiny expert,
 and the parity figure and the renderer timing are skipped. CI runs it
-(tests/unit/bench/test_gpu_check.py). The temporary folder is under TMPDIR: on a GPU it needs about
-30 GB free (else the reload and float32 rows are skipped and say so).
+(tests/processes/test_gpu_check_run.py). The temporary folder is under TMPDIR: on a GPU it
+needs about 30 GB free (else the reload and float32 rows are skipped and say so).
 
 Dependencies on a machine without network (the device machine): its image has PyTorch with
 CUDA, transformers, accelerate, safetensors, numpy, scipy, pillow, pyyaml, pandas and more

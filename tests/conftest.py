@@ -36,7 +36,7 @@ FOLDER_MARKERS = {
 }
 MARKERS = {
     "slow": "starts processes or a browser, runs Snakemake end to end or a Slurm cluster",
-    "processes": "starts several processes: gloo ranks, torchrun, signals and kills",
+    "processes": "starts processes: gloo ranks, torchrun, signals and kills, whole programs",
     "slurm": "runs jobs on a real single-node Slurm cluster the tests start",
     "browser": "loads the viewer pages in a headless Chromium (SwiftShader's WebGL)",
     "fake_cuda": "runs the GPU path on a faked cuda:0 (chord.checks.fake_cuda)",
