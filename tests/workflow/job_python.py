@@ -136,10 +136,10 @@ def run_on_server(conf: dict, key: str, args: list[str], forward: Forward) -> in
 
 
 def install(folder: Path, *, package: Path, prefix: str) -> Path:
-    """Make ``folder`` (new) the home of a wrapper, returned, that runs ``python`` through this
-    file for jobs of ``package`` (whose third-party imports the servers make; variables named
-    ``prefix``... are the package's own, read by nothing the servers import)."""
-    folder.mkdir()
+    """Make ``folder`` (empty or new) the home of a wrapper, returned, that runs ``python``
+    through this file for jobs of ``package`` (whose third-party imports the servers make;
+    variables named ``prefix``... are the package's own, read by nothing the servers import)."""
+    folder.mkdir(exist_ok=True)
     here = Path(__file__).parent
     conf = {"python": sys.executable, "server": str(here / "job_server.py"),
             "package": str(package), "prefix": prefix}  # fmt: skip

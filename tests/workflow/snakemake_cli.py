@@ -116,9 +116,9 @@ def job_interpreter() -> str:
     global _jobs_folder
     with _lock:
         if _jobs_folder is None:
-            folder = Path(tempfile.mkdtemp(prefix="chord-job-python-")) / "jobs"
+            folder = Path(tempfile.mkdtemp(prefix="chord-job-python-"))
             job_python.install(folder, package=REPO / "chord", prefix="CHORD_")
-            atexit.register(job_python.stop_servers, folder.parent)
+            atexit.register(job_python.stop_servers, folder)
             _jobs_folder = folder
     return str(_jobs_folder / "python")
 

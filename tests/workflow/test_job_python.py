@@ -155,3 +155,18 @@ def test_what_is_not_a_script_runs_the_real_interpreter(jobs):
     proc = subprocess.run([str(wrapper), "-c", "import sys; print(sys.flags.isolated)"],
                           env=env, capture_output=True, text=True, check=True)  # fmt: skip
     assert proc.stdout == "0\n"  # not the wrapper's own -I
+
+
+def test_stopping_the_servers_ends_them_and_removes_their_folder(jobs):
+    wrapper, tmp, env = jobs
+    call(wrapper, script(tmp, "start.py", ""), env=env)
+    served(tmp)
+    (pid_file,) = (tmp / "jobs").glob("*.pid")
+    pid = int(pid_file.read_text())
+    assert alive(pid)
+    job_python.stop_servers(tmp / "jobs")
+    deadline = time.monotonic() + 10
+    while alive(pid):
+        assert time.monotonic() < deadline, "the server outlived stop_servers"
+        time.sleep(0.05)
+    assert not (tmp / "jobs").exists()
