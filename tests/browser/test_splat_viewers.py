@@ -44,6 +44,7 @@ from tests.browser.test_viewer import (  # noqa: F401 (chromium_installed: a fix
     needs_chromium,
     toy_doc,
     toy_gaussians,
+    toy_voxels,
     visit,
 )
 from tests.conftest import REPO
@@ -94,11 +95,7 @@ def splat_files(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("splat_files")
     sets, doc = toy_gaussians(), toy_doc()
     rng = np.random.default_rng(2)
-    vox = {
-        n: {"control_points": sets[n].means[rng.choice(len(sets[n]), m, replace=False)],
-            "surface": sets[n].means[::3]}
-        for n, m in (("obj_0", 8), ("obj_2", 6))
-    }  # fmt: skip
+    vox = toy_voxels(sets, rng)
     method = settings.method_from_mapping({"frame_num": FRAMES, "n_cp_num": 3})
     scene = build_scene(doc, sets, vox, method)
     # obj_0: a turn by TURN about y through its centre and a move by MOVE, in even steps

@@ -467,6 +467,16 @@ def toy_doc() -> dict:
     }
 
 
+def toy_voxels(sets: dict, rng: np.random.Generator) -> dict:
+    """The dynamic boxes' voxel files: control points drawn from their Gaussians (obj_0 8,
+    obj_2 6) and every third Gaussian as the surface."""
+    return {
+        n: {"control_points": sets[n].means[rng.choice(len(sets[n]), m, replace=False)],
+            "surface": sets[n].means[::3]}
+        for n, m in (("obj_0", 8), ("obj_2", 6))
+    }  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def splat_scene(tmp_path_factory):
     """Surface Gaussians of three boxes (METHOD §2 init) in one dynamic_splats.glb written by
@@ -479,11 +489,7 @@ def splat_scene(tmp_path_factory):
     g0 = sets["obj_0"]  # view-dependent colour: degree-1 coefficients
     sh1 = rng.normal(0.0, 0.3, (len(g0), 3, 3))
     sets["obj_0"] = dataclasses.replace(g0, sh=np.concatenate([g0.sh, sh1], 1))
-    vox = {
-        n: {"control_points": sets[n].means[rng.choice(len(sets[n]), m, replace=False)],
-            "surface": sets[n].means[::3]}
-        for n, m in (("obj_0", 8), ("obj_2", 6))
-    }  # fmt: skip
+    vox = toy_voxels(sets, rng)
     method = settings.method_from_mapping({"frame_num": SPLAT_F, "n_cp_num": 3})
     scene = build_scene(doc, sets, vox, method)
     gen = torch.Generator().manual_seed(0)
