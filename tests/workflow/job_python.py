@@ -16,9 +16,9 @@ background.
 What differs from a fresh interpreter: the third-party modules were imported before the job's
 folder and environment were set (the environment is the same: it keys the server), their
 import-time warnings went to the server's log, and Snakemake's benchmark files measure this
-process, not the job. The README's main job (tests/workflow/test_workflow.py ``demo_run``)
-and the jobs on the Slurm test cluster run in fresh interpreters; the Slurm tests' local
-reference runs use this file too. tests/workflow/test_job_python.py checks the above.
+process, not the job. The jobs on the Slurm test cluster run in fresh interpreters (there the
+demo's every rule does: tests/slurm/test_demo.py); the Slurm tests' local reference runs use
+this file too. tests/workflow/test_job_python.py checks the above.
 """
 
 from __future__ import annotations

@@ -4,10 +4,11 @@ tests/workflow/job_python.py; its docstring says when the tests use it and what 
 
 It imports, once, every module the package's sources import (at module level or inside a
 function, ``from x import y`` names included, found with :mod:`ast`) except the package itself
-and :data:`NOT_PRELOADED`, then listens on SOCKET. Per connection a waiter process takes the
-job's stdin, stdout and stderr (passed as descriptors), its argv, working folder and
-environment, forks the job and reports its wait status when it ends (or kills it when the
-caller's end of the connection closes first). The job process returns to this module's top
+and :data:`NOT_PRELOADED`, and what Snakemake's script preamble imports (:data:`PREAMBLE`),
+then listens on SOCKET. Per connection a waiter process takes the job's stdin, stdout and
+stderr (passed as descriptors), its argv, working folder and environment, forks the job and
+reports its wait status when it ends (or kills it when the caller's end of the connection
+closes first). The job process returns to this module's top
 level and runs the script as ``__main__``: an exception or ``sys.exit`` there ends it as it
 would end ``python script.py``. The server exits after IDLE_S without a job.
 """
@@ -28,6 +29,9 @@ IDLE_S = 900
 #: imports made only where they are safe: gsplat's CUDA backend compiles its kernels when
 #: imported; mmgp.offload is imported through chord's arch-list shim (chord.guidance.mmgp)
 NOT_PRELOADED = ("gsplat.cuda._backend", "mmgp")
+#: what every job imports before its script's first line: Snakemake's preamble (the module that
+#: writes it imports the classes the preamble and its pickled ``snakemake`` object name)
+PREAMBLE = ("snakemake.script", ())
 
 
 def imports_of(package: Path) -> list[tuple[str, tuple[str, ...]]]:
@@ -50,7 +54,7 @@ def imports_of(package: Path) -> list[tuple[str, tuple[str, ...]]]:
 
 
 def preload(package: Path) -> None:
-    for module, names in imports_of(package):
+    for module, names in [PREAMBLE, *imports_of(package)]:
         try:
             mod = importlib.import_module(module)
             for name in names:  # lazy attributes (transformers, diffusers) load their modules
@@ -117,7 +121,7 @@ def serve(listener: socket.socket, lock_fd: int) -> dict:
             os._exit(0)
 
 
-def become(request: dict, base_path: list[str]) -> str:
+def become(request: dict, base_path: list[str], socket_path: str) -> str:
     """This process made the job's: folder, environment, argv, sys.path (the script's folder,
     then PYTHONPATH, as ``python script.py`` has it); returns the script."""
     import random
@@ -131,6 +135,11 @@ def become(request: dict, base_path: list[str]) -> str:
     extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     sys.path[:] = [str(Path(script).resolve().parent), *extra, *base_path]
     importlib.invalidate_caches()
+    # what the job imports from source (the package, a lazy import) is compiled once for every
+    # job of this server, in its folder, also where PYTHONDONTWRITEBYTECODE keeps a fresh
+    # interpreter from writing bytecode (the development machine: 0.3-0.5 s a job)
+    sys.pycache_prefix = str(Path(socket_path).with_suffix(".pycache"))
+    sys.dont_write_bytecode = False
     tempfile.tempdir = None  # TMPDIR as the job has it
     random.seed()  # a fresh interpreter's seeds, not the server's
     if "numpy" in sys.modules:
@@ -154,4 +163,4 @@ if __name__ == "__main__":
         raise
     import runpy
 
-    runpy.run_path(become(job, base_path), run_name="__main__")
+    runpy.run_path(become(job, base_path, socket_path), run_name="__main__")

@@ -110,8 +110,9 @@ def demo_run(tmp_path_factory):
     # The trainings are most of the run, one core each: the longest (the scene of most objects)
     # first, beside the others in turn, not last and alone (the order changes no result)
     longest = max(DEMO, key=lambda scene: demo.DEMO_SCENES[scene]["objects"])
-    # every job in a fresh interpreter, as the README's main job runs them
-    snakemake(workdir, "--prioritize", f"results/{longest}/train/coarse.pt", fresh_jobs=True)
+    # the jobs through the job server (tests/workflow/job_python.py): every rule of hop and
+    # sway runs in a fresh interpreter on the Slurm test cluster (tests/slurm/test_demo.py)
+    snakemake(workdir, "--prioritize", f"results/{longest}/train/coarse.pt")
     return workdir
 
 
