@@ -53,7 +53,7 @@ SCENES = [DEBUG_SCENE] if DEBUG_SCENE else list(CONF.scenes)
 # (written by rules/code.smk). It lives beside the demo scenes, outside any results root, so
 # production and debug runs share it: one code change is a change for both.
 CODE_ROOT = "resources"
-# stage -> its sources, found once per run (chord.plan.code_sources.sources_by_stage)
+# stage -> its sources, found once per run and kept for the next (chord.plan.code_sources)
 _CODE = {}
 
 
@@ -141,8 +141,9 @@ def condition_params(scene):
 
 def code_sources(wildcards):
     """The chord files a stage's result depends on: its module's imports, transitively."""
-    if not _CODE:
-        _CODE.update(chord.plan.code_sources.sources_by_stage())
+    if not _CODE:  # kept in .snakemake/ under the package tree's digest
+        cache = os.path.join(".snakemake", "chord", "code_sources.json")
+        _CODE.update(chord.plan.code_sources.cached_sources_by_stage(cache))
     return [str(p) for p in _CODE[wildcards.stage]]
 
 

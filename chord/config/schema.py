@@ -23,11 +23,16 @@ class ConfigError(InputError):
     """A configuration or scene-sheet value is invalid; the message names where and why."""
 
 
+# libyaml's loader where PyYAML was built with it: every process that imports the settings
+# (each Snakemake start, each job) parses the 30 kB config schema, 8x faster than in Python
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 @functools.cache
 def read_schema(path: Path) -> dict:
     """The parsed schema at ``path``, read once per process (shared: treat it as read-only)."""
     with open(path) as f:
-        return yaml.safe_load(f)
+        return yaml.load(f, Loader=_LOADER)
 
 
 @functools.cache

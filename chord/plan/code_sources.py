@@ -6,14 +6,19 @@ build that calls this stays fast and torch-free. Imports inside functions count 
 is still a dependency), as do the ``__init__.py`` of every package on an import's path and the
 data files a module opens beside itself (``config/schema.py``'s ``schemas/``). The workflow hashes
 each stage's files (:func:`digest`) into that stage's one code input (``rules/code.smk``).
+Every Snakemake start (a cluster job's too) needs the lists: :func:`cached_sources_by_stage`
+keeps them in a file under the digest of the whole package tree.
 """
 
 from __future__ import annotations
 
 import ast
 import hashlib
+import json
 from collections.abc import Iterable
 from pathlib import Path
+
+from chord.core import atomic_files
 
 PACKAGE = "chord"
 ROOT = Path(__file__).resolve().parents[1]  # the package folder
@@ -175,6 +180,48 @@ def sources_by_stage(
         found = closure([module], root=root, exempt=exempt, parsed=parsed)
         result[stage] = sorted(found)
     return result
+
+
+def tree_digest(root: Path = ROOT) -> str:
+    """sha256 of the name and content of every file under the package folder ``root``
+    (bytecode aside): everything :func:`closure` can read there."""
+    h = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if "__pycache__" not in p.parts):
+        if path.is_file():
+            data = path.read_bytes()
+            h.update(f"{path.relative_to(root).as_posix()}\0{len(data)}\0".encode())
+            h.update(data)
+    return h.hexdigest()
+
+
+def cached_sources_by_stage(
+    cache: Path, *, root: Path = ROOT, exempt: Iterable[str] = EXEMPT
+) -> dict[str, list[Path]]:
+    """:func:`sources_by_stage` of every stage, read from the JSON file ``cache`` when it was
+    written for the same package tree (its :func:`tree_digest`), the same ``exempt`` modules
+    and this module's own code; else found and written there. Parsing the package's modules
+    takes a few tenths of a second; reading the tree to check, a few milliseconds."""
+    root = Path(root).resolve()
+    key = {
+        "root": str(root),
+        "tree": tree_digest(root),
+        "exempt": sorted(exempt),
+        "finder": hashlib.sha256(Path(__file__).read_bytes()).hexdigest(),
+    }
+    try:
+        kept = json.loads(Path(cache).read_text())
+        if kept["key"] == key:
+            return {stage: [Path(p) for p in kept["stages"][stage]] for stage in STAGES}
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # none yet, another package's or damaged: found again
+    found = sources_by_stage(root=root, exempt=exempt)
+    try:
+        Path(cache).parent.mkdir(parents=True, exist_ok=True)
+        stages = {stage: [str(p) for p in files] for stage, files in found.items()}
+        atomic_files.write_json(cache, {"key": key, "stages": stages})
+    except OSError:
+        pass  # a read-only folder: found again next time
+    return found
 
 
 def sources(stage: str) -> list[Path]:

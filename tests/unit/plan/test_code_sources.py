@@ -442,3 +442,31 @@ def test_digest_follows_names_and_contents_not_the_location(tmp_path):
 def test_unknown_stage_is_an_error():
     with pytest.raises(ValueError, match="not one of"):
         sources("train_coarse")
+
+
+def test_the_kept_lists_are_the_found_ones_until_the_package_changes(tmp_path, monkeypatch):
+    """cached_sources_by_stage (every Snakemake start): the first call finds the lists and
+    keeps them, the next reads them without parsing, an edit anywhere in the package (an
+    added import) finds them again, and a damaged file is found again and rewritten."""
+    copy = tmp_path / "pkg" / "chord"
+    shutil.copytree(cs.ROOT, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    cache = tmp_path / ".snakemake" / "chord" / "code_sources.json"
+    found = cs.cached_sources_by_stage(cache, root=copy)
+    assert found == cs.sources_by_stage(root=copy) and cache.is_file()
+
+    def parsed(*args, **kwargs):
+        raise AssertionError("the kept lists were not read")
+
+    with monkeypatch.context() as m:
+        m.setattr(cs, "sources_by_stage", parsed)
+        assert cs.cached_sources_by_stage(cache, root=copy) == found
+    trainer = copy / "training" / "trainer.py"
+    assert trainer not in found["aggregate"]
+    aggregate = copy / "stages" / "aggregate.py"
+    aggregate.write_text(aggregate.read_text() + "\nimport chord.training.trainer  # edited\n")
+    edited = cs.cached_sources_by_stage(cache, root=copy)
+    assert trainer in edited["aggregate"] and edited == cs.sources_by_stage(root=copy)
+    cache.write_text('{"key": ')
+    assert cs.cached_sources_by_stage(cache, root=copy) == edited
+    kept = json.loads(cache.read_text())["stages"]["aggregate"]
+    assert kept == [str(p) for p in edited["aggregate"]]
