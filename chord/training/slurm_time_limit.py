@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from chord.config import settings
+from chord.core import atomic_files
 from chord.resources import tiers
 
 logger = logging.getLogger(__name__)
@@ -141,7 +142,8 @@ def time_limit(folder: Path, tier: tiers.Tier, env, deadline: float | None, scen
         "runtime_h": tier.runtime_h,
         "checkpoint": newest,
     }
-    path.write_text(json.dumps(record) + "\n")
+    # whole or absent: a job killed while writing it (Slurm's SIGKILL) leaves no empty record
+    atomic_files.write_json(path, record)
 
     def stopped(signum, frame):  # SIGTERM while loading (train.run handles its own)
         raise run_loop.Interrupted("SIGTERM before the first iteration")
