@@ -22,12 +22,13 @@ import time
 from collections import Counter
 from pathlib import Path
 
-#: (kind, pattern searched in the command line), first match wins
+#: (kind, pattern searched in the command line), first match wins: the Snakemake fork server's
+#: program (tests/workflow/snakemake_cli.py) names job_python.py, so it comes first
 KINDS = [
     ("pytest workers (tests in process)", r"exec\(eval\(sys\.stdin"),
+    ("Snakemake fork server and its runs", r"-c\s+import importlib, json, os, sys"),
     ("job server and its forked jobs", r"job_server\.py"),
     ("job_python wrappers", r"job_python\.py"),
-    ("Snakemake fork server and its runs", r"-c\s+import importlib, json, os, sys"),
     ("job scripts in a fresh interpreter", r"\.snakemake/scripts/"),
     ("Snakemake on Slurm: submitting", r"snakemake_main"),
     ("Snakemake on Slurm: job steps", r"-m snakemake|bin/snakemake"),

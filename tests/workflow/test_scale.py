@@ -119,19 +119,11 @@ def test_out_of_memory_on_attempt_1_retries_on_the_next_tier(finished):
     assert planned_jobs(snakemake(work, "-n")) == {}
 
 
-def test_out_of_memory_on_every_tier_fails_once_naming_the_tiers_and_the_remedies(
-    finished, tmp_path
-):
+def test_out_of_memory_on_every_tier_fails_once_naming_the_tiers_and_the_remedies(tmp_path):
     """One attempt per tier, then the scene fails: no attempt repeats the leanest tier, and
-    the log names the tiers tried and what lowers the peak (a copy of the finished run trained
-    anew with another seed: its stages before the training are done)."""
-    work = tmp_path / "w"
-    shutil.copytree(finished[0], work, symlinks=True)  # with its times: up to date
-    path = work / "config/config.yaml"
-    conf = yaml.safe_load(path.read_text())
-    conf["scene_overrides"]["hop"]["seed"] = TINY["seed"] + 1
-    path.write_text(yaml.safe_dump(conf, sort_keys=False))
-    names = list(conf["tiers"])
+    the log names the tiers tried and what lowers the peak."""
+    work = tiny_workdir(tmp_path / "w")
+    names = list(yaml.safe_load((work / "config/config.yaml").read_text())["tiers"])
     target = "results/hop/train/coarse.pt"
     proc = snakemake(work, target, env={"CHORD_TEST_OOM_TIERS": ",".join(names)}, check=False)
     out = proc.stdout + proc.stderr

@@ -7,6 +7,7 @@ import sys
 
 from bench import suite_cpu
 from tests.conftest import REPO
+from tests.workflow import snakemake_cli
 
 BUSY = "import time\nt = time.process_time()\nwhile time.process_time() - t < {s}: pass\n"
 
@@ -39,3 +40,7 @@ def test_the_kinds_follow_the_command_line():
         "job scripts in a fresh interpreter"
     )
     assert suite_cpu.kind("", "kdamond.0") == "kernel: kdamond.0"
+    # the tests' Snakemake server, whose program names the job wrapper it hands to its runs
+    server = f"python -c {snakemake_cli.SERVER}"
+    assert "job_python.py" in server
+    assert suite_cpu.kind(server, "python") == "Snakemake fork server and its runs"
