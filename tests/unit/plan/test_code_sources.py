@@ -470,3 +470,13 @@ def test_the_kept_lists_are_the_found_ones_until_the_package_changes(tmp_path, m
     assert cs.cached_sources_by_stage(cache, root=copy) == edited
     kept = json.loads(cache.read_text())["stages"]["aggregate"]
     assert kept == [str(p) for p in edited["aggregate"]]
+
+
+def test_lists_that_cannot_be_kept_are_still_found(tmp_path):
+    """A cache path that cannot be written (its folder is a file) costs the next start a
+    parse, not the run: the lists are returned and nothing is written."""
+    blocker = tmp_path / "snakemake"
+    blocker.write_text("a file where the cache's folder would be\n")
+    found = cs.cached_sources_by_stage(blocker / "code_sources.json")
+    assert found == sources_by_stage()
+    assert blocker.read_text() == "a file where the cache's folder would be\n"
