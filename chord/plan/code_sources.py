@@ -185,13 +185,8 @@ def sources_by_stage(
 def tree_digest(root: Path = ROOT) -> str:
     """sha256 of the name and content of every file under the package folder ``root``
     (bytecode aside): everything :func:`closure` can read there."""
-    h = hashlib.sha256()
-    for path in sorted(p for p in root.rglob("*") if "__pycache__" not in p.parts):
-        if path.is_file():
-            data = path.read_bytes()
-            h.update(f"{path.relative_to(root).as_posix()}\0{len(data)}\0".encode())
-            h.update(data)
-    return h.hexdigest()
+    files = (p for p in root.rglob("*") if "__pycache__" not in p.parts and p.is_file())
+    return digest(files, root=root)
 
 
 def cached_sources_by_stage(
@@ -215,12 +210,11 @@ def cached_sources_by_stage(
     except (OSError, ValueError, KeyError, TypeError):
         pass  # none yet, another package's or damaged: found again
     found = sources_by_stage(root=root, exempt=exempt)
+    stages = {stage: [str(p) for p in files] for stage, files in found.items()}
     try:
-        Path(cache).parent.mkdir(parents=True, exist_ok=True)
-        stages = {stage: [str(p) for p in files] for stage, files in found.items()}
         atomic_files.write_json(cache, {"key": key, "stages": stages})
     except OSError:
-        pass  # a read-only folder: found again next time
+        pass  # a folder it cannot write: found again next time
     return found
 
 

@@ -8,9 +8,9 @@ and :data:`NOT_PRELOADED`, and what Snakemake's script preamble imports (:data:`
 then listens on SOCKET. Per connection a waiter process takes the job's stdin, stdout and
 stderr (passed as descriptors), its argv, working folder and environment, forks the job and
 reports its wait status when it ends (or kills it when the caller's end of the connection
-closes first). The job process returns to this module's top
-level and runs the script as ``__main__``: an exception or ``sys.exit`` there ends it as it
-would end ``python script.py``. The server exits after IDLE_S without a job.
+closes first). The job process returns to this module's top level and runs the script as
+``__main__``: an exception or ``sys.exit`` there ends it as it would end ``python script.py``.
+The server exits after IDLE_S without a job.
 """
 
 from __future__ import annotations
