@@ -1,4 +1,5 @@
 # The bundled procedural demo scenes, generated when the sheet uses them and they are missing.
+# Local: under a second each, without torch; a cluster job would wait in the queue for it.
 for _name in demo.DEMO_SCENES:
 
     rule:
@@ -10,6 +11,7 @@ for _name in demo.DEMO_SCENES:
             [f"{DEMO_DIR}/{_name}/{f}" for f in demo.demo_files(_name)],
         log:
             f"{DEMO_DIR}/logs/{_name}.log",
+        localrule: True
         conda:
             "../workflow/envs/chord.yaml"
         params:
