@@ -220,7 +220,8 @@ def test_bad_scene_fails_cleanly_and_others_complete(tmp_path, toy_scene):
         yaml.safe_dump(
             {
                 "scenes": "config/scenes.tsv",
-                "method": {"gs_init_num": 500, "surface_target_num": 500},
+                # the geometry of a few Gaussians, the reference view at a small size
+                "method": {"gs_init_num": 500, "surface_target_num": 500, "size": "64*32"},
             }
         )
     )
