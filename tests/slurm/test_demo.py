@@ -46,7 +46,7 @@ def test_every_remote_rule_ran_as_its_own_slurm_job(slurm_demo, tmp_path):
     groups = profile_groups(slurm_demo.profile)
     local = local_rules(slurm_demo.log)
     # the demo scenes' generation (under a second, no torch) waits in no queue
-    assert {"demo_hop", "demo_sway"} <= local
+    assert {f"demo_{scene}" for scene in SCENES} <= local
     remote = {r: n for r, n in plan.items() if r not in local and r not in groups}
     assert {"condition", "train_coarse", "export", "evaluate"} <= set(remote)
     done = [j for j in slurm_demo.jobs if j["State"] == "COMPLETED"]

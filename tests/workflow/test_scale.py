@@ -126,7 +126,7 @@ def test_out_of_memory_on_every_tier_fails_once_naming_the_tiers_and_the_remedie
     the log names the tiers tried and what lowers the peak. (The training of a copy of the
     finished run, forced: its stages before the training are up to date.)"""
     work = tmp_path / "w"
-    shutil.copytree(finished[0], work, symlinks=True, copy_function=shutil.copy2)
+    shutil.copytree(finished[0], work, symlinks=True)  # with its files' times: up to date
     names = list(yaml.safe_load((work / "config/config.yaml").read_text())["tiers"])
     target = "results/hop/train/coarse.pt"
     oom = {"CHORD_TEST_OOM_TIERS": ",".join(names)}
