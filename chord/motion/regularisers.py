@@ -14,6 +14,7 @@ import torch
 from scipy.spatial import cKDTree
 from torch import Tensor
 
+from chord.core import procrustes
 from chord.render.rasterizer import rasterize
 
 SCHEDULE_ITERS = 3000  # the iteration count the default landmark steps are written for
@@ -175,19 +176,14 @@ def arap_sample(
 def best_rotations(S: Tensor) -> Tensor:
     """METHOD §16: R = W·Uᵀ from S = UΣWᵀ [..., 3, 3] -> proper rotations [..., 3, 3].
 
-    Where det(W·Uᵀ) ≤ 0, U's column of the smallest singular value is negated first. No
-    gradient flows (the rotations are constants of the energy).
+    Where det(W·Uᵀ) ≤ 0, U's column of the smallest singular value is negated first: R is the
+    rotation maximising tr(R·S), computed by :func:`chord.core.procrustes.best_rotations`
+    (Horn's quaternion, the SVD where it is not unique). No gradient flows (the rotations are
+    constants of the energy).
     """
     if S.ndim < 2 or S.shape[-2:] != (3, 3):
         raise ValueError(f"S: expected covariance matrices [..., 3, 3], got {tuple(S.shape)}")
-    with torch.no_grad():
-        U, _, Wh = torch.linalg.svd(S.detach())
-        W = Wh.transpose(-1, -2)
-        R = W @ U.transpose(-1, -2)
-        sign = torch.where(torch.linalg.det(R) <= 0, -1.0, 1.0).to(U.dtype)  # [...]
-        U = torch.cat([U[..., :2], U[..., 2:] * sign[..., None, None]], dim=-1)
-        R = W @ U.transpose(-1, -2)
-    return R
+    return procrustes.best_rotations(S)
 
 
 def arap_energy(X: Tensor, nbr: Tensor, mask: Tensor, sample: Tensor) -> Tensor:
