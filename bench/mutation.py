@@ -105,6 +105,11 @@ TARGETS: dict[str, Target] = {
     ),
     "rfsds": Target("chord/guidance/rfsds.py", (f"{T}guidance/test_rfsds.py",)),
     "regularisers": Target("chord/motion/regularisers.py", (f"{T}motion/test_regularisers.py",)),
+    # issue 49: ARAP's rotations, moved out of regularisers (Horn's quaternion, the SVD's rotation)
+    "procrustes": Target(
+        "chord/core/procrustes.py",
+        (f"{T}core/test_procrustes.py", f"{T}motion/test_regularisers.py"),
+    ),
     "contact": Target("chord/motion/contact.py", (f"{T}motion/test_contact.py",)),
     "read_accessor": Target(
         "chord/gltf/container.py",

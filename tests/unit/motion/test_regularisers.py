@@ -126,6 +126,9 @@ def test_connectivity_masks_far_neighbours_beyond_the_first_three():
     assert nbr.shape == (64, 10)
     assert not (nbr == torch.arange(64)[:, None]).any()
     assert mask[:, :3].all() and not mask[:, 3:].any()
+    # keep = 0 is allowed: the radius alone decides (lattice step 0.2, radius 0.1: no edge)
+    nbr0, mask0 = regularisers.arap_connectivity(lattice(4, 0.2), keep=0)
+    assert torch.equal(nbr0, nbr) and not mask0.any()
 
 
 def test_connectivity_with_few_voxels_and_duplicates():
