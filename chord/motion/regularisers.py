@@ -181,9 +181,7 @@ def best_rotations(S: Tensor) -> Tensor:
     (Horn's quaternion, the SVD where it is not unique). No gradient flows (the rotations are
     constants of the energy).
     """
-    if S.ndim < 2 or S.shape[-2:] != (3, 3):
-        raise ValueError(f"S: expected covariance matrices [..., 3, 3], got {tuple(S.shape)}")
-    return procrustes.best_rotations(S)
+    return procrustes.best_rotations(S)  # which refuses S not shaped [..., 3, 3]
 
 
 def arap_energy(X: Tensor, nbr: Tensor, mask: Tensor, sample: Tensor) -> Tensor:

@@ -57,8 +57,8 @@ def _pairs(means2d, conics, opacities, depths, radii, width, height):
     kappa = ac / (ac - con[:, 1] ** 2).clamp_min(1e-300)
     s = torch.log((o / ALPHA_THRESHOLD).clamp_min(1.0))
     s = s * (1 + 1e-4 * kappa.clamp(1, 1e6)) + 1e-4
-    per_g = torch.stack(  # every per-row quantity, a column each (see _columns)
-        [*m.double().unbind(-1), *con.unbind(-1), s, x0, x1, y0, img * (width * height), flat]
+    per_g = torch.stack(  # every per-row quantity, a float64 column each (see _columns)
+        [*m.unbind(-1), *con.unbind(-1), s, x0, x1, y0, img * (width * height), flat]
     ).to(torch.float64)
     h = (y1 - y0).long()  # rows of each box: (Gaussian, y)
     row_g = torch.repeat_interleave(torch.arange(len(flat), device=device), h)

@@ -15,6 +15,7 @@ import pytest
 
 from chord.checks import cuda_shim
 from chord.config import settings
+from chord.core import procrustes
 from chord.resources import tiers
 from tests import components
 from tests.conftest import REPO
@@ -191,3 +192,32 @@ def test_each_tiers_iteration_runs_on_the_faked_device(report, tier):
     # activations and what a trace cannot see: workspaces, block rounding, the compositor)
     assert row["model_peak_bytes"] <= MODEL_MARGIN * row["traced_peak_bytes"], row["model_phases"]
     assert proc.returncode == 0 and f"{traced_as()[tier]}: ok" in proc.stdout
+
+
+ROTATIONS_PROBE = r"""
+import json
+from chord.checks import cuda_shim
+cuda_shim.load()
+import torch
+from chord.checks import fake_cuda
+from chord.core import procrustes
+
+blocks = []
+horn = procrustes._horn
+procrustes._horn = lambda S: blocks.append((len(S), str(S.device))) or horn(S)
+with fake_cuda.fake_cuda():
+    S = torch.randn(3, procrustes.CPU_BLOCK, 3, 3, device="cuda")
+    R = procrustes.best_rotations(S)
+print(json.dumps({"blocks": blocks, "R": [list(R.shape), str(R.device), str(R.dtype)]}))
+"""
+
+
+def test_arap_rotations_on_cuda_solve_the_batch_in_one_block():
+    """METHOD §16's rotations on the GPU: Horn's arithmetic over the whole batch at once (the
+    CPU's cache-sized blocks would only add kernel launches), every operand on the device."""
+    proc = python("-c", ROTATIONS_PROBE)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.splitlines()[-1])
+    n = procrustes.CPU_BLOCK
+    assert out["blocks"] == [[3 * n, "cuda:0"]]
+    assert out["R"] == [[3, n, 3, 3], "cuda:0", "torch.float32"]
